@@ -1,0 +1,207 @@
+"""The plan: the contract between planner, runtime and exporters (JSON, versioned).
+
+Layout of `schema_version` 1:
+
+    model       {name, num_layers, num_params, spec: {...Model fields...}}
+    cluster     {name, num_gpus, gpus_per_node, gpu, gpu_memory_gib, gpu_spec: {...}}
+    parallelism {tp, pp, dp, cp, zero_stage, sequence_parallel, vpp, schedule, recompute,
+                 rank_order}
+    batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
+    stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
+                  memory_gib: {params, grads, optimizer, activations, other, total}}]
+    estimate    {fits, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_gib,
+                 time_breakdown_s: {compute, tp_comm, pp_comm, dp_comm_exposed, bubble, optimizer}}
+    search      {candidates, solver_status, seconds, ...}
+
+`stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
+`pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment). `memory_gib` is
+the memory of the pipeline rank that holds the stage (the same for all its chunks).
+`recompute_layers` counts the stage's first layers that use `parallelism.recompute`; the others
+store all activations. Ranks are laid out with `rank_order` (outermost first): tp innermost,
+so a tensor-parallel group sits inside one node.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from planner.errors import BadInput
+from planner.specs import Cluster, Model
+
+SCHEMA_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+RANK_ORDER = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tp: int
+    pp: int
+    dp: int
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    vpp: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    cp: int = 1
+    rank_order: tuple = RANK_ORDER
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+@dataclass(frozen=True)
+class Batch:
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int
+    num_microbatches: int
+
+
+@dataclass
+class Stage:
+    index: int
+    pp_rank: int
+    chunk: int
+    layers: tuple          # [first, end)
+    recompute_layers: int
+    memory_gib: dict = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass
+class Plan:
+    model: Model
+    cluster: Cluster
+    parallelism: Parallelism
+    batch: Batch
+    stages: list
+    estimate: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    # ---- derived --------------------------------------------------------
+    def stages_of_rank(self, pp_rank: int) -> list:
+        return [s for s in self.stages if s.pp_rank == pp_rank]
+
+    def layer_counts(self) -> list:
+        """Layers held by each pipeline rank."""
+        return [sum(s.num_layers for s in self.stages_of_rank(r)) for r in range(self.parallelism.pp)]
+
+    # ---- JSON -----------------------------------------------------------
+    def to_dict(self) -> dict:
+        par = asdict(self.parallelism)
+        par["rank_order"] = list(par["rank_order"])
+        return {
+            "schema_version": self.schema_version,
+            "model": {"name": self.model.name, "num_layers": self.model.num_layers,
+                      "num_params": self.model.num_params(), "spec": self.model.to_dict()},
+            "cluster": self.cluster.to_dict(),
+            "parallelism": par,
+            "batch": asdict(self.batch),
+            "stages": [{"index": s.index, "pp_rank": s.pp_rank, "chunk": s.chunk,
+                        "layers": list(s.layers), "recompute_layers": s.recompute_layers,
+                        "memory_gib": s.memory_gib} for s in self.stages],
+            "estimate": self.estimate,
+            "search": self.search,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        if not isinstance(d, dict) or "schema_version" not in d:
+            raise BadInput("not a plan: no schema_version")
+        if d["schema_version"] != SCHEMA_VERSION:
+            raise BadInput(f"plan schema_version {d['schema_version']} is not supported "
+                           f"(this version reads {SCHEMA_VERSION})")
+        try:
+            model = Model.from_dict(d["model"]["spec"])
+            cluster = Cluster.from_dict(d["cluster"])
+            par = dict(d["parallelism"])
+            par["rank_order"] = tuple(par.get("rank_order", RANK_ORDER))
+            parallelism = Parallelism(**par)
+            batch = Batch(**d["batch"])
+            stages = [Stage(index=s["index"], pp_rank=s["pp_rank"], chunk=s["chunk"],
+                            layers=tuple(s["layers"]), recompute_layers=s["recompute_layers"],
+                            memory_gib=s.get("memory_gib", {})) for s in d["stages"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInput(f"not a valid plan: {type(e).__name__} {e}") from None
+        plan = cls(model=model, cluster=cluster, parallelism=parallelism, batch=batch,
+                   stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}))
+        plan.validate()
+        return plan
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise BadInput(f"plan {path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInput(f"plan {path}: cannot read ({e})") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"plan {path}: not JSON ({e})") from None
+        try:
+            return cls.from_dict(d)
+        except BadInput as e:
+            raise BadInput(f"plan {path}: {e}") from None
+
+    # ---- validation -----------------------------------------------------
+    def validate(self) -> None:
+        """Raise BadInput unless the plan is internally consistent."""
+        p, m, b = self.parallelism, self.model, self.batch
+
+        def bad(msg):
+            raise BadInput(f"invalid plan: {msg}")
+
+        for k in ("tp", "pp", "dp", "cp", "vpp"):
+            if not isinstance(getattr(p, k), int) or getattr(p, k) < 1:
+                bad(f"parallelism.{k} must be a positive integer")
+        if p.zero_stage not in (0, 1, 2, 3):
+            bad(f"zero_stage {p.zero_stage} not in 0..3")
+        if p.schedule not in SCHEDULES:
+            bad(f"schedule {p.schedule!r} not in {SCHEDULES}")
+        if p.recompute not in RECOMPUTE:
+            bad(f"recompute {p.recompute!r} not in {RECOMPUTE}")
+        if sorted(p.rank_order) != sorted(RANK_ORDER):
+            bad(f"rank_order must be a permutation of {RANK_ORDER}")
+        if p.cp != 1:
+            bad("context parallel (cp > 1) is not supported yet")
+        if p.vpp > 1 and p.schedule != "interleaved":
+            bad("vpp > 1 needs the interleaved schedule")
+        if p.world_size > self.cluster.num_gpus:
+            bad(f"tp*pp*dp = {p.world_size} exceeds the cluster's {self.cluster.num_gpus} GPUs")
+        if m.num_heads % p.tp or m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
+            bad(f"tp {p.tp} does not divide the attention heads ({m.num_heads}/{m.num_kv_heads})")
+        for k in ("seq_len", "global_batch_size", "micro_batch_size", "num_microbatches"):
+            if getattr(b, k) < 1:
+                bad(f"batch.{k} must be positive")
+        if b.micro_batch_size * b.num_microbatches * p.dp != b.global_batch_size:
+            bad(f"micro_batch_size {b.micro_batch_size} x num_microbatches {b.num_microbatches} "
+                f"x dp {p.dp} != global_batch_size {b.global_batch_size}")
+        if len(self.stages) != p.pp * p.vpp:
+            bad(f"{len(self.stages)} stages, expected pp*vpp = {p.pp * p.vpp}")
+        end = 0
+        for i, s in enumerate(self.stages):
+            if s.index != i or s.pp_rank != i % p.pp or s.chunk != i // p.pp:
+                bad(f"stage {i}: index/pp_rank/chunk out of order")
+            if s.layers[0] != end or s.layers[1] < s.layers[0]:
+                bad(f"stage {i}: layers {list(s.layers)} do not continue from layer {end}")
+            if not 0 <= s.recompute_layers <= s.num_layers:
+                bad(f"stage {i}: recompute_layers {s.recompute_layers} outside 0..{s.num_layers}")
+            end = s.layers[1]
+        if end != m.num_layers:
+            bad(f"stages cover {end} layers, the model has {m.num_layers}")
