@@ -205,3 +205,33 @@ class Plan:
             end = s.layers[1]
         if end != m.num_layers:
             bad(f"stages cover {end} layers, the model has {m.num_layers}")
+
+
+def even_split(total: int, parts: int) -> list:
+    """`total` items over `parts` as evenly as possible, the larger shares last."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+
+
+def make_stages(num_layers: int, pp: int, vpp: int = 1, layers_per_rank=None,
+                recompute_per_rank=None) -> list:
+    """Stages in model order from per-rank layer and recompute counts.
+
+    Each rank's layers are split evenly over its `vpp` chunks (virtual stage i = chunk * pp + rank),
+    and so are its recomputed layers.
+    """
+    counts = list(layers_per_rank) if layers_per_rank is not None else even_split(num_layers, pp)
+    recompute = list(recompute_per_rank) if recompute_per_rank is not None else [0] * pp
+    if len(counts) != pp or sum(counts) != num_layers:
+        raise BadInput(f"layer counts {counts} do not split {num_layers} layers over {pp} stages")
+    chunk_layers = [even_split(c, vpp) for c in counts]
+    chunk_recompute = [even_split(r, vpp) for r in recompute]
+    stages, first = [], 0
+    for i in range(pp * vpp):
+        rank, chunk = i % pp, i // pp
+        n = chunk_layers[rank][chunk]
+        r = min(chunk_recompute[rank][chunk], n)
+        stages.append(Stage(index=i, pp_rank=rank, chunk=chunk, layers=(first, first + n),
+                            recompute_layers=r))
+        first += n
+    return stages
