@@ -1,0 +1,121 @@
+"""Compute time of one transformer layer, the embedding, the LM head and the optimizer step.
+
+Per GPU (one tensor-parallel shard), per micro-batch of `b` sequences of `s` tokens.
+Matmuls run at a shape-dependent fraction of peak, attention at the flash-attention fraction,
+element-wise work at HBM bandwidth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.specs import Gpu, Model
+
+BF16 = 2  # bytes per activation / weight element in mixed-precision training
+
+# Backward of a matmul is two matmuls of the forward's size (grad wrt input and wrt weight):
+# the standard 2x (Narayanan et al. 2021, Sec. 5.1: "backward pass is twice the forward").
+GEMM_BWD_FACTOR = 2.0
+# FlashAttention-2's backward does 5 matmuls against the forward's 2 (Dao 2023, Sec. 3.1).
+ATTN_BWD_FACTOR = 2.5
+# Element-wise kernels in backward read the saved input and the incoming gradient and write a
+# gradient: about twice the forward's traffic.
+ELEMENTWISE_BWD_FACTOR = 2.0
+
+# A GEMM whose smallest dimension is d runs at d / (d + GEMM_HALF_DIM) of the large-GEMM
+# efficiency: cuBLAS/CUTLASS tiles are 128-256 wide, so a dimension of a few tiles leaves
+# SMs idle and waves partly empty (NVIDIA "Matrix Multiplication Background" user guide,
+# sections on tile and wave quantization). 128 = one tile: half efficiency at one tile.
+GEMM_HALF_DIM = 128.0
+
+# Adam step per parameter (fp32 master weights): read param, grad, m, v (16 B), write param,
+# m, v (12 B) and the bf16 copy (2 B), plus the gradient-norm read for clipping (4 B).
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+
+
+def gemm_time(gpu: Gpu, m: float, n: float, k: float, count: float = 1.0) -> float:
+    """Seconds for `count` GEMMs of (m x k) @ (k x n): the slower of compute and memory."""
+    flops = 2.0 * m * n * k * count
+    d = min(m, n, k)
+    eff = gpu.gemm_efficiency * d / (d + GEMM_HALF_DIM)
+    t_compute = flops / (gpu.peak_tflops * 1e12 * eff)
+    t_memory = BF16 * (m * k + k * n + m * n) * count / (gpu.hbm_gbps * 1e9)
+    return max(t_compute, t_memory)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds for one layer and one micro-batch on one GPU."""
+    gemm_fwd: float
+    attn_fwd: float
+    elem_fwd: float
+
+    @property
+    def fwd(self) -> float:
+        return self.gemm_fwd + self.attn_fwd + self.elem_fwd
+
+    @property
+    def bwd(self) -> float:
+        return (GEMM_BWD_FACTOR * self.gemm_fwd + ATTN_BWD_FACTOR * self.attn_fwd
+                + ELEMENTWISE_BWD_FACTOR * self.elem_fwd)
+
+    def recompute(self, mode: str) -> float:
+        """Extra forward work that recomputation adds to the backward."""
+        if mode == "full":
+            return self.fwd
+        if mode == "selective":   # only the attention core (Korthikanti et al. 2022, Sec. 4.2)
+            return self.attn_fwd
+        return 0.0
+
+
+def attention_flops(model: Model, b: int, s: int) -> float:
+    """Forward FLOPs of QK^T and PV for a causal mask: half of 4*b*s^2*h (flash skips the rest)."""
+    return 0.5 * 4.0 * b * s * s * model.hidden
+
+
+def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool) -> float:
+    """HBM bytes moved by one layer's element-wise kernels in forward.
+
+    Norms and residual adds see the full hidden state (sharded only under sequence parallel);
+    rotary embedding and the MLP activation see the tensor-parallel shard.
+    """
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    rep = 1.0 / tp if sp else 1.0
+    norms = 2 * (h + h)                                  # read + write, two norms
+    residual = 2 * (3 * h)                               # two adds: read 2, write 1
+    dropout = 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
+    rope = 2 * (h + kv) if model.position == "rope" else 0
+    act = (3 * f) if model.gated_mlp else (2 * f)        # gated: read 2, write 1
+    return BF16 * tokens * ((norms + residual + dropout) * rep + (rope + act) / tp)
+
+
+def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool) -> LayerTime:
+    tokens = b * s
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    gemm = (gemm_time(gpu, tokens, (h + 2 * kv) / tp, h)                     # qkv
+            + gemm_time(gpu, tokens, h, h / tp)                               # out proj
+            + gemm_time(gpu, tokens, f / tp, h, 2 if model.gated_mlp else 1)  # up (+ gate)
+            + gemm_time(gpu, tokens, h, f / tp))                              # down
+    attn = attention_flops(model, b, s) / tp / (gpu.peak_tflops * 1e12 * gpu.attn_efficiency)
+    elem = elementwise_bytes(model, tokens, tp, sp) / (gpu.hbm_gbps * 1e9)
+    return LayerTime(gemm, attn, elem)
+
+
+def head_time(model: Model, gpu: Gpu, b: int, s: int, tp: int) -> tuple:
+    """(forward, backward) seconds of final norm, LM head GEMM and fp32 cross-entropy."""
+    tokens = b * s
+    gemm = gemm_time(gpu, tokens, model.vocab_size / tp, model.hidden)
+    # cross-entropy: write fp32 logits, read them for max/sum, write fp32 grads
+    ce = 3 * 4 * tokens * model.vocab_size / tp / (gpu.hbm_gbps * 1e9)
+    norm = 2 * BF16 * tokens * model.hidden / (gpu.hbm_gbps * 1e9)
+    fwd = gemm + ce + norm
+    return fwd, GEMM_BWD_FACTOR * gemm + ce + ELEMENTWISE_BWD_FACTOR * norm
+
+
+def embedding_time(model: Model, gpu: Gpu, b: int, s: int, tp: int) -> tuple:
+    """(forward, backward): a gather of rows and its scatter-add, memory-bound."""
+    t = BF16 * b * s * model.hidden / (gpu.hbm_gbps * 1e9)
+    return t, 2 * t + BF16 * model.vocab_size * model.hidden / tp / (gpu.hbm_gbps * 1e9)
+
+
+def optimizer_time(gpu: Gpu, params_local: float) -> float:
+    return OPTIMIZER_BYTES_PER_PARAM * params_local / (gpu.hbm_gbps * 1e9)

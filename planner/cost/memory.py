@@ -1,0 +1,84 @@
+"""Memory per GPU: model states under ZeRO and saved activations per layer.
+
+Model states: Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and Fig. 1, mixed-precision Adam:
+2 bytes of bf16 weights, 2 of bf16 gradients and K = 12 of optimizer state (fp32 master
+weights, momentum, variance) per parameter, divided over the Nd data-parallel ranks by stage.
+
+Activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models"), Sec. 4 and Table 2, generalised term by term to grouped-query attention and gated
+MLPs; for a GPT layer (no GQA, 4h plain MLP, dropout) it reduces to the paper's
+s*b*h*(34 + 5*a*s/h) bytes.
+"""
+from __future__ import annotations
+
+from planner.specs import Model
+
+GIB = 2.0 ** 30
+ADAM_K = 12            # bytes of optimizer state per parameter (ZeRO paper, K = 12)
+WEIGHT_BYTES = 2       # bf16 weights
+GRAD_BYTES = 2         # bf16 gradients (ZeRO paper's accounting)
+
+
+def model_state_bytes(params: float, dp: int, zero: int) -> tuple:
+    """(weights, gradients, optimizer) bytes per GPU for `params` parameters on this GPU."""
+    w, g, o = WEIGHT_BYTES * params, GRAD_BYTES * params, ADAM_K * params
+    if zero >= 1:
+        o /= dp
+    if zero >= 2:
+        g /= dp
+    if zero >= 3:
+        w /= dp
+    return w, g, o
+
+
+def activation_terms(model: Model) -> tuple:
+    """Saved bytes per token of one layer, split into parts (per 1 token, batch 1).
+
+    Returns (replicated, sharded, scores_per_token_per_seq):
+      replicated  -- tensors outside the tensor-parallel region (norm inputs, the inputs of the
+                     QKV and MLP-in projections, dropout masks after row-parallel linears):
+                     divided by t only under sequence parallelism;
+      sharded     -- tensors inside the region (Q, K, V, the out-proj input, MLP
+                     intermediates): divided by t;
+      scores      -- bytes per token per attended position for the attention matrix
+                     (softmax output, dropout mask and output), times s*a/t; zero under flash
+                     attention or selective recompute.
+    """
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    drop = model.dropout > 0
+    # norms (2 inputs, 2 B each) + QKV input + MLP input, + 2 one-byte dropout masks
+    replicated = 2 * h + 2 * h + 2 * h + 2 * h + (2 * h if drop else 0)
+    # Q and K for QK^T, V, the out-proj input
+    attn = 2 * h + 2 * kv + 2 * kv + 2 * h
+    # gated: gate and up outputs + activation output (3 x 2f); plain: act input + output (2 x 2f)
+    mlp = 6 * f if model.gated_mlp else 4 * f
+    sharded = attn + mlp
+    # per head per attended position: softmax output 2 B (+ dropout mask 1 B + output 2 B)
+    scores = 5 if drop else 2
+    return replicated, sharded, scores
+
+
+def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
+                     flash: bool = True) -> float:
+    """Saved-activation bytes of one layer for one micro-batch, on one GPU.
+
+    mode: "none" keeps everything; "selective" recomputes the attention core, so the s^2 score
+    terms are not kept; "full" keeps only the layer input (2sbh, /t under sequence parallel).
+    `flash=False` reproduces the paper, which materialises the attention scores.
+    """
+    tokens = b * s
+    if mode == "full":
+        return 2.0 * tokens * model.hidden / (tp if sp else 1)
+    rep, shard, scores = activation_terms(model)
+    total = tokens * (rep / (tp if sp else 1) + shard / tp)
+    if not flash and mode == "none":
+        total += scores * model.num_heads * s * tokens / tp
+    if flash:
+        # flash attention keeps the fp32 log-sum-exp per head and token (Dao et al. 2022)
+        total += 4.0 * model.num_heads * tokens / tp
+    return total
+
+
+def logits_bytes(model: Model, b: int, s: int, tp: int) -> float:
+    """fp32 logits of the last stage for one micro-batch (vocabulary split over tp)."""
+    return 4.0 * b * s * model.vocab_size / tp

@@ -1,0 +1,46 @@
+"""Helpers the exporters share: what a plan says, in the shapes the engines ask for."""
+from __future__ import annotations
+
+from planner.plan import Plan
+
+
+def header(plan: Plan, engine: str) -> list:
+    """Opening comment lines (without the comment marker) naming the plan."""
+    p, b = plan.parallelism, plan.batch
+    return [
+        f"{engine} settings exported by the parallelism planner from plan "
+        f"'{plan.model.name}' on '{plan.cluster.name}'",
+        f"tp={p.tp} pp={p.pp} dp={p.dp} vpp={p.vpp} schedule={p.schedule} "
+        f"zero={p.zero_stage} sp={str(p.sequence_parallel).lower()} recompute={p.recompute}; "
+        f"seq_len={b.seq_len} global_batch={b.global_batch_size} "
+        f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}",
+    ]
+
+
+def stage_layers(plan: Plan) -> list:
+    """Decoder layers of each virtual stage, in model order."""
+    return [s.num_layers for s in plan.stages]
+
+
+def rank_layers(plan: Plan) -> list:
+    """Decoder layers held by each pipeline rank (all its chunks)."""
+    return plan.layer_counts()
+
+
+def recompute_active(plan: Plan) -> bool:
+    """True when some layer is recomputed."""
+    return plan.parallelism.recompute != "none" and any(s.recompute_layers for s in plan.stages)
+
+
+def recompute_is_uniform_all(plan: Plan) -> bool:
+    """True when every layer of every stage is recomputed."""
+    return all(s.recompute_layers == s.num_layers for s in plan.stages)
+
+
+def uses_bf16(plan: Plan) -> bool:
+    """The planner costs GPUs in bf16; its CPU entry is costed in fp32."""
+    return plan.cluster.gpu.name != "cpu"
+
+
+def fmt_list(xs) -> str:
+    return "[" + ", ".join(str(x) for x in xs) + "]"

@@ -1,0 +1,130 @@
+"""DeepSpeed: the plan as a DeepSpeed config JSON (the file given to --deepspeed_config).
+
+The whole output is one JSON object that `json.loads` reads and DeepSpeed takes as it is.
+DeepSpeed's JSON has no tensor- or pipeline-parallel degree: the model code sets them
+(`PipelineModule(num_stages=...)`, or Megatron-DeepSpeed's --tensor/--pipeline-model-parallel-size).
+So the planner's notes and those settings travel in two top-level keys starting with '_':
+
+* "_comment": lines a reader needs (what the engine cannot express, and what was chosen instead);
+* "_parallelism": tp/pp/dp, the planned layers per pipeline stage, the PipelineModule call and the
+  Megatron-DeepSpeed flags that carry them.
+
+DeepSpeed reads only the top-level keys it knows and ignores others (deepspeedai/DeepSpeed#653),
+so the file stays a valid config. Everything else is a real DeepSpeed key:
+train_batch_size = micro batch x gradient_accumulation_steps x data-parallel size (DeepSpeed
+asserts this), zero_optimization.stage, bf16, activation_checkpointing and, for pipelines,
+pipeline.activation_checkpoint_interval (the PipelineEngine copies it into the PipelineModule).
+"""
+from __future__ import annotations
+
+import json
+
+from planner.export._common import (fmt_list, header, rank_layers, recompute_active,
+                                    recompute_is_uniform_all, stage_layers, uses_bf16)
+from planner.plan import Plan
+
+
+def deepspeed_config(plan: Plan) -> str:
+    """The plan as a DeepSpeed config (JSON text; see the module doc)."""
+    plan.validate()
+    p, b, m = plan.parallelism, plan.batch, plan.model
+    notes = list(header(plan, "DeepSpeed"))
+    notes.append("keys starting with '_' are the planner's notes; DeepSpeed ignores them")
+
+    zero = p.zero_stage
+    if p.pp > 1 and zero >= 2:
+        zero = 1
+        notes.append(f"ZeRO-{p.zero_stage} is not available with pipeline parallelism "
+                     "(DeepSpeed's PipelineEngine asserts stage < 2); stage 1 is used, which "
+                     "needs more memory than the plan budgets")
+
+    counts = stage_layers(plan)
+    per_rank = rank_layers(plan)
+    if p.pp > 1:
+        if p.vpp > 1:
+            notes.append(f"DeepSpeed's pipeline has no interleaved schedule: {p.pp} stages of "
+                         f"contiguous layers instead of {p.pp * p.vpp} virtual stages "
+                         "(a larger bubble than planned)")
+        elif p.schedule == "gpipe":
+            notes.append("DeepSpeed's pipeline runs its own 1F1B-style schedule, not GPipe "
+                         "(same bubble, less activation memory)")
+        if len(set(per_rank)) > 1 or p.vpp > 1:
+            notes.append(f"planned layers per pipeline rank {fmt_list(per_rank)}: PipelineModule "
+                         "partitions by 'uniform', 'parameters' or 'type:<regex>' only, so "
+                         "partition_method='type:transformer' gives an even split instead")
+
+    # Activation recompute.
+    interval = 0
+    md_recompute = []
+    if recompute_active(plan):
+        if p.recompute == "full":
+            interval = 1
+            md_recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers", "1", "--deepspeed-activation-checkpointing"]
+            if not recompute_is_uniform_all(plan):
+                notes.append("the plan recomputes only the leading "
+                             f"{fmt_list([s.recompute_layers for s in plan.stages])} layers per "
+                             "stage; DeepSpeed checkpoints every interval of layers, so all "
+                             "layers are recomputed (no more memory, more compute)")
+        else:
+            md_recompute = ["--recompute-granularity", "selective"]
+            notes.append("selective (attention) recompute is a model-code feature: "
+                         "Megatron-DeepSpeed's --recompute-granularity selective, applied to "
+                         "every layer; the DeepSpeed engine itself has no selective mode")
+    elif p.recompute != "none":
+        notes.append(f"the plan picks {p.recompute} recompute but applies it to no layer")
+
+    # How deepspeed.checkpointing treats the activations it keeps; whether a layer is recomputed
+    # is decided by the model code (the interval above, or the Megatron-DeepSpeed flags).
+    activation_checkpointing = {
+        "partition_activations": False,
+        "cpu_checkpointing": False,
+        "contiguous_memory_optimization": False,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
+
+    md_args = ["--deepspeed", "--deepspeed_config", "ds_config.json",
+               "--tensor-model-parallel-size", str(p.tp),
+               "--pipeline-model-parallel-size", str(p.pp)]
+    if p.pp == 1:
+        md_args.append("--no-pipeline-parallel")
+    if p.sequence_parallel and p.tp > 1:
+        md_args.append("--sequence-parallel")
+    md_args += ["--zero-stage", str(zero), "--micro-batch-size", str(b.micro_batch_size),
+                "--global-batch-size", str(b.global_batch_size), "--seq-length", str(b.seq_len)]
+    md_args += md_recompute
+    if uses_bf16(plan):
+        md_args.append("--bf16")
+
+    parallelism = {
+        "tensor_parallel_size": p.tp,
+        "pipeline_parallel_size": p.pp,
+        "data_parallel_size": p.dp,
+        "sequence_parallel": bool(p.sequence_parallel and p.tp > 1),
+        "planned_layers_per_pipeline_rank": per_rank,
+        "planned_layers_per_virtual_stage": counts,
+        "pipeline_module": (f"PipelineModule(layers=<{m.num_layers} transformer layers plus "
+                            f"embedding and head>, num_stages={p.pp}, "
+                            f"partition_method='type:transformer', "
+                            f"activation_checkpoint_interval={interval})"),
+        "megatron_deepspeed_args": md_args,
+    }
+    if p.tp > 1 and p.pp == 1:
+        notes.append("for a Hugging Face model without Megatron code, DeepSpeed AutoTP takes the "
+                     f"tensor-parallel degree in the config as tensor_parallel.autotp_size = {p.tp} "
+                     "(ZeRO stage 0-2 only)")
+
+    config = {
+        "_comment": notes,
+        "train_batch_size": b.micro_batch_size * b.num_microbatches * p.dp,
+        "train_micro_batch_size_per_gpu": b.micro_batch_size,
+        "gradient_accumulation_steps": b.num_microbatches,
+        "zero_optimization": {"stage": zero},
+        "bf16": {"enabled": uses_bf16(plan)},
+        "activation_checkpointing": activation_checkpointing,
+    }
+    if p.pp > 1:
+        config["pipeline"] = {"activation_checkpoint_interval": interval}
+    config["_parallelism"] = parallelism
+    return json.dumps(config, indent=2) + "\n"

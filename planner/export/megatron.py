@@ -1,0 +1,258 @@
+"""Megatron-LM: the plan as `pretrain_gpt.py` command-line arguments.
+
+Output is a bash fragment: comment lines, an `export` where Megatron needs one, and a bash array
+`MEGATRON_ARGS=( ... )` holding one flag (and its shell-quoted value) per line, so that
+
+    source megatron_args.sh
+    torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, tokenizer, optimizer flags>
+
+passes exactly these argv entries. Flag names and semantics follow megatron/training/arguments.py
+and megatron-core (>= 0.14, where Megatron-FSDP and --pipeline-model-parallel-layout exist):
+
+* uneven pipelines: --decoder-first/last-pipeline-num-layers give the first/last rank a different
+  count and split the rest evenly (every rank's count must divide by vpp); anything else goes to
+  --pipeline-model-parallel-layout, whose '|'-separated stages are listed in virtual-stage order
+  (stage i on rank i % pp, chunk i // pp), 'E' (embedding) first and 'L' (loss) last.
+* --recompute-method block recomputes the first --recompute-num-layers layers of every model
+  chunk, which is what a plan's `recompute_layers` means, but with one count for all stages.
+* ZeRO-1 is --use-distributed-optimizer; ZeRO-2/3 are Megatron-FSDP sharding strategies
+  (optim_grads / optim_grads_params), which Megatron does not combine with pipeline parallelism.
+"""
+from __future__ import annotations
+
+import shlex
+
+from planner.export._common import (fmt_list, header, rank_layers, recompute_active,
+                                    stage_layers, uses_bf16)
+from planner.plan import Plan
+
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def first_last_split(num_layers: int, pp: int, vpp: int, first, last):
+    """Per-virtual-stage layer counts Megatron-core builds from --decoder-first/last-pipeline-
+    num-layers (None for an unset flag), or None where its checks reject the pair."""
+    middle = pp - (first is not None) - (last is not None)
+    remaining = num_layers - (first or 0) - (last or 0)
+    for n in (first, last):
+        if n is not None and (n <= 0 or n % vpp):
+            return None
+    if middle < 0 or remaining < 0 or bool(remaining) != bool(middle):
+        return None
+    if middle and (remaining % middle or (remaining // middle) % vpp):
+        return None
+    per_rank = []
+    for r in range(pp):
+        if r == 0 and first is not None:
+            per_rank.append(first)
+        elif r == pp - 1 and last is not None:
+            per_rank.append(last)
+        else:
+            per_rank.append(remaining // middle)
+    return [per_rank[i % pp] // vpp for i in range(pp * vpp)]
+
+
+def layout_string(counts: list) -> str:
+    """--pipeline-model-parallel-layout for per-virtual-stage decoder counts."""
+    stages = []
+    for i, n in enumerate(counts):
+        s = "E" if i == 0 else ""
+        s += "" if n == 0 else ("t" if n == 1 else f"t*{n}")
+        if i == len(counts) - 1:
+            s += "L"
+        stages.append(s)
+    return "|".join(stages)
+
+
+def _pipeline(plan: Plan, args: list, notes: list) -> None:
+    p, m = plan.parallelism, plan.model
+    args.append(("--pipeline-model-parallel-size", p.pp))
+    counts = stage_layers(plan)
+    if p.pp == 1:
+        if p.vpp > 1:
+            notes.append(f"the plan interleaves {p.vpp} chunks on a single pipeline rank; "
+                         "Megatron interleaves only with pp > 1, so the chunks run as one stage")
+        return
+    if p.schedule == "gpipe":
+        notes.append("Megatron has no GPipe schedule; its non-interleaved schedule is 1F1B, "
+                     "with the same bubble and no more activation memory")
+    if len(set(counts)) == 1:
+        if p.vpp > 1:
+            args.append(("--num-virtual-stages-per-pipeline-rank", p.vpp))
+        return
+    per_rank = rank_layers(plan)
+    vpp = p.vpp
+    for first, last in ((per_rank[0], None), (None, per_rank[-1]), (per_rank[0], per_rank[-1])):
+        if first_last_split(m.num_layers, p.pp, vpp, first, last) == counts:
+            if first is not None:
+                args.append(("--decoder-first-pipeline-num-layers", first))
+            if last is not None:
+                args.append(("--decoder-last-pipeline-num-layers", last))
+            if vpp > 1:
+                args.append(("--num-virtual-stages-per-pipeline-rank", vpp))
+            return
+    # The layout sets the virtual pipeline size itself (stages / pp); no other vpp flag with it.
+    args.append(("--pipeline-model-parallel-layout", layout_string(counts)))
+    notes.append(f"stages hold {fmt_list(counts)} layers (virtual-stage order), more than "
+                 "first/last-stage flags can say, so they go to --pipeline-model-parallel-layout")
+    if vpp > 1 and plan.batch.num_microbatches % p.pp:
+        notes.append("older Megatron releases need num_microbatches divisible by pp under "
+                     "the interleaved schedule")
+
+
+def _recompute(plan: Plan, args: list, notes: list) -> None:
+    p = plan.parallelism
+    if p.recompute == "none":
+        return
+    if not recompute_active(plan):
+        notes.append(f"the plan picks {p.recompute} recompute but applies it to no layer; "
+                     "no recompute flags")
+        return
+    counts = [s.recompute_layers for s in plan.stages]
+    sizes = stage_layers(plan)
+    if p.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+        if counts != sizes:
+            notes.append(f"selective recompute covers {fmt_list(counts)} of "
+                         f"{fmt_list(sizes)} layers per stage; Megatron applies it to every "
+                         "layer (no more memory than planned, a little more compute)")
+        return
+    top = max(counts)
+    args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+             ("--recompute-num-layers", top)]
+    if len(set(counts)) > 1:
+        notes.append(f"full recompute of {fmt_list(counts)} leading layers per stage cannot be "
+                     f"set per stage; --recompute-num-layers {top} applies to every model chunk "
+                     "(no more memory than planned, more recompute on the other stages)")
+
+
+def _zero(plan: Plan, args: list, notes: list) -> bool:
+    """Emit the data-parallel sharding flags; True when Megatron-FSDP is used."""
+    p = plan.parallelism
+    if p.zero_stage == 0:
+        return False
+    if p.zero_stage == 1:
+        args.append(("--use-distributed-optimizer", None))
+        return False
+    if p.pp == 1:
+        args += [("--use-megatron-fsdp", None),
+                 ("--data-parallel-sharding-strategy", FSDP_STRATEGY[p.zero_stage]),
+                 ("--use-distributed-optimizer", None),
+                 ("--ckpt-format", "fsdp_dtensor")]
+        notes.append(f"ZeRO-{p.zero_stage} is Megatron-FSDP "
+                     f"({FSDP_STRATEGY[p.zero_stage]}); it wants CUDA_DEVICE_MAX_CONNECTIONS "
+                     "unset and writes fsdp_dtensor checkpoints")
+        return True
+    args.append(("--use-distributed-optimizer", None))
+    notes.append(f"ZeRO-{p.zero_stage} with pp > 1: Megatron-FSDP does not run with pipeline "
+                 "parallelism, so this is the distributed optimizer (ZeRO-1: optimizer state and "
+                 "fp32 master weights sharded, gradient buffer not); it needs more memory than "
+                 "the plan budgets")
+    return False
+
+
+def _model(plan: Plan, args: list, notes: list) -> None:
+    m, b = plan.model, plan.batch
+    args += [("--num-layers", m.num_layers), ("--hidden-size", m.hidden),
+             ("--ffn-hidden-size", m.ffn_hidden), ("--num-attention-heads", m.num_heads)]
+    if m.num_kv_heads != m.num_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
+    max_pos = max(m.max_seq_len, b.seq_len)
+    if max_pos != m.max_seq_len:
+        notes.append(f"--max-position-embeddings raised from the model's {m.max_seq_len} to the "
+                     f"planned seq_len {b.seq_len}: Megatron requires it to be at least seq_len")
+    args.append(("--max-position-embeddings", max_pos))
+
+    if m.gated_mlp:
+        if m.activation == "silu":
+            args.append(("--swiglu", None))
+        elif m.activation == "gelu":
+            args.append(("--quick-geglu", None))
+            notes.append("GeGLU: Megatron's --quick-geglu uses the quick-GELU approximation")
+        else:
+            args.append(("--swiglu", None))
+            notes.append(f"gated {m.activation} has no Megatron flag; --swiglu keeps the shapes "
+                         "but changes the activation")
+    elif m.activation == "relu2":
+        args.append(("--squared-relu", None))
+    elif m.activation == "silu":
+        notes.append("a plain (ungated) SiLU MLP has no Megatron flag; the default GELU is used")
+
+    args.append(("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"))
+    args.append(("--norm-epsilon", repr(float(m.norm_eps))))
+
+    if m.position == "rope":
+        args.append(("--position-embedding-type", "rope"))
+        base = m.rope_theta
+        if float(base).is_integer():
+            args.append(("--rotary-base", int(base)))
+        else:
+            args.append(("--rotary-base", int(round(base))))
+            notes.append(f"--rotary-base takes an integer; rope_theta {base} rounded")
+    elif m.position == "learned":
+        args.append(("--position-embedding-type", "learned_absolute"))
+    else:
+        args.append(("--position-embedding-type", "none"))
+        notes.append("Megatron-LM has no ALiBi; the position bias needs a custom layer spec")
+
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    if not m.linear_bias:
+        args.append(("--disable-bias-linear", None))
+        if m.attn_bias:
+            args.append(("--add-qkv-bias", None))
+    elif not m.attn_bias:
+        notes.append("Megatron adds q/k/v biases whenever the other linears have biases; "
+                     "the model has them only outside attention")
+    if m.parallel_residual:
+        notes.append("Megatron-core's GPT layer has no parallel-residual (GPT-NeoX) option; "
+                     "the layer spec must supply it")
+    args += [("--attention-dropout", repr(float(m.dropout))),
+             ("--hidden-dropout", repr(float(m.dropout)))]
+    notes.append(f"vocabulary: {m.vocab_size} tokens from your tokenizer flags; Megatron pads it "
+                 f"to a multiple of 128 x tp = {128 * plan.parallelism.tp}")
+
+
+def megatron_args(plan: Plan) -> str:
+    """The plan as Megatron-LM arguments (a sourceable bash fragment; see the module doc)."""
+    plan.validate()
+    p, b = plan.parallelism, plan.batch
+    args, notes = [], []
+
+    args.append(("--tensor-model-parallel-size", p.tp))
+    if p.sequence_parallel and p.tp > 1:
+        args.append(("--sequence-parallel", None))
+    elif p.sequence_parallel:
+        notes.append("sequence parallelism needs tp > 1; Megatron turns it off at tp = 1")
+    _pipeline(plan, args, notes)
+    order = tuple(p.rank_order)
+    if order == ("dp", "pp", "tp"):
+        args.append(("--use-tp-pp-dp-mapping", None))
+    elif order != ("pp", "dp", "tp"):
+        notes.append(f"rank order {'-'.join(order)} (outermost first) is not available: "
+                     "Megatron orders ranks tp-dp-pp (default) or tp-pp-dp, tp innermost")
+    fsdp = _zero(plan, args, notes)
+    _recompute(plan, args, notes)
+    args += [("--micro-batch-size", b.micro_batch_size),
+             ("--global-batch-size", b.global_batch_size),
+             ("--seq-length", b.seq_len)]
+    if uses_bf16(plan):
+        args.append(("--bf16", None))
+    _model(plan, args, notes)
+
+    world = p.tp * p.pp * p.dp
+    lines = ["#!/usr/bin/env bash"]
+    lines += [f"# {h}" for h in header(plan, "Megatron-LM")]
+    lines.append(f"# launch on {world} GPUs: Megatron infers data-parallel size = "
+                 f"WORLD_SIZE / (tp x pp) = {world} / {p.tp * p.pp} = {p.dp}")
+    lines.append('# use: source this file; torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" '
+                 "<data, tokenizer and optimizer flags>")
+    lines += [f"# NOTE: {n}" for n in notes]
+    if p.tp > 1 and not fsdp:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  "
+                     "# Megatron asserts this with tensor parallelism (before Blackwell)")
+    lines.append("MEGATRON_ARGS=(")
+    for flag, value in args:
+        lines.append(f"    {flag}" if value is None else f"    {flag} {shlex.quote(str(value))}")
+    lines.append(")")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,91 @@
+"""Launch commands for our runtime: torchrun lines, or a SLURM batch script.
+
+Pure text: a `Plan` and where it is saved in, the commands out. The runtime is started as
+`python -m runtime --plan PLAN` under torchrun, one process per GPU; torchrun's c10d rendezvous
+assigns node ranks, so every node runs the same line.
+"""
+from __future__ import annotations
+
+import shlex
+
+from planner.errors import BadInput
+from planner.plan import Plan
+
+RDZV_PORT = 29500
+
+
+def _check(plan: Plan, nnodes, gpus_per_node) -> int:
+    p = plan.parallelism
+    world = p.tp * p.pp * p.dp * p.cp
+    for name, v in (("--nnodes", nnodes), ("GPUs per node", gpus_per_node)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise BadInput(f"{name} must be a positive integer, got {v!r}")
+    if nnodes * gpus_per_node != world:
+        if world % gpus_per_node == 0:
+            fix = f"use --nnodes {world // gpus_per_node}"
+        else:
+            fix = (f"no whole number of {gpus_per_node}-GPU nodes gives {world} GPUs; "
+                   f"use nodes whose GPU count divides {world}")
+        raise BadInput(f"{nnodes} node(s) x {gpus_per_node} GPUs = {nnodes * gpus_per_node} "
+                       f"processes, but the plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = "
+                       f"{world}; {fix}")
+    return world
+
+
+def torchrun_command(nnodes: int, gpus_per_node: int, plan_path: str, endpoint: str,
+                     rdzv_id: str = None, extra_args=()) -> str:
+    """One torchrun line starting the runtime (`endpoint` is inserted as written, unquoted,
+    so that it may hold shell variables)."""
+    parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(gpus_per_node)]
+    if rdzv_id is not None:
+        parts += ["--rdzv-id", rdzv_id]
+    parts += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+              "-m", "runtime", "--plan", shlex.quote(str(plan_path))]
+    parts += [shlex.quote(str(a)) for a in extra_args]
+    return " ".join(parts)
+
+
+def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = None,
+                    slurm: bool = False, port: int = RDZV_PORT, job_name: str = None,
+                    extra_args=()) -> str:
+    """Commands that start the runtime on `nnodes` nodes for this plan.
+
+    gpus_per_node defaults to the plan's cluster. Raises BadInput unless
+    nnodes * gpus_per_node == tp * pp * dp. With `slurm`, a batch script for `sbatch`
+    (one task per node, each running torchrun for all that node's GPUs).
+    """
+    plan.validate()
+    g = plan.cluster.gpus_per_node if gpus_per_node is None else gpus_per_node
+    world = _check(plan, nnodes, g)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise BadInput(f"rendezvous port must be in 1..65535, got {port!r}")
+    p = plan.parallelism
+    summary = (f"# plan {plan.model.name} on {plan.cluster.name}: tp={p.tp} pp={p.pp} dp={p.dp} "
+               f"-> {world} GPUs = {nnodes} node(s) x {g}")
+    if slurm:
+        name = job_name or f"plan-{plan.model.name}"
+        cmd = torchrun_command(nnodes, g, plan_path, f'"$MASTER_ADDR:{port}"',
+                               rdzv_id='"$SLURM_JOB_ID"', extra_args=extra_args)
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={shlex.quote(name)}",
+            f"#SBATCH --nodes={nnodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --gpus-per-node={g}",
+            summary,
+            "set -euo pipefail",
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "export MASTER_ADDR",
+            f"srun {cmd}",
+        ]
+        return "\n".join(lines) + "\n"
+    if nnodes == 1:
+        cmd = torchrun_command(1, g, plan_path, f"localhost:{port}", extra_args=extra_args)
+        return "\n".join([summary, cmd]) + "\n"
+    cmd = torchrun_command(nnodes, g, plan_path, f"$MASTER_ADDR:{port}", extra_args=extra_args)
+    return "\n".join([
+        summary,
+        f"# run this same line on each of the {nnodes} nodes, with MASTER_ADDR set to the "
+        f"address of one of them (port {port} open):",
+        cmd,
+    ]) + "\n"

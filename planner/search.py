@@ -1,0 +1,508 @@
+"""The search: enumerate outer choices, prune with bounds, place layers with CP-SAT.
+
+Outer choices (tp, pp, dp, ZeRO stage, sequence parallel, micro-batch, schedule/vpp,
+recompute granularity) are enumerated; any fixed on the command line is not searched. For each
+candidate:
+
+1. a memory feasibility test that is exact for the count problem: rank s can hold at most
+   N_s layers even with every layer recomputed; the candidate is infeasible if sum(N_s) < L;
+2. a lower bound on its step time (perfectly balanced stages, no recompute, no exposed tail);
+3. candidates are visited in lower-bound order, and solved exactly only while the bound can
+   still beat the K-th best plan found so far.
+
+The exact step is a CP-SAT model over counts -- identical layers are interchangeable, so each
+pipeline rank s gets an integer n_s (layers held) and r_s (layers recomputed), never a binary per
+layer. It minimises  m*max_s T_s + (sum_s T_s - max_s T_s)/v + max_s tail_s  subject to each
+rank's memory limit, where T_s, tail_s and memory are the linear coefficients of
+planner.cost.stage (the same expressions `evaluate` uses).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
+from planner.errors import BadInput, NothingFits
+from planner.plan import Batch, Parallelism, Plan, make_stages
+from planner.specs import Cluster, Model
+
+# Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
+# (Dubey et al. 2024, Sec. 3.4.1).
+DEFAULT_TOKENS_PER_STEP = 4 * 2 ** 20
+DEFAULT_MAX_SEQ_LEN = 8192
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+SEARCHED_VPP = (2, 3, 4)
+NS = 1e9           # CP-SAT time unit: nanoseconds
+SOLVER_SECONDS = 2.0
+
+
+@dataclass
+class Fixed:
+    """Dimensions the user fixed; None = search it."""
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    mbs: int | None = None
+    vpp: int | None = None
+    recompute: str | None = None
+    sp: bool | None = None
+    schedule: str | None = None
+
+
+@dataclass
+class Result:
+    """One solved candidate."""
+    candidate: Candidate
+    layers: list
+    recompute: list
+    estimate: object
+    status: str = "HEURISTIC"
+    gap: float = 0.0
+
+
+@dataclass
+class SearchReport:
+    best: Result | None
+    ranked: list                 # fitting results, best first (top K)
+    candidates: int              # outer configurations enumerated
+    pruned_memory: int
+    pruned_bound: int
+    solved: int
+    seconds: float
+    closest: Result | None = None   # smallest overflow when nothing fits
+    rejected: list = field(default_factory=list)   # (Candidate, reason) samples
+    seq_len: int = 0
+    global_batch: int = 0
+
+
+def divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_seq_len(model: Model) -> int:
+    return min(model.max_seq_len, DEFAULT_MAX_SEQ_LEN)
+
+
+def default_global_batch(seq_len: int, num_gpus: int) -> int:
+    """4M tokens, and at least one sequence per 8 GPUs (Llama 3 405B trained with 16M-token
+    batches of 8K sequences on 16K GPUs: Dubey et al. 2024, Sec. 3.3.2 and 3.4.1)."""
+    tokens = 2 ** round(math.log2(DEFAULT_TOKENS_PER_STEP / seq_len))
+    return max(1, tokens, 2 ** math.ceil(math.log2(max(1, num_gpus // 8))))
+
+
+def _tp_ok(model: Model, tp: int) -> bool:
+    return model.num_heads % tp == 0 and model.num_kv_heads % tp == 0 \
+        and model.ffn_hidden % tp == 0 and model.vocab_size % tp == 0
+
+
+def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int) -> None:
+    """Exit-2 errors for fixed values that can never work."""
+    n = cluster.num_gpus
+    for name in ("tp", "pp", "dp", "mbs", "vpp"):
+        v = getattr(f, name)
+        if v is not None and v < 1:
+            raise BadInput(f"--{name.replace('mbs', 'micro-batch')} must be positive, got {v}")
+    if seq_len < 1 or gbs < 1:
+        raise BadInput("--seq-len and --global-batch must be positive")
+    if f.zero is not None and f.zero not in (0, 1, 2, 3):
+        raise BadInput(f"--zero must be 0, 1, 2 or 3, got {f.zero}")
+    for name in ("tp", "pp", "dp"):
+        v = getattr(f, name)
+        if v is not None and n % v:
+            raise BadInput(f"--{name} {v} does not divide the cluster's {n} GPUs")
+    if f.tp is not None and not _tp_ok(model, f.tp):
+        raise BadInput(f"--tp {f.tp} does not divide the model's heads ({model.num_heads}), "
+                       f"KV heads ({model.num_kv_heads}), FFN ({model.ffn_hidden}) and "
+                       f"vocabulary ({model.vocab_size})")
+    if f.pp is not None and f.pp > model.num_layers:
+        raise BadInput(f"--pp {f.pp} exceeds the model's {model.num_layers} layers")
+    prod = 1
+    for v in (f.tp, f.pp, f.dp):
+        prod *= v or 1
+    if n % prod:
+        raise BadInput(f"tp*pp*dp = {prod} does not divide the cluster's {n} GPUs")
+    if None not in (f.tp, f.pp, f.dp) and prod != n:
+        raise BadInput(f"tp*pp*dp = {prod} but the cluster has {n} GPUs; use them all "
+                       f"(e.g. --dp {n // (f.tp * f.pp)})" if n % (f.tp * f.pp) == 0 else
+                       f"tp*pp*dp = {prod} but the cluster has {n} GPUs")
+    if f.dp is not None and gbs % f.dp:
+        raise BadInput(f"--global-batch {gbs} is not divisible by --dp {f.dp}")
+    if f.mbs is not None and f.dp is not None and gbs % (f.dp * f.mbs):
+        raise BadInput(f"--global-batch {gbs} is not divisible by dp*micro-batch = {f.dp * f.mbs}")
+    if f.vpp is not None and f.vpp > 1:
+        if f.schedule not in (None, "interleaved"):
+            raise BadInput("--vpp > 1 needs --schedule interleaved")
+        if f.pp is not None and f.pp * f.vpp > model.num_layers:
+            raise BadInput(f"pp*vpp = {f.pp * f.vpp} exceeds the model's {model.num_layers} layers")
+    if f.schedule == "interleaved" and f.pp == 1:
+        raise BadInput("--schedule interleaved needs --pp > 1")
+    if f.sp and f.tp == 1:
+        raise BadInput("--sp needs --tp > 1")
+    if seq_len > model.max_seq_len and model.position == "learned":
+        raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} learned positions")
+
+
+def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int) -> list:
+    n, L = cluster.num_gpus, model.num_layers
+    tps = [f.tp] if f.tp else [t for t in divisors(n) if t <= cluster.gpus_per_node
+                                and _tp_ok(model, t)]
+    out = []
+    for tp in tps:
+        pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if p <= L]
+        for pp in pps:
+            if n % (tp * pp):
+                continue
+            dp = n // (tp * pp)
+            if f.dp and dp != f.dp:
+                continue
+            if gbs % dp:
+                continue
+            per_dp = gbs // dp
+            mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
+            zeros = [f.zero] if f.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
+            sps = [f.sp] if f.sp is not None else ([False, True] if tp > 1 else [False])
+            if pp == 1:
+                scheds = [("1f1b", 1)]
+            else:
+                scheds = []
+                for sch in ([f.schedule] if f.schedule else ["1f1b", "interleaved"]):
+                    if sch == "interleaved":
+                        vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
+                        scheds += [(sch, v) for v in vpps if pp * v <= L]
+                    elif f.vpp in (None, 1):
+                        scheds.append((sch, 1))
+            recs = [f.recompute] if f.recompute else ["none", "full"]
+            for mbs in mbss:
+                if per_dp % mbs:
+                    continue
+                m = per_dp // mbs
+                for sch, v in scheds:
+                    if sch == "interleaved" and m % pp:
+                        continue   # Megatron's interleaved schedule needs m divisible by pp
+                    for zero in zeros:
+                        if zero and dp == 1:
+                            continue
+                        for sp in sps:
+                            if sp and tp == 1:
+                                continue
+                            for rec in recs:
+                                out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp,
+                                                     mbs=mbs, seq_len=seq_len, global_batch=gbs,
+                                                     schedule=sch, vpp=v, recompute=rec))
+    return out
+
+
+# ---- per-candidate pieces ---------------------------------------------------
+
+def _recompute_bounds(c: Candidate, fixed_all: bool):
+    """(lo, hi) fraction of a rank's layers that may be recomputed."""
+    if c.recompute == "none":
+        return 0, 0
+    return (1, 1) if fixed_all else (0, 1)
+
+
+def max_layers(coeffs, cap: float, v: int, fixed_all: bool, c: Candidate) -> list:
+    """Most layers each rank can hold (multiples of v), recomputing all it may."""
+    lo, hi = _recompute_bounds(c, fixed_all)
+    out = []
+    for k in coeffs:
+        per = k.mem_total_layer() - hi * k.mem_rec
+        room = cap - k.mem_total_fixed()
+        if room < 0:
+            out.append(0)
+        elif per <= 0:
+            out.append(10 ** 9)
+        else:
+            out.append(int(room // per) // v * v)
+    return out
+
+
+def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, fixed_all: bool):
+    """Least per-micro-batch time of rank k holding n = v, 2v, ... layers (inf if n cannot fit)."""
+    n = np.arange(v, L + 1, v, dtype=float)
+    mem0 = k.mem_total_fixed() + n * k.mem_total_layer()
+    if c.recompute == "none":
+        r = np.where(mem0 <= cap, 0.0, np.inf)
+    elif fixed_all:
+        r = np.where(mem0 - n * k.mem_rec <= cap, n, np.inf)
+    elif k.mem_rec > 0:
+        r = np.maximum(0.0, np.ceil((mem0 - cap) / k.mem_rec))
+        r = np.where(r <= n, r, np.inf)
+    else:
+        r = np.where(mem0 <= cap, 0.0, np.inf)
+    with np.errstate(invalid="ignore"):
+        t = k.t_fixed + n * k.t_layer + np.where(np.isfinite(r), r * k.t_rec, np.inf)
+    if k.z_fixed > 0 or k.z_layer > 0:
+        t = t + np.maximum(k.z_layer, k.z_fixed + n * k.z_layer - k.z_overlap(0) - n * k.compute_layer)
+    return n, t
+
+
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, fixed_all: bool) -> float:
+    """A step time no placement of this candidate can beat.
+
+    The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
+    hold all L layers with every rank's time (with the least recompute its memory needs) at most
+    T. The sum of stage times is at least the perfectly balanced total with that recompute
+    pooled over ranks. The tail is the smallest any rank can have while some rank holds at
+    least L/p layers.
+    """
+    p, m, v = c.pp, c.m, c.vpp
+    per_rank = [_rank_min_times(k, L, v, cap, c, fixed_all) for k in coeffs]
+    values = np.unique(np.concatenate([t[np.isfinite(t)] for _, t in per_rank]))
+    if values.size == 0:
+        return math.inf
+    lo, hi = 0, values.size - 1
+    if sum(int(n[t <= values[hi]].max(initial=0)) for n, t in per_rank) < L:
+        return math.inf
+    while lo < hi:   # least value at which the ranks' layer capacities reach L
+        mid = (lo + hi) // 2
+        if sum(int(n[t <= values[mid]].max(initial=0)) for n, t in per_rank) >= L:
+            hi = mid
+        else:
+            lo = mid + 1
+    if c.recompute == "none":
+        need = 0
+    elif fixed_all:
+        need = L
+    else:   # pooled memory over ranks sets the least total recompute
+        excess = (sum(k.mem_total_fixed() for k in coeffs)
+                  + L * min(k.mem_total_layer() for k in coeffs) - p * cap)
+        mr = max(k.mem_rec for k in coeffs)
+        need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
+    total = (sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)
+             + need * min(k.t_rec for k in coeffs))
+    t_star = max(float(values[lo]), total / p)
+    total = max(total, t_star)
+    n = math.ceil(L / p)
+    tail = min(k.gather_fixed + k.opt_fixed + n * (k.gather_layer + k.opt_layer)
+               + (k.grad_layer if k.grad_fixed + k.grad_layer > 0 else 0.0) for k in coeffs)
+    return m * t_star + (total - t_star) / v + tail
+
+
+def _min_recompute(k, n: int, cap: float, c: Candidate, fixed_all: bool):
+    """Fewest recomputed layers that make rank k fit with n layers, or None."""
+    if c.recompute == "none":
+        return 0 if k.memory(n, 0)["total"] <= cap else None
+    if fixed_all:
+        return n if k.memory(n, n)["total"] <= cap else None
+    over = k.memory(n, 0)["total"] - cap
+    if over <= 0:
+        return 0
+    if k.mem_rec <= 0:
+        return None
+    r = math.ceil(over / k.mem_rec)
+    return r if r <= n else None
+
+
+def heuristic(model, cluster, c, coeffs, cap, fixed_all, split=None) -> Result:
+    """Even split (or `split`) with the least recompute that fits; may not fit."""
+    p, v, L = c.pp, c.vpp, model.num_layers
+    if split is None:
+        base, extra = divmod(L // v, p)
+        split = [(base + (1 if i >= p - extra else 0)) * v for i in range(p)]
+        split[-1] += L - sum(split)
+    rec = []
+    for k, n in zip(coeffs, split):
+        r = _min_recompute(k, n, cap, c, fixed_all)
+        rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+    est = evaluate(model, cluster, c, split, rec, coeffs)
+    return Result(c, split, rec, est)
+
+
+def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None):
+    """Exact layer and recompute counts per rank. Returns (Result | None, status, gap)."""
+    p, v, m, L = c.pp, c.vpp, c.m, model.num_layers
+    lo, hi = _recompute_bounds(c, fixed_all)
+    mdl = cp_model.CpModel()
+    ns = lambda x: int(round(x * NS))
+    k_vars, n_vars, r_vars, T, tails = [], [], [], [], []
+    # tight variable bounds keep the objective far from int64 overflow
+    t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
+    tail_ub = 2 * max(ns(k.tail(L) + k.grad_fixed + L * k.grad_layer) for k in coeffs) + 1
+    for i, k in enumerate(coeffs):
+        kk = mdl.NewIntVar(1, L // v, f"k{i}")        # layers per chunk
+        n = mdl.NewIntVar(v, L, f"n{i}")
+        mdl.Add(n == v * kk)
+        r = mdl.NewIntVar(0, L, f"r{i}")
+        if lo == hi == 1:
+            mdl.Add(r == n)
+        elif hi == 0:
+            mdl.Add(r == 0)
+        else:
+            mdl.Add(r <= n)
+        # memory (bytes)
+        mdl.Add(int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
+                - int(k.mem_rec) * r <= int(cap))
+        # per micro-batch time, with ZeRO-2/3 exposure e >= max(z_layer, comm - overlap)
+        t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
+        if k.z_fixed > 0 or k.z_layer > 0:
+            e = mdl.NewIntVar(0, t_ub, f"e{i}")
+            mdl.Add(e >= ns(k.z_layer))
+            mdl.Add(e >= ns(k.z_fixed - k.compute_fixed) + ns(k.z_layer - k.compute_layer) * n)
+            t_expr = t_expr + e
+        t = mdl.NewIntVar(0, t_ub, f"T{i}")
+        mdl.Add(t == t_expr)
+        # step tail
+        tail_expr = ns(k.gather_fixed + k.opt_fixed) + ns(k.gather_layer + k.opt_layer) * n
+        if k.grad_fixed > 0 or k.grad_layer > 0:
+            x = mdl.NewIntVar(0, tail_ub, f"x{i}")
+            mdl.Add(x >= ns(k.grad_layer))
+            mdl.Add(x >= ns(k.grad_fixed - k.bwd_fixed) + ns(k.grad_layer - k.bwd_layer) * n)
+            tail_expr = tail_expr + x
+        tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
+        mdl.Add(tl == tail_expr)
+        k_vars.append(kk); n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)
+    mdl.Add(sum(n_vars) == L)
+    tmax = mdl.NewIntVar(0, t_ub, "Tmax")
+    mdl.AddMaxEquality(tmax, T)
+    tailmax = mdl.NewIntVar(0, tail_ub, "tailmax")
+    mdl.AddMaxEquality(tailmax, tails)
+    # objective x v:  m*v*Tmax + sum(T) - Tmax + v*tailmax
+    mdl.Minimize((m * v - 1) * tmax + sum(T) + v * tailmax)
+    if hint is not None:
+        for var, val in zip(n_vars, hint.layers):
+            mdl.AddHint(var, val)
+        for var, val in zip(r_vars, hint.recompute):
+            mdl.AddHint(var, val)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = SOLVER_SECONDS
+    st = solver.Solve(mdl)
+    status = solver.StatusName(st)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, status, None
+    obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+    gap = (obj - bound) / obj if obj > 0 else 0.0
+    layers = [solver.Value(x) for x in n_vars]
+    rec = [solver.Value(x) for x in r_vars]
+    est = evaluate(model, cluster, c, layers, rec, coeffs)
+    return Result(c, layers, rec, est, status=status, gap=gap), status, gap
+
+
+def solve_candidate(model, cluster, c, fixed_all=False, coeffs=None, heur=None):
+    """Best layer placement for one candidate: (Result, fits)."""
+    coeffs = coeffs or stage_coefficients(model, cluster, c)
+    cap = capacity_bytes(cluster)
+    heur = heur or heuristic(model, cluster, c, coeffs, cap, fixed_all)
+    if c.pp == 1:
+        return heur, heur.estimate.fits
+    caps = max_layers(coeffs, cap, c.vpp, fixed_all, c)
+    if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
+        return heur, False
+    res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, fixed_all,
+                                   hint=heur if heur.estimate.fits else None)
+    if res is None:
+        return heur, False
+    if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:
+        heur.status, heur.gap = res.status, res.gap   # rounding ties: keep the better one
+        return heur, True
+    return res, res.estimate.fits
+
+
+def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
+           global_batch: int | None = None, top: int = 5, progress=None) -> SearchReport:
+    """Best plans for `model` on `cluster` under the fixed choices."""
+    t0 = time.perf_counter()
+    f = fixed or Fixed()
+    seq_len = seq_len or default_seq_len(model)
+    gbs = global_batch or default_global_batch(seq_len, cluster.num_gpus)
+    check_fixed(model, cluster, f, seq_len, gbs)
+    fixed_all = f.recompute in ("full", "selective")
+    cands = enumerate_candidates(model, cluster, f, seq_len, gbs)
+    if not cands:
+        raise BadInput(_why_no_candidates(model, cluster, f, gbs))
+    cap = capacity_bytes(cluster)
+    L = model.num_layers
+    scored, closest, pruned_mem, rejected = [], None, 0, []
+
+    def consider_closest(res):
+        nonlocal closest
+        if closest is None or max(res.estimate.overflow_gib()) < max(closest.estimate.overflow_gib()):
+            closest = res
+
+    infeasible = []
+    for c in cands:
+        coeffs = stage_coefficients(model, cluster, c)
+        caps = max_layers(coeffs, cap, c.vpp, fixed_all, c)
+        if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
+            pruned_mem += 1
+            infeasible.append((c, coeffs))
+            continue
+        heur = heuristic(model, cluster, c, coeffs, cap, fixed_all)
+        scored.append((lower_bound(coeffs, c, L, cap, fixed_all), c, coeffs, heur))
+    # Candidates in lower-bound order; the K-th best known plan (heuristic placements are
+    # real plans) is the threshold a candidate's bound must beat to be solved exactly.
+    scored.sort(key=lambda x: x[0])
+    known = sorted(h.estimate.step_time_s for _, _, _, h in scored if h.estimate.fits)
+    ranked, solved, pruned_bound = [], 0, 0
+    for i, (lb, c, coeffs, heur) in enumerate(scored):
+        kth = [r.estimate.step_time_s for r in ranked] + known
+        kth.sort()
+        threshold = kth[top - 1] if len(kth) >= top else math.inf
+        if lb > threshold:
+            pruned_bound = len(scored) - i
+            break
+        if c.pp == 1 or (heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
+            res, fits = heur, heur.estimate.fits           # single stage / proven optimal
+            res.status = "OPTIMAL"
+        else:
+            res, fits = solve_candidate(model, cluster, c, fixed_all, coeffs, heur)
+            solved += 1
+        if heur.estimate.fits:
+            known.remove(heur.estimate.step_time_s)
+        if progress:
+            progress(i + 1, len(scored))
+        if fits:
+            ranked.append(res)
+            ranked.sort(key=lambda r: r.estimate.step_time_s)
+            ranked = ranked[:max(top, 1)]
+        else:
+            consider_closest(res)
+    if not ranked:   # nothing fits: find the candidate that misses by the least
+        for c, coeffs in infeasible:
+            consider_closest(heuristic(model, cluster, c, coeffs, cap, fixed_all))
+    rejected = [(c, "out of memory on every placement of its layers") for c, _ in infeasible]
+    return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
+                        pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
+                        seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
+                        seq_len=seq_len, global_batch=gbs)
+
+
+def _why_no_candidates(model, cluster, f, gbs) -> str:
+    return (f"no configuration of {cluster.num_gpus} GPUs matches the fixed choices and "
+            f"global batch {gbs} (tp must divide the heads, pp the layers, dp*micro-batch the "
+            f"global batch)")
+
+
+# ---- results to plans -------------------------------------------------------
+
+def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | None = None) -> Plan:
+    c = r.candidate
+    par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, zero_stage=c.zero, sequence_parallel=c.sp,
+                      vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
+                      recompute=c.recompute if any(r.recompute) else "none")
+    batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
+                  num_microbatches=c.m)
+    stages = make_stages(model.num_layers, c.pp, c.vpp, r.layers, r.recompute)
+    for s in stages:
+        s.memory_gib = {k: round(v, 3) for k, v in r.estimate.stage_memory_gib[s.pp_rank].items()}
+    est = r.estimate.to_dict()
+    search = {"solver_status": r.status, "gap": r.gap}
+    if report is not None:
+        search.update(candidates=report.candidates, solved=report.solved,
+                      pruned_memory=report.pruned_memory, pruned_bound=report.pruned_bound,
+                      seconds=round(report.seconds, 3))
+    return Plan(model=model, cluster=cluster, parallelism=par, batch=batch, stages=stages,
+                estimate=est, search=search)
+
+
+def candidate_of(plan: Plan) -> Candidate:
+    p, b = plan.parallelism, plan.batch
+    return Candidate(tp=p.tp, pp=p.pp, dp=p.dp, zero=p.zero_stage, sp=p.sequence_parallel,
+                     mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
+                     schedule=p.schedule, vpp=p.vpp, recompute=p.recompute)

@@ -1,0 +1,238 @@
+"""The decoder the runtime trains, built from a `planner.specs.Model`.
+
+Plain PyTorch and nothing about parallelism (torchtitan style): `runtime.parallelize` and
+`runtime.pipeline` apply TP/SP, FSDP, activation checkpointing and pipeline splitting from
+outside. The layout-relevant conventions are:
+
+* layers live in `Transformer.layers`, an `nn.ModuleDict` keyed by the *global* layer index, so a
+  pipeline stage that keeps only some layers keeps the fully-qualified parameter names;
+* attention reshapes with `-1` heads, so column-sharded q/k/v projections just work;
+* `tok_embeddings`, `pos_embeddings`, `norm` and `output` may be `None` (pipeline stages);
+* with tied embeddings `output.weight` *is* `tok_embeddings.weight` in a whole model; a pipeline
+  stage that has the output but not the embedding keeps its own copy (see `runtime.pipeline`).
+
+Covers the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the GPT family (LayerNorm, GELU MLP,
+learned positions, biases), relu2 activations and parallel residuals. ALiBi is refused.
+
+Parameters are initialised by `init_full_tensor(name, shape, spec, seed)`: each full tensor comes
+from a generator seeded by (seed, parameter name), so every layout starts from the same weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.specs import Model
+
+
+class UnsupportedModel(ValueError):
+    pass
+
+
+def check_supported(spec: Model) -> None:
+    if spec.position == "alibi":
+        raise UnsupportedModel(f"model {spec.name}: ALiBi position embeddings are not supported by "
+                               f"the runtime (rope and learned are)")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.type_as(x) * self.weight
+
+
+def make_norm(spec: Model) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return RMSNorm(spec.hidden, spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device):
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+                           / head_dim))
+    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv)                       # [s, hd/2]
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x: [b, s, h, hd]; rotate-half (NeoX/HF) convention on pairs (i, i + hd/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).type_as(x)
+
+
+class AttentionCore(nn.Module):
+    """softmax(q k^T / sqrt(d)) v with a causal mask; no parameters. Selective recompute
+    checkpoints exactly this module."""
+
+    def forward(self, q, k, v):
+        # q: [b, hq, s, hd], k/v: [b, hkv, s, hd]
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: Model):
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.rope = spec.position == "rope"
+        self.rope_theta = spec.rope_theta
+        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=spec.attn_bias)
+        self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.attn_bias)
+        self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.attn_bias)
+        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=spec.linear_bias)
+        self.core = AttentionCore()
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        if self.rope:
+            cos, sin = rope_cos_sin(s, self.head_dim, self.rope_theta, x.device)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+def _activation(name: str):
+    if name == "silu":
+        return F.silu
+    if name == "gelu":
+        return lambda x: F.gelu(x, approximate="tanh")
+    return lambda x: torch.square(F.relu(x))      # relu2
+
+
+class FeedForward(nn.Module):
+    """Gated: w2(act(w1 x) * w3 x); plain: w2(act(w1 x))."""
+
+    def __init__(self, spec: Model):
+        super().__init__()
+        self.act = _activation(spec.activation)
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.linear_bias)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=spec.linear_bias)
+        self.w3 = (nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.linear_bias)
+                   if spec.gated_mlp else None)
+
+    def forward(self, x):
+        h = self.act(self.w1(x))
+        if self.w3 is not None:
+            h = h * self.w3(x)
+        return self.w2(h)
+
+
+class DecoderLayer(nn.Module):
+    """One transformer block; constructible on its own from a Model spec (the profiler times it).
+
+    Sequential residual: x + attn(n1 x), then + mlp(n2 .); parallel: x + attn(n1 x) + mlp(n2 x).
+    """
+
+    def __init__(self, spec: Model):
+        super().__init__()
+        check_supported(spec)
+        self.parallel_residual = spec.parallel_residual
+        self.attention_norm = make_norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = make_norm(spec)
+        self.feed_forward = FeedForward(spec)
+        self.dropout = nn.Dropout(spec.dropout) if spec.dropout > 0 else None
+
+    def _drop(self, x):
+        return self.dropout(x) if self.dropout is not None else x
+
+    def forward(self, x):
+        if self.parallel_residual:
+            return (x + self._drop(self.attention(self.attention_norm(x)))
+                    + self._drop(self.feed_forward(self.ffn_norm(x))))
+        h = x + self._drop(self.attention(self.attention_norm(x)))
+        return h + self._drop(self.feed_forward(self.ffn_norm(h)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, spec: Model):
+        super().__init__()
+        check_supported(spec)
+        self.spec = spec
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.pos_embeddings = (nn.Embedding(spec.max_seq_len, spec.hidden)
+                               if spec.position == "learned" else None)
+        self.emb_dropout = nn.Dropout(spec.dropout) if spec.dropout > 0 else None
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(spec) for i in range(spec.num_layers)})
+        self.norm = make_norm(spec)
+        self.output = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        if spec.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, x):
+        """Token ids [b, s] -> logits [b, s, vocab]; in a pipeline stage without the embedding
+        `x` is the hidden state [b, s, hidden] and without the output the hidden state is
+        returned."""
+        if self.tok_embeddings is not None:
+            tokens = x
+            x = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+                x = x + self.pos_embeddings(pos)
+            if self.emb_dropout is not None:
+                x = self.emb_dropout(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.output is not None:
+            x = self.output(x)
+        return x
+
+
+# ---- deterministic initialisation --------------------------------------------------------
+
+def clean_name(name: str) -> str:
+    """Parameter name without wrapper prefixes (activation checkpointing, compile, FSDP1)."""
+    for w in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(w, "")
+    return name
+
+
+def canonical_name(name: str, spec: Model) -> str:
+    """The name a parameter is initialised by: a tied output weight is the embedding."""
+    name = clean_name(name)
+    if spec.tied_embeddings and name == "output.weight":
+        return "tok_embeddings.weight"
+    return name
+
+
+def _seed_of(seed: int, name: str) -> int:
+    h = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def init_full_tensor(name: str, shape, spec: Model, seed: int) -> torch.Tensor:
+    """The full (unsharded) fp32 initial value of parameter `name` (canonical name)."""
+    leaf = name.rsplit(".", 1)[-1]
+    parent = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if parent in ("attention_norm", "ffn_norm", "norm"):
+        return torch.ones(shape)
+    g = torch.Generator().manual_seed(_seed_of(seed, name))
+    std = 0.02
+    if parent in ("wo", "w2"):   # output projections of residual branches (GPT-2 scaling)
+        std = 0.02 / math.sqrt(2 * spec.num_layers)
+    t = torch.empty(shape)
+    t.normal_(0.0, std, generator=g)
+    return t

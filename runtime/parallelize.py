@@ -1,0 +1,195 @@
+"""Parallelism applied from outside the model: device mesh, TP/SP, activation checkpointing,
+ZeRO (DDP-style all-reduce, sharded optimizer state, FSDP2) and deterministic initialisation.
+
+Order per pipeline part (torchtitan's): tensor parallel -> activation checkpointing -> FSDP ->
+materialise (`to_empty`) -> initialise every full tensor from (seed, name) and keep this rank's
+shard of it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from runtime.model import canonical_name, init_full_tensor
+
+
+class LayoutError(ValueError):
+    """The plan asks for something this runtime cannot lay out (refused before training)."""
+
+
+def check_layout(plan) -> None:
+    p, m, b = plan.parallelism, plan.model, plan.batch
+    if p.tp > 1 and m.num_kv_heads % p.tp:
+        raise LayoutError(f"tp {p.tp} does not divide num_kv_heads {m.num_kv_heads}; replicating "
+                          f"key/value heads across tensor-parallel ranks is not supported yet")
+    if p.tp > 1 and (m.ffn_hidden % p.tp or m.vocab_size % p.tp):
+        raise LayoutError(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden} and vocab_size "
+                          f"{m.vocab_size}")
+    if p.sequence_parallel and p.tp > 1 and b.seq_len % p.tp:
+        raise LayoutError(f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}")
+    if b.seq_len > m.max_seq_len:
+        raise LayoutError(f"seq_len {b.seq_len} exceeds the model's max_seq_len {m.max_seq_len}")
+    if p.vpp > 1 and p.pp == 1:
+        raise LayoutError("vpp > 1 needs pp > 1")
+
+
+def build_mesh(plan, device_type: str):
+    p = plan.parallelism
+    order = tuple(p.rank_order)
+    sizes = tuple(getattr(p, d) for d in order)
+    return init_device_mesh(device_type, sizes, mesh_dim_names=order)
+
+
+# ---- tensor / sequence parallel -------------------------------------------------------------
+
+def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top = {}
+    if part.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        if part.pos_embeddings is not None:
+            top["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if part.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if part.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate(),
+                                        use_local_output=True)
+    tied = (part.output is not None and part.tok_embeddings is not None
+            and part.output.weight is part.tok_embeddings.weight)
+    if top:
+        parallelize_module(part, tp_mesh, top)
+    if tied:   # both are Shard(0) over the vocabulary: share the DTensor parameter again
+        part.output.weight = part.tok_embeddings.weight
+
+    for layer in part.layers.values():
+        lp = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if layer.feed_forward.w3 is not None:
+            lp["feed_forward.w3"] = ColwiseParallel()
+        if sequence_parallel:
+            lp.update({
+                "attention_norm": SequenceParallel(),
+                "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                desired_input_layouts=(Replicate(),)),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                   desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(layer, tp_mesh, lp)
+
+
+# ---- activation checkpointing ---------------------------------------------------------------
+
+def apply_ac(part: nn.Module, stage, mode: str) -> list:
+    """Checkpoint the stage's first `recompute_layers` layers; returns their indices."""
+    if mode == "none" or stage.recompute_layers == 0:
+        return []
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    idx = list(range(stage.layers[0], stage.layers[0] + stage.recompute_layers))
+    for i in idx:
+        layer = part.layers[str(i)]
+        if mode == "full":
+            part.layers[str(i)] = checkpoint_wrapper(layer, preserve_rng_state=True)
+        else:   # selective: only the attention core (scores, softmax, weighted sum)
+            layer.attention.core = checkpoint_wrapper(layer.attention.core,
+                                                      preserve_rng_state=True)
+    return idx
+
+
+# ---- FSDP2 (ZeRO 2/3) -----------------------------------------------------------------------
+
+def apply_fsdp(part: nn.Module, dp_mesh, zero_stage: int, on_gpu: bool) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    reshard = zero_stage == 3
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if on_gpu else MixedPrecisionPolicy())
+    for name, layer in part.layers.items():
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    # the root group holds embeddings, final norm and output (together, so tying keeps working)
+    fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+
+# ---- initialisation -------------------------------------------------------------------------
+
+@torch.no_grad()
+def materialize_and_init(part: nn.Module, spec, seed: int, device) -> None:
+    part.to_empty(device=device)
+    for name, p in part.named_parameters():
+        full = init_full_tensor(canonical_name(name, spec), tuple(p.shape), spec, seed)
+        if isinstance(p, DTensor):
+            local = distribute_tensor(full, p.device_mesh, p.placements,
+                                      src_data_rank=None).to_local()
+            p.to_local().copy_(local.to(device))
+        else:
+            p.copy_(full.to(device))
+
+
+# ---- data parallel without FSDP (ZeRO 0 and 1) ----------------------------------------------
+
+def _local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class GradAllReduce:
+    """ZeRO 0/1 gradient averaging over the dp group: one flat all-reduce of all local grads."""
+
+    def __init__(self, params: list, dp_group, dp: int):
+        self.params, self.group, self.dp = params, dp_group, dp
+
+    @torch.no_grad()
+    def __call__(self):
+        if self.dp == 1:
+            return
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(_local(p.grad))
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.dp)
+        for g, f in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(f)
+
+
+def zero1_owners(params: list, dp: int) -> list:
+    """Owner dp rank of each parameter: greedy by size, largest first (deterministic)."""
+    load = [0] * dp
+    owner = [0] * len(params)
+    for i in sorted(range(len(params)), key=lambda i: (-params[i].numel(), i)):
+        r = min(range(dp), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += params[i].numel()
+    return owner
+
+
+class Zero1ParamSync:
+    """After each dp rank stepped the optimizer on the parameters it owns, broadcast them."""
+
+    def __init__(self, params: list, owners: list, dp_group, dp: int):
+        self.group, self.dp = dp_group, dp
+        self.by_owner = [[p for p, o in zip(params, owners) if o == r] for r in range(dp)]
+        self.src = [dist.get_global_rank(dp_group, r) for r in range(dp)]
+
+    @torch.no_grad()
+    def __call__(self):
+        for r in range(self.dp):
+            ts = [_local(p.data) for p in self.by_owner[r]]
+            if not ts:
+                continue
+            flat = torch._utils._flatten_dense_tensors(ts)
+            dist.broadcast(flat, src=self.src[r], group=self.group)
+            for t, f in zip(ts, torch._utils._unflatten_dense_tensors(flat, ts)):
+                t.copy_(f)
