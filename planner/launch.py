@@ -6,6 +6,7 @@ assigns node ranks, so every node runs the same line.
 """
 from __future__ import annotations
 
+import re
 import shlex
 
 from planner.errors import BadInput
@@ -63,12 +64,13 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     summary = (f"# plan {plan.model.name} on {plan.cluster.name}: tp={p.tp} pp={p.pp} dp={p.dp} "
                f"-> {world} GPUs = {nnodes} node(s) x {g}")
     if slurm:
-        name = job_name or f"plan-{plan.model.name}"
+        # sbatch reads #SBATCH lines itself, without a shell: keep the name to plain characters
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name or f"plan-{plan.model.name}")
         cmd = torchrun_command(nnodes, g, plan_path, f'"$MASTER_ADDR:{port}"',
                                rdzv_id='"$SLURM_JOB_ID"', extra_args=extra_args)
         lines = [
             "#!/bin/bash",
-            f"#SBATCH --job-name={shlex.quote(name)}",
+            f"#SBATCH --job-name={name}",
             f"#SBATCH --nodes={nnodes}",
             "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --gpus-per-node={g}",
