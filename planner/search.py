@@ -36,7 +36,9 @@ DEFAULT_TOKENS_PER_STEP = 4 * 2 ** 20
 DEFAULT_MAX_SEQ_LEN = 8192
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 SEARCHED_VPP = (2, 3, 4)
-NS = 1e9           # CP-SAT time unit: nanoseconds
+# CP-SAT works in integers: times are counted in units of (a step estimate) / TIME_UNITS, fine
+# enough that rounding moves a step by ~1e-6, coarse enough to keep the solver fast.
+TIME_UNITS = 1e8
 SOLVER_SECONDS = 2.0
 
 
@@ -176,7 +178,8 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                         scheds += [(sch, v) for v in vpps if pp * v <= L]
                     elif f.vpp in (None, 1):
                         scheds.append((sch, 1))
-            recs = [f.recompute] if f.recompute else ["none", "full"]
+            # searched: full recompute of r_s layers per rank, r_s = 0 allowed ("none")
+            recs = [f.recompute] if f.recompute else ["full"]
             for mbs in mbss:
                 if per_dp % mbs:
                     continue
@@ -314,12 +317,13 @@ def heuristic(model, cluster, c, coeffs, cap, fixed_all, split=None) -> Result:
     return Result(c, split, rec, est)
 
 
-def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None):
+def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess=1.0):
     """Exact layer and recompute counts per rank. Returns (Result | None, status, gap)."""
     p, v, m, L = c.pp, c.vpp, c.m, model.num_layers
     lo, hi = _recompute_bounds(c, fixed_all)
     mdl = cp_model.CpModel()
-    ns = lambda x: int(round(x * NS))
+    unit = TIME_UNITS / step_guess
+    ns = lambda x: int(round(x * unit))
     k_vars, n_vars, r_vars, T, tails = [], [], [], [], []
     # tight variable bounds keep the objective far from int64 overflow
     t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
@@ -395,7 +399,8 @@ def solve_candidate(model, cluster, c, fixed_all=False, coeffs=None, heur=None):
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
         return heur, False
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, fixed_all,
-                                   hint=heur if heur.estimate.fits else None)
+                                   hint=heur if heur.estimate.fits else None,
+                                   step_guess=heur.estimate.step_time_s)
     if res is None:
         return heur, False
     if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:

@@ -1,0 +1,211 @@
+"""The `plan` command.
+
+    plan --model llama70b --cluster h100x32 [--tp 8 ...] [--json] [--out plan.json]
+    plan show plan.json [--export FMT]
+    plan sweep --model M --clusters h100x8,h100x16 [--csv FILE] [--plot FILE]
+    plan launch plan.json --nnodes N [--slurm]
+
+Exit codes: 0 a plan that fits, 2 bad input, 3 nothing fits. Errors are one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from planner.catalog import get_cluster, get_model
+from planner.errors import BadInput, NothingFits, PlannerError
+from planner.explain import describe_candidate, render
+from planner.plan import Plan
+from planner.search import Fixed, search, to_plan
+
+EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):            # one line, exit 2 (argparse prints usage too)
+        raise BadInput(message)
+
+
+def _positive(name):
+    def conv(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
+        return v
+    return conv
+
+
+def plan_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="plan", description="Plan how to split a model over a cluster.")
+    p.add_argument("--model", required=True, help="catalog name (llama70b, ...) or config.json")
+    p.add_argument("--cluster", required=True, help="<gpu>x<count> (h100x32) or cluster JSON")
+    p.add_argument("--seq-len", type=_positive("--seq-len"),
+                   help="tokens per sequence (default: the model's context, at most 8192)")
+    p.add_argument("--global-batch", type=_positive("--global-batch"),
+                   help="sequences per step (default: 4M tokens, >= 1 sequence per 8 GPUs)")
+    p.add_argument("--tp", type=_positive("--tp"))
+    p.add_argument("--pp", type=_positive("--pp"))
+    p.add_argument("--dp", type=_positive("--dp"))
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
+    p.add_argument("--micro-batch", type=_positive("--micro-batch"))
+    p.add_argument("--vpp", type=_positive("--vpp"))
+    p.add_argument("--recompute", choices=("none", "selective", "full"))
+    p.add_argument("--sp", dest="sp", action="store_true", default=None)
+    p.add_argument("--no-sp", dest="sp", action="store_false")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"))
+    p.add_argument("--top", type=_positive("--top"), default=5, help="alternatives to show")
+    p.add_argument("--json", action="store_true", help="print the plan JSON")
+    p.add_argument("--out", help="write the plan JSON to this file")
+    p.add_argument("--profile", help="measured profile JSON (python -m profiler)")
+    p.add_argument("--export", choices=EXPORT_FORMATS, help="print the engine's configuration")
+    p.add_argument("--plot", help="write the schedule and memory picture (PNG)")
+    return p
+
+
+def _fixed(a) -> Fixed:
+    vpp = a.vpp
+    schedule = a.schedule
+    if vpp and vpp > 1 and schedule is None:
+        schedule = "interleaved"
+    return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
+                 recompute=a.recompute, sp=a.sp, schedule=schedule)
+
+
+def _alternatives(report, best) -> list:
+    out = []
+    base = best.estimate.step_time_s
+    for r in report.ranked[1:]:
+        slower = (r.estimate.step_time_s / base - 1) * 100
+        out.append((describe_candidate(r.candidate), r.estimate.step_time_s,
+                    f"slower by {slower:.1f}%"))
+    for c, why in report.rejected[:3]:
+        out.append((describe_candidate(c), None, why))
+    return out
+
+
+def _load_profile(path):
+    if not path:
+        return None
+    try:
+        from planner.profile import apply_profile, load_profile
+    except ImportError:
+        raise BadInput("--profile: this version cannot read profiles yet") from None
+    return load_profile(path)
+
+
+def _nothing_fits_message(model, cluster, fixed, report) -> str:
+    from planner.suggest import suggestions
+    msg = f"nothing fits {model.name} on {cluster.name}"
+    c = report.closest
+    if c is not None:
+        over = c.estimate.overflow_gib()
+        k = max(range(len(over)), key=lambda i: over[i])
+        msg += (f"; closest: {describe_candidate(c.candidate)} overflows stage {k} by "
+                f"{over[k]:.1f} GiB ({c.estimate.stage_memory_gib[k]['total']:.1f} of "
+                f"{c.estimate.capacity_gib:.1f} GiB)")
+    tips = suggestions(model, cluster, fixed, report.seq_len, report.global_batch)
+    if tips:
+        msg += "; would fit: " + "; ".join(tips)
+    return msg
+
+
+def run_plan(argv) -> int:
+    a = plan_parser().parse_args(argv)
+    model = get_model(a.model)
+    cluster = get_cluster(a.cluster)
+    profile = _load_profile(a.profile)
+    if profile is not None:
+        from planner.profile import apply_profile
+        cluster, model_notes = apply_profile(profile, cluster, model)
+    fixed = _fixed(a)
+    report = search(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top)
+    best = report.best
+    what_if = report.candidates == 1
+    if best is None:
+        if what_if and report.closest is not None:
+            plan = to_plan(model, cluster, report.closest, report)
+            _emit(a, plan, [])
+        raise NothingFits(_nothing_fits_message(model, cluster, fixed, report))
+    plan = to_plan(model, cluster, best, report)
+    if profile is not None:
+        plan.search["profile"] = a.profile
+        plan.search["profile_used"] = model_notes
+    _emit(a, plan, _alternatives(report, best))
+    return 0
+
+
+def _emit(a, plan: Plan, alternatives) -> None:
+    if a.out:
+        try:
+            plan.save(a.out)
+        except OSError as e:
+            raise BadInput(f"--out {a.out}: {e.strerror}") from None
+    if getattr(a, "plot", None):
+        from planner.plot import plot_plan
+        plot_plan(plan, a.plot)
+    if a.json:
+        print(plan.to_json())
+    elif getattr(a, "export", None):
+        from planner.export import export
+        print(export(plan, a.export))
+    else:
+        print(render(plan, alternatives), end="")
+        if a.out:
+            print(f"plan written to {a.out}")
+
+
+def run_show(argv) -> int:
+    p = _Parser(prog="plan show", description="Explain or export a saved plan.")
+    p.add_argument("plan")
+    p.add_argument("--export", choices=EXPORT_FORMATS)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot")
+    a = p.parse_args(argv)
+    plan = Plan.load(a.plan)
+    a.out = None
+    _emit(a, plan, [])
+    return 0
+
+
+def run_launch(argv) -> int:
+    p = _Parser(prog="plan launch", description="torchrun command lines for a saved plan.")
+    p.add_argument("plan")
+    p.add_argument("--nnodes", type=_positive("--nnodes"), required=True)
+    p.add_argument("--slurm", action="store_true", help="write a SLURM batch script instead")
+    a = p.parse_args(argv)
+    plan = Plan.load(a.plan)
+    from planner.launch import launch_commands
+    print(launch_commands(plan, a.plan, a.nnodes, slurm=a.slurm))
+    return 0
+
+
+def run_sweep(argv) -> int:
+    from planner.sweep import run_sweep_cli
+    return run_sweep_cli(argv, _Parser)
+
+
+COMMANDS = {"show": run_show, "launch": run_launch, "sweep": run_sweep}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
+        return run_plan(argv)
+    except PlannerError as e:
+        print(f"plan: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""What would fit when nothing does: relax one choice at a time and search again."""
+from __future__ import annotations
+
+import dataclasses
+
+from planner.errors import BadInput
+from planner.explain import describe_candidate
+from planner.search import Fixed, search
+from planner.specs import Cluster
+
+MAX_DOUBLINGS = 8
+
+
+def _fits(model, cluster, fixed, seq_len, gbs):
+    try:
+        r = search(model, cluster, fixed, seq_len, gbs, top=1)
+    except BadInput:
+        return None
+    return r.best
+
+
+def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int) -> list:
+    tips = []
+    if fixed.recompute != "full":
+        best = _fits(model, cluster, dataclasses.replace(fixed, recompute=None if
+                     fixed.recompute is None else "full"), seq_len, gbs)
+        if best is not None:
+            tips.append(f"--recompute full ({describe_candidate(best.candidate)})")
+    if fixed.zero is not None and fixed.zero < 3:
+        best = _fits(model, cluster, dataclasses.replace(fixed, zero=None), seq_len, gbs)
+        if best is not None:
+            tips.append(f"ZeRO-{best.candidate.zero} ({describe_candidate(best.candidate)})")
+    if any(getattr(fixed, k) is not None for k in ("tp", "pp", "dp", "mbs", "sp", "schedule", "vpp")):
+        best = _fits(model, cluster, Fixed(), seq_len, gbs)
+        if best is not None:
+            tips.append(f"another layout: {describe_candidate(best.candidate)}")
+    if not tips:
+        n = cluster.num_gpus
+        for _ in range(MAX_DOUBLINGS):
+            n *= 2
+            bigger = dataclasses.replace(cluster, name=f"{cluster.gpu.name}x{n}", num_gpus=n,
+                                         gpus_per_node=max(cluster.gpus_per_node, min(8, n)))
+            g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
+            best = _fits(model, bigger, Fixed(recompute=fixed.recompute), seq_len, g)
+            if best is not None:
+                tips.append(f"{n} GPUs ({describe_candidate(best.candidate)}, global batch {g})")
+                break
+    return tips
