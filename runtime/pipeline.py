@@ -1,0 +1,93 @@
+"""Pipeline stages from the plan's layer ranges, run with `torch.distributed.pipelining`.
+
+Virtual stage `i` of `plan.stages` runs on pipeline rank `i % pp` (chunk `i // pp`). Each stage's
+module is a copy of the whole (meta) model with the other layers deleted, so parameter names
+stay the fully-qualified names of the whole model (checkpoints reshard across plans).
+
+Tied embeddings with pp > 1: the last stage keeps its own `output.weight`, initialised like
+`tok_embeddings.weight`; `TiedGradSync` sums the two gradients over the (first, last) pipeline
+ranks so both copies take the same optimizer steps (Megatron's scheme). Checkpoints store the
+tied weight once, under `tok_embeddings.weight`.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def split_model(whole: nn.Module, plan, pp_rank: int) -> list:
+    """The (stage, module) pairs this pipeline rank runs, in chunk order."""
+    last = len(plan.stages) - 1
+    out = []
+    for st in plan.stages_of_rank(pp_rank):
+        if len(plan.stages) == 1:
+            out.append((st, whole))
+            continue
+        part = copy.deepcopy(whole)
+        keep = {str(i) for i in range(*st.layers)}
+        for k in list(part.layers.keys()):
+            if k not in keep:
+                del part.layers[k]
+        if st.index != 0:
+            part.tok_embeddings = None
+            part.pos_embeddings = None
+            part.emb_dropout = None
+        if st.index != last:
+            part.norm = None
+            part.output = None
+        out.append((st, part))
+    return out
+
+
+def loss_fn(logits, targets):
+    """Mean token loss of one micro-batch (the schedule divides gradients by their number)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+
+
+def build_schedule(plan, stage_parts: list, pp_group, device):
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+    n = len(plan.stages)
+    stages = [PipelineStage(part, st.index, n, device, group=pp_group)
+              for st, part in stage_parts]
+    nmb = plan.batch.num_microbatches
+    kind = plan.parallelism.schedule
+    if kind == "interleaved" or len(stages) > 1:
+        return ScheduleInterleaved1F1B(stages, nmb, loss_fn=loss_fn, scale_grads=True), stages
+    cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
+    return cls(stages[0], nmb, loss_fn=loss_fn, scale_grads=True), stages
+
+
+def _ranks_by_pp(mesh) -> torch.Tensor:
+    """Global ranks as [pp, rest] (pp coordinate first)."""
+    names = list(mesh.mesh_dim_names)
+    t = mesh.mesh.permute([names.index("pp")] + [i for i, d in enumerate(names) if d != "pp"])
+    return t.reshape(t.shape[0], -1)
+
+
+class TiedGradSync:
+    """Sum the gradients of the embedding (first stage) and its output copy (last stage)."""
+
+    def __init__(self, mesh, params: list):
+        self.params = params   # this rank's tied parameters (0, 1 or 2 of them)
+        self.group = None
+        grid = _ranks_by_pp(mesh)
+        me = dist.get_rank()
+        for j in range(grid.shape[1]):       # every rank creates every group, in the same order
+            ranks = [int(grid[0, j]), int(grid[-1, j])]
+            g = dist.new_group(ranks=ranks)
+            if me in ranks:
+                self.group = g
+
+    @torch.no_grad()
+    def __call__(self):
+        if self.group is None or not self.params:
+            return
+        for p in self.params:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(g, group=self.group)

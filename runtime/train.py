@@ -1,0 +1,404 @@
+"""`python -m runtime`: train the plan's model under the plan's layout.
+
+    torchrun --standalone --nproc-per-node 8 -m runtime --plan plan.json --steps 20
+
+Everything that can be refused is refused before any work, with one line on stderr and exit
+status 2 (no traceback): bad arguments, an unreadable or invalid plan, a plan whose tp*pp*dp is
+not the launched world (or, on GPUs, whose gpus_per_node is not the launched processes per
+node), a layout or model this runtime does not support.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from planner.errors import BadInput
+
+
+class Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Refused(f"runtime: {message}")
+
+
+def parse_args(argv):
+    ap = _Parser(prog="python -m runtime", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plan", required=True, help="plan JSON (from `plan ... --out`)")
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps of the whole run")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default="synthetic",
+                    help="'synthetic' or a token file: .npy (1-D integer array), .i32/.int32 "
+                         "(raw int32) or anything else (raw uint16, nanoGPT .bin)")
+    ap.add_argument("--metrics", default=None, help="JSON-lines file written by rank 0")
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="also checkpoint every K steps (needs --checkpoint-dir); "
+                         "a checkpoint is always written at the end when a directory is given")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest complete checkpoint in --checkpoint-dir")
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (constant)")
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    a = ap.parse_args(argv)
+    if a.steps < 1:
+        raise Refused(f"runtime: --steps must be at least 1, got {a.steps}")
+    if a.checkpoint_every < 0:
+        raise Refused(f"runtime: --checkpoint-every must be >= 0, got {a.checkpoint_every}")
+    if not a.lr > 0:
+        raise Refused(f"runtime: --lr must be positive, got {a.lr}")
+    if a.weight_decay < 0:
+        raise Refused(f"runtime: --weight-decay must be >= 0, got {a.weight_decay}")
+    if (a.resume or a.checkpoint_every) and not a.checkpoint_dir:
+        raise Refused("runtime: --resume and --checkpoint-every need --checkpoint-dir")
+    return a
+
+
+def check_world(plan, world_size: int, local_world_size: int, on_gpu: bool) -> None:
+    p = plan.parallelism
+    if p.world_size != world_size:
+        raise Refused(f"runtime: plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.world_size} "
+                      f"processes, launched with {world_size}")
+    if on_gpu:
+        import torch
+        gpn = plan.cluster.gpus_per_node
+        want = min(gpn, world_size)
+        if local_world_size != want:
+            raise Refused(f"runtime: plan's cluster has {gpn} GPUs per node, launched "
+                          f"{local_world_size} processes per node (expected {want})")
+        if torch.cuda.device_count() < local_world_size:
+            raise Refused(f"runtime: {local_world_size} processes per node but only "
+                          f"{torch.cuda.device_count()} GPUs visible")
+
+
+def prepare(argv):
+    """Everything checked before torch.distributed starts: (args, plan, source)."""
+    from planner.plan import Plan
+    args = parse_args(argv)
+    try:
+        plan = Plan.load(args.plan)
+    except BadInput as e:
+        raise Refused(f"runtime: {e}") from None
+    import torch
+    from runtime.data import DataError, make_source
+    from runtime.model import UnsupportedModel, check_supported
+    from runtime.parallelize import LayoutError, check_layout
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    check_world(plan, world, local_world, torch.cuda.is_available())
+    try:
+        check_supported(plan.model)
+        check_layout(plan)
+        source = make_source(args.data, plan.model.vocab_size, plan.batch.seq_len, args.seed)
+    except (UnsupportedModel, LayoutError, DataError) as e:
+        raise Refused(f"runtime: {e}") from None
+    if args.checkpoint_dir and Path(args.checkpoint_dir).exists() \
+            and not Path(args.checkpoint_dir).is_dir():
+        raise Refused(f"runtime: --checkpoint-dir {args.checkpoint_dir} is not a directory")
+    if args.resume:
+        from runtime.checkpoint import latest, read_meta
+        found = latest(args.checkpoint_dir)
+        if found is not None:
+            saved = read_meta(found[1]).get("model")
+            if saved != plan.model.to_dict():
+                raise Refused(f"runtime: checkpoint {found[1]} is of a different model than the "
+                              f"plan's {plan.model.name}")
+    return args, plan, source
+
+
+def _peak_memory_gib(on_gpu: bool) -> float:
+    import torch
+    if on_gpu:
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30   # KiB on Linux
+
+
+class Trainer:
+    def __init__(self, args, plan, source):
+        import torch
+        import torch.distributed as dist
+        self.args, self.plan, self.source = args, plan, source
+        self.on_gpu = torch.cuda.is_available()
+        if self.on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+        if not dist.is_initialized():
+            if "RANK" not in os.environ:     # plain `python -m runtime`: a world of one
+                os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                                  MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+            dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+        self.rank = dist.get_rank()
+        self._build()
+
+    # -- construction -------------------------------------------------------------------------
+    def _build(self):
+        import torch
+        import torch.distributed as dist
+        from runtime import parallelize as par
+        from runtime.model import Transformer
+        from runtime.pipeline import TiedGradSync, build_schedule, split_model
+        plan, p = self.plan, self.plan.parallelism
+        spec = plan.model
+        self.mesh = par.build_mesh(plan, self.device.type)
+        self.tp_mesh, self.dp_mesh, self.pp_mesh = self.mesh["tp"], self.mesh["dp"], self.mesh["pp"]
+        self.dp_rank = self.dp_mesh.get_local_rank()
+        self.pp_rank = self.pp_mesh.get_local_rank()
+        self.tp_rank = self.tp_mesh.get_local_rank()
+        self.dp_group = self.dp_mesh.get_group()
+
+        with torch.device("meta"):
+            whole = Transformer(spec)
+        stage_parts = split_model(whole, plan, self.pp_rank)
+        self.first_stage = any(st.index == 0 for st, _ in stage_parts)
+        self.last_stage = any(st.index == len(plan.stages) - 1 for st, _ in stage_parts)
+        self.recomputed = []
+        for st, part in stage_parts:
+            if p.tp > 1:
+                par.apply_tp(part, self.tp_mesh, p.sequence_parallel)
+            self.recomputed += par.apply_ac(part, st, p.recompute)
+            if p.zero_stage >= 2:
+                par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu)
+            par.materialize_and_init(part, spec, self.args.seed, self.device)
+        self.parts = [part for _, part in stage_parts]
+
+        # tied embeddings split over the pipeline: sum the two copies' gradients
+        self.tied = spec.tied_embeddings
+        self.tied_sync = None
+        if self.tied and p.pp > 1:
+            tied_params = []
+            for st, part in stage_parts:
+                if st.index == 0:
+                    tied_params.append(part.tok_embeddings.weight)
+                if st.index == len(plan.stages) - 1:
+                    tied_params.append(part.output.weight)
+            self.tied_sync = TiedGradSync(self.mesh, tied_params)
+
+        # optimizers (one per part) and ZeRO 0/1 gradient / parameter sync
+        params = [q for part in self.parts for q in part.parameters()]
+        kw = dict(lr=self.args.lr, weight_decay=self.args.weight_decay, betas=(0.9, 0.95),
+                  eps=1e-8, foreach=True)
+        self.grad_sync = self.param_sync = None
+        if p.zero_stage <= 1:
+            self.grad_sync = par.GradAllReduce(params, self.dp_group, p.dp)
+        if p.zero_stage == 1 and p.dp > 1:
+            owners = par.zero1_owners(params, p.dp)
+            mine = {id(q) for q, o in zip(params, owners) if o == self.dp_rank}
+            self.optims = []
+            for part in self.parts:
+                own = [q for q in part.parameters() if id(q) in mine]
+                self.optims.append(torch.optim.AdamW(own, **kw) if own else None)
+            self.param_sync = par.Zero1ParamSync(params, owners, self.dp_group, p.dp)
+        else:
+            self.optims = [torch.optim.AdamW(part.parameters(), **kw) for part in self.parts]
+
+        self.schedule = None
+        if len(plan.stages) > 1:
+            self.schedule, self.stages = build_schedule(plan, stage_parts, self.pp_mesh.get_group(),
+                                                        self.device)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+                         if self.on_gpu and p.zero_stage < 2 else nullcontext())
+        dist.barrier()
+
+    # -- one step -----------------------------------------------------------------------------
+    def train_step(self, step0: int):
+        """0-based step; returns the mean token loss of the global batch (on every rank)."""
+        import torch
+        import torch.distributed as dist
+        from runtime.data import local_batch
+        from runtime.pipeline import loss_fn
+        plan = self.plan
+        b = plan.batch
+        torch.manual_seed(hash((self.args.seed, step0, self.rank)) & 0x7FFFFFFF)
+        inputs, targets = local_batch(self.source, step0, b.global_batch_size,
+                                      plan.parallelism.dp, self.dp_rank)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        for opt in self.optims:
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
+        for part in self.parts:   # parameters without an optimizer (ZeRO 1) too
+            part.zero_grad(set_to_none=True)
+
+        local_loss = torch.zeros((), device=self.device)
+        with self.autocast:
+            if self.schedule is None:
+                nmb = b.num_microbatches
+                part = self.parts[0]
+                fsdp = hasattr(part, "set_requires_gradient_sync")
+                for i, (x, y) in enumerate(zip(inputs.chunk(nmb), targets.chunk(nmb))):
+                    if fsdp:
+                        part.set_requires_gradient_sync(i == nmb - 1)
+                    loss = loss_fn(part(x), y)
+                    (loss / nmb).backward()
+                    local_loss += loss.detach() / nmb
+            else:
+                losses = []
+                kwargs = {"target": targets, "losses": losses} if self.last_stage else {}
+                if self.first_stage:
+                    self.schedule.step(inputs, **kwargs)
+                else:
+                    self.schedule.step(**kwargs)
+                if self.last_stage:
+                    local_loss = torch.stack([l.detach().float() for l in losses]).mean()
+
+        if self.tied_sync is not None:
+            self.tied_sync()
+        if self.grad_sync is not None:
+            self.grad_sync()
+        for opt in self.optims:
+            if opt is not None:
+                opt.step()
+        if self.param_sync is not None:
+            self.param_sync()
+
+        # mean over the dp replicas of the last stage (tp rank 0 speaks for its group)
+        speaks = self.last_stage and self.tp_rank == 0
+        t = torch.stack([local_loss.float() * speaks,
+                         torch.tensor(float(speaks), device=self.device)])
+        dist.all_reduce(t)
+        return float(t[0] / t[1])
+
+    def train_state(self):
+        from runtime.checkpoint import TrainState
+        return TrainState(self.parts, self.optims, self.tied)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _trim_metrics(path: Path, keep_upto: int):
+    """On resume: keep the step lines up to the checkpoint's step, drop later ones/summaries."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "step" in d and d["step"] <= keep_upto:
+            kept.append(line)
+    path.write_text("".join(l + "\n" for l in kept))
+
+
+def run(args, plan, source) -> int:
+    import torch
+    import torch.distributed as dist
+    from runtime import checkpoint as ckpt
+
+    tr = Trainer(args, plan, source)
+    rank = tr.rank
+    start = 0
+    if args.resume:
+        found = ckpt.latest(args.checkpoint_dir)
+        if found is None:
+            if rank == 0:
+                print(f"runtime: no complete checkpoint in {args.checkpoint_dir}; starting fresh",
+                      flush=True)
+        else:
+            start, path = found
+            tr.train_state().load_from(str(path))
+            ckpt.restore_rng(path, dist.get_world_size())
+            if rank == 0:
+                print(f"runtime: resumed from {path} (step {start})", flush=True)
+    metrics = Path(args.metrics) if args.metrics else None
+    if rank == 0 and metrics is not None:
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        if start > 0:
+            _trim_metrics(metrics, start)
+        else:
+            metrics.write_text("")
+    meta = {"model": plan.model.to_dict(), "parallelism": plan.to_dict()["parallelism"],
+            "seed": args.seed, "data": args.data}
+    p = plan.parallelism
+    if rank == 0:
+        print(f"runtime: {plan.model.name} tp={p.tp} pp={p.pp} dp={p.dp} zero={p.zero_stage} "
+              f"vpp={p.vpp} schedule={p.schedule} recompute={p.recompute} "
+              f"sp={p.sequence_parallel} on {dist.get_world_size()} x {tr.device.type}; "
+              f"steps {start + 1}..{args.steps}", flush=True)
+
+    tokens = plan.batch.global_batch_size * plan.batch.seq_len
+    times = []
+    last_saved = start if args.resume and start else None
+    for step0 in range(start, args.steps):
+        if tr.on_gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = tr.train_step(step0)
+        if tr.on_gpu:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        peak = torch.tensor(_peak_memory_gib(tr.on_gpu), dtype=torch.float64)
+        if not tr.on_gpu:
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        else:
+            peak = peak.to(tr.device)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
+               "peak_memory_gib": float(peak)}
+        if rank == 0:
+            print(f"step {rec['step']:>5}  loss {loss:.6f}  {dt:.3f} s  "
+                  f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
+                  flush=True)
+            if metrics is not None:
+                with metrics.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+        done = step0 + 1
+        if args.checkpoint_dir and (
+                (args.checkpoint_every and done % args.checkpoint_every == 0)
+                or done == args.steps):
+            path = ckpt.save(args.checkpoint_dir, done, tr.train_state(), meta)
+            last_saved = done
+            if rank == 0:
+                print(f"runtime: checkpoint {path}", flush=True)
+
+    if rank == 0:
+        steady = times[1:] if len(times) > 1 else times
+        measured = sum(steady) / len(steady) if steady else None
+        predicted = plan.estimate.get("step_time_s") if plan.estimate else None
+        summary = {"steps": len(times), "first_step": start + 1,
+                   "measured_step_time_s": measured,
+                   "predicted_step_time_s": predicted,
+                   "measured_over_predicted": (measured / predicted
+                                               if measured and predicted else None),
+                   "tokens_per_s": tokens / measured if measured else None,
+                   "last_checkpoint_step": last_saved}
+        pred = f"{predicted:.4f} s" if predicted else "n/a"
+        meas = f"{measured:.4f} s" if measured else "n/a"
+        print(f"summary: step time measured {meas} (mean over steps after the first), "
+              f"predicted {pred}", flush=True)
+        if metrics is not None:
+            with metrics.open("a") as f:
+                f.write(json.dumps({"summary": summary}) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    quiet = int(os.environ.get("RANK", "0")) != 0
+    try:
+        args, plan, source = prepare(argv)
+    except Refused as e:
+        if not quiet:
+            print(str(e), file=sys.stderr, flush=True)
+        return 2
+    return run(args, plan, source)
