@@ -91,6 +91,11 @@ PLANS = {
                        nmb=2),
     # recompute picked but applied to no layer
     "recompute-on-nothing": mkplan(recompute="full", rec=[0, 0, 0, 0]),
+    # interleaved schedule named, but one chunk per rank
+    "interleaved-vpp1": mkplan(schedule="interleaved", vpp=1, layers=[19, 21, 21, 19]),
+    # interleaving on a single pipeline rank
+    "interleaved-pp1": mkplan("llama8b", "h100x8", tp=8, pp=1, dp=1, schedule="interleaved",
+                              vpp=2, nmb=4),
 }
 
 
@@ -526,8 +531,9 @@ def test_torchtitan(plan):
         assert mb == b.micro_batch_size
         assert t["local_batch_size"] % mb == 0 and t["local_batch_size"] // mb == b.num_microbatches
         assert t["global_batch_size"] == t["local_batch_size"] * dp
+        schedule = "1f1b" if p.schedule == "interleaved" and p.vpp == 1 else p.schedule
         assert par["pipeline_parallel_schedule"] == {"1f1b": "1F1B", "gpipe": "GPipe",
-                                                     "interleaved": "Interleaved1F1B"}[p.schedule]
+                                                     "interleaved": "Interleaved1F1B"}[schedule]
         counts = titan_stage_counts(par["module_fqns_per_model_part"], m.num_layers)
         assert counts == expected_counts(plan)
         assert len(counts) == p.pp * p.vpp

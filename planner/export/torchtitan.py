@@ -107,7 +107,9 @@ def torchtitan_toml(plan: Plan) -> str:
                          "planned")
     par["pipeline_parallel_degree"] = p.pp
     if p.pp > 1:
-        par["pipeline_parallel_schedule"] = SCHEDULE[p.schedule]
+        # one chunk per rank: the interleaved schedule is plain 1F1B
+        par["pipeline_parallel_schedule"] = SCHEDULE["1f1b" if p.schedule == "interleaved"
+                                                     and p.vpp == 1 else p.schedule]
         par["pipeline_parallel_microbatch_size"] = b.micro_batch_size
         par["module_fqns_per_model_part"] = module_fqns(stage_layers(plan))
     elif p.vpp > 1:
