@@ -151,7 +151,7 @@ def test_slurm_mismatch_refused():
         launch_commands(mkplan("h100x64", 8, 2, 4), "p.json", 4, slurm=True)
 
 
-def test_shell_quoting_survives_odd_paths(tmp_path):
+def test_shell_quoting_survives_odd_paths():
     path = "it's a \"plan\" $HOME.json"
     text = launch_commands(mkplan("h100x8", 2, 2, 2), path, 1)
     _, r = parse_torchrun(command_lines(text)[0])

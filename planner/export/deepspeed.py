@@ -111,9 +111,9 @@ def deepspeed_config(plan: Plan) -> str:
         "megatron_deepspeed_args": md_args,
     }
     if p.tp > 1 and p.pp == 1:
-        notes.append("for a Hugging Face model without Megatron code, DeepSpeed AutoTP takes the "
-                     f"tensor-parallel degree in the config as tensor_parallel.autotp_size = {p.tp} "
-                     "(ZeRO stage 0-2 only)")
+        notes.append("for a Hugging Face model without Megatron code, DeepSpeed AutoTP takes "
+                     "the tensor-parallel degree in the config as "
+                     f"tensor_parallel.autotp_size = {p.tp} (ZeRO stage 0-2 only)")
 
     config = {
         "_comment": notes,
