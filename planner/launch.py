@@ -75,6 +75,7 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
             "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --gpus-per-node={g}",
             summary,
+            "# the plan file must be readable at this path on every node",
             "set -euo pipefail",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "export MASTER_ADDR",
@@ -88,6 +89,6 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     return "\n".join([
         summary,
         f"# run this same line on each of the {nnodes} nodes, with MASTER_ADDR set to the "
-        f"address of one of them (port {port} open):",
+        f"address of one of them (port {port} open) and the plan file at this path on all:",
         cmd,
     ]) + "\n"

@@ -247,6 +247,7 @@ def megatron_args(plan: Plan) -> str:
                  f"WORLD_SIZE / (tp x pp) = {world} / {p.tp * p.pp} = {p.dp}")
     lines.append('# use: source this file; torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" '
                  "<data, tokenizer and optimizer flags>")
+    lines.append("# flags as in Megatron-LM with megatron-core >= 0.14")
     lines += [f"# NOTE: {n}" for n in notes]
     if p.tp > 1 and not fsdp:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  "

@@ -145,6 +145,7 @@ def torchtitan_toml(plan: Plan) -> str:
                      "assumes, and applies to every layer; check memory")
 
     lines = [f"# {h}" for h in header(plan, "torchtitan")]
+    lines.append("# a job config for torchtitan releases that read TOML (--job.config_file)")
     lines.append(f"# launch on {p.tp * p.pp * p.dp} GPUs; add [job], [model] (e.g. name = "
                  "\"llama3\", flavor) and [optimizer] as usual")
     lines += [f"# NOTE: {n}" for n in notes]
