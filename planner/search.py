@@ -54,6 +54,7 @@ class Fixed:
     recompute: str | None = None
     sp: bool | None = None
     schedule: str | None = None
+    flash: bool = True        # software assumption, not searched
 
 
 @dataclass
@@ -196,7 +197,8 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                             for rec in recs:
                                 out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp,
                                                      mbs=mbs, seq_len=seq_len, global_batch=gbs,
-                                                     schedule=sch, vpp=v, recompute=rec))
+                                                     schedule=sch, vpp=v, recompute=rec,
+                                                     flash=f.flash))
     return out
 
 

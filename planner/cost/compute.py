@@ -88,27 +88,56 @@ def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool) -> float:
     return BF16 * tokens * ((norms + residual + dropout) * rep + (rope + act) / tp)
 
 
-def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool) -> LayerTime:
+# Unfused attention (Megatron-LM before FlashAttention, 2022): per score element the fused
+# scale-mask-softmax kernel reads the fp16 scores and writes the probabilities (2 + 2 bytes), and
+# dropout writes a 1-byte mask and the 2-byte output, read again by the PV matmul (2 bytes).
+EAGER_SOFTMAX_BYTES = 2 + 2 + 1 + 2 + 2
+
+
+def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool = True) -> float:
+    """Forward seconds of the attention core (QK^T, softmax, PV) on one GPU."""
+    heads = model.num_heads / tp
+    if flash:
+        return attention_flops(model, b, s) / tp / (gpu.peak_tflops * 1e12 * gpu.attn_efficiency)
+    d = model.head_dim
+    # two batched GEMMs over the full (unmasked) s x s scores, k = head_dim for QK^T
+    gemms = gemm_time(gpu, s, s, d, b * heads) + gemm_time(gpu, s, d, s, b * heads)
+    drop = EAGER_SOFTMAX_BYTES if model.dropout > 0 else EAGER_SOFTMAX_BYTES - 3
+    softmax = drop * b * heads * s * s / (gpu.hbm_gbps * 1e9)
+    return gemms + softmax
+
+
+def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
+               flash: bool = True) -> LayerTime:
     tokens = b * s
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
     gemm = (gemm_time(gpu, tokens, (h + 2 * kv) / tp, h)                     # qkv
             + gemm_time(gpu, tokens, h, h / tp)                               # out proj
             + gemm_time(gpu, tokens, f / tp, h, 2 if model.gated_mlp else 1)  # up (+ gate)
             + gemm_time(gpu, tokens, h, f / tp))                              # down
-    attn = attention_flops(model, b, s) / tp / (gpu.peak_tflops * 1e12 * gpu.attn_efficiency)
+    attn = attention_time(model, gpu, b, s, tp, flash)
     elem = elementwise_bytes(model, tokens, tp, sp) / (gpu.hbm_gbps * 1e9)
     return LayerTime(gemm, attn, elem)
+
+
+# Vocabulary-parallel cross-entropy in fp32 (megatron/core/tensor_parallel/cross_entropy.py),
+# bytes per logit. Forward: cast bf16 logits to fp32 (read 2, write 4), max (read 4), subtract
+# the max (4 + 4), exp (4 + 4), sum (4), normalise to the saved softmax (4 + 4): 38.
+# Backward: scale the saved softmax by the incoming gradient (4 + 4), cast to bf16 for the
+# head's matmul (4 + 2): 14.
+CE_BYTES_FWD = 38.0
+CE_BYTES_BWD = 14.0
 
 
 def head_time(model: Model, gpu: Gpu, b: int, s: int, tp: int) -> tuple:
     """(forward, backward) seconds of final norm, LM head GEMM and fp32 cross-entropy."""
     tokens = b * s
     gemm = gemm_time(gpu, tokens, model.vocab_size / tp, model.hidden)
-    # cross-entropy: write fp32 logits, read them for max/sum, write fp32 grads
-    ce = 3 * 4 * tokens * model.vocab_size / tp / (gpu.hbm_gbps * 1e9)
-    norm = 2 * BF16 * tokens * model.hidden / (gpu.hbm_gbps * 1e9)
-    fwd = gemm + ce + norm
-    return fwd, GEMM_BWD_FACTOR * gemm + ce + ELEMENTWISE_BWD_FACTOR * norm
+    logits = tokens * model.vocab_size / tp
+    bw = gpu.hbm_gbps * 1e9
+    norm = 2 * BF16 * tokens * model.hidden / bw
+    fwd = gemm + CE_BYTES_FWD * logits / bw + norm
+    return fwd, GEMM_BWD_FACTOR * gemm + CE_BYTES_BWD * logits / bw + ELEMENTWISE_BWD_FACTOR * norm
 
 
 def embedding_time(model: Model, gpu: Gpu, b: int, s: int, tp: int) -> tuple:

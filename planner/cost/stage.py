@@ -43,6 +43,9 @@ class Candidate:
     schedule: str = "1f1b"
     vpp: int = 1
     recompute: str = "none"   # granularity of the recomputed layers
+    # software, not searched: FlashAttention kernels (else the unfused softmax attention of
+    # Megatron-LM before 2022, which also keeps the s^2 scores unless recomputed)
+    flash: bool = True
 
     @property
     def m(self) -> int:
@@ -134,10 +137,10 @@ def capacity_bytes(cluster: Cluster) -> float:
     return (cluster.gpu.memory_gib - RUNTIME_RESERVE_GIB) * GIB
 
 
-def stage_coefficients(model: Model, cluster: Cluster, c: Candidate, flash: bool = True) -> list:
+def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     gpu, b, s, t, p, v = cluster.gpu, c.mbs, c.seq_len, c.tp, c.pp, c.vpp
-    g = cluster.gpus_per_node
-    lt = layer_time(model, gpu, b, s, t, c.sp)
+    flash = c.flash
+    lt = layer_time(model, gpu, b, s, t, c.sp, flash)
     tp_link = comm.group_link(cluster, t, 1)
     dp_link = comm.group_link(cluster, c.dp, t)
     pp_link = comm.group_link(cluster, 2, t * c.dp)
