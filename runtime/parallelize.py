@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from runtime.model import canonical_name, init_full_tensor
 
@@ -126,6 +127,9 @@ def apply_fsdp(part: nn.Module, dp_mesh, zero_stage: int, on_gpu: bool) -> None:
 @torch.no_grad()
 def materialize_and_init(part: nn.Module, spec, seed: int, device) -> None:
     part.to_empty(device=device)
+    if (spec.tied_embeddings and part.tok_embeddings is not None and part.output is not None
+            and not hasattr(part, "unshard")):   # to_empty unties shared parameters (FSDP
+        part.output.weight = part.tok_embeddings.weight   # keeps its own shared-param record)
     for name, p in part.named_parameters():
         full = init_full_tensor(canonical_name(name, spec), tuple(p.shape), spec, seed)
         if isinstance(p, DTensor):
@@ -134,6 +138,28 @@ def materialize_and_init(part: nn.Module, spec, seed: int, device) -> None:
             p.to_local().copy_(local.to(device))
         else:
             p.copy_(full.to(device))
+
+
+# ---- global gradient norm -------------------------------------------------------------------
+
+@torch.no_grad()
+def grad_norm_sq_local(params: list, copies: int) -> torch.Tensor:
+    """This rank's share of the global squared gradient norm: each local gradient's sum of
+    squares, divided by how many ranks of this pipeline rank hold the very same shard
+    (`copies` = tp*dp ranks share a pipeline rank; a DTensor is split over its Shard dims)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is None:
+            continue
+        g = p.grad
+        distinct = 1
+        if isinstance(g, DTensor):
+            for i, pl in enumerate(g.placements):
+                if pl.is_shard() or isinstance(pl, _StridedShard):
+                    distinct *= g.device_mesh.size(i)
+            g = g.to_local()
+        total += g.double().pow(2).sum().cpu() * distinct / copies
+    return total
 
 
 # ---- data parallel without FSDP (ZeRO 0 and 1) ----------------------------------------------

@@ -214,10 +214,12 @@ class Trainer:
 
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, step0: int):
-        """0-based step; returns the mean token loss of the global batch (on every rank)."""
+        """0-based step; returns (mean token loss of the global batch, global gradient norm
+        before the update), the same on every rank."""
         import torch
         import torch.distributed as dist
         from runtime.data import local_batch
+        from runtime import parallelize as par
         from runtime.pipeline import loss_fn
         plan = self.plan
         b = plan.batch
@@ -257,6 +259,10 @@ class Trainer:
             self.tied_sync()
         if self.grad_sync is not None:
             self.grad_sync()
+        # the tied output copy of a pipeline's last stage is the embedding: count it once
+        norm_params = [q for part in self.parts for n, q in part.named_parameters()
+                       if not (self.tied_sync is not None and n == "output.weight")]
+        gsq = par.grad_norm_sq_local(norm_params, plan.parallelism.tp * plan.parallelism.dp)
         for opt in self.optims:
             if opt is not None:
                 opt.step()
@@ -265,10 +271,11 @@ class Trainer:
 
         # mean over the dp replicas of the last stage (tp rank 0 speaks for its group)
         speaks = self.last_stage and self.tp_rank == 0
-        t = torch.stack([local_loss.float() * speaks,
-                         torch.tensor(float(speaks), device=self.device)])
+        t = torch.stack([local_loss.double().cpu() * speaks, torch.tensor(float(speaks),
+                                                                          dtype=torch.float64),
+                         gsq]).to(self.device)
         dist.all_reduce(t)
-        return float(t[0] / t[1])
+        return float(t[0] / t[1]), float(t[2]) ** 0.5
 
     def train_state(self):
         from runtime.checkpoint import TrainState
@@ -340,7 +347,7 @@ def run(args, plan, source) -> int:
         if tr.on_gpu:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = tr.train_step(step0)
+        loss, gnorm = tr.train_step(step0)
         if tr.on_gpu:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -352,9 +359,9 @@ def run(args, plan, source) -> int:
             peak = peak.to(tr.device)
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
-               "peak_memory_gib": float(peak)}
+               "peak_memory_gib": float(peak), "grad_norm": gnorm}
         if rank == 0:
-            print(f"step {rec['step']:>5}  loss {loss:.6f}  {dt:.3f} s  "
+            print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "
                   f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
                   flush=True)
             if metrics is not None:
