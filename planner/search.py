@@ -27,7 +27,7 @@ from ortools.sat.python import cp_model
 
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
 from planner.errors import BadInput, NothingFits
-from planner.plan import Batch, Parallelism, Plan, make_stages
+from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
 from planner.specs import Cluster, Model
 
 # Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
@@ -212,7 +212,7 @@ def _recompute_bounds(c: Candidate, fixed_all: bool):
 
 
 def max_layers(coeffs, cap: float, v: int, fixed_all: bool, c: Candidate) -> list:
-    """Most layers each rank can hold (multiples of v), recomputing all it may."""
+    """Most layers each rank can hold, recomputing all it may."""
     lo, hi = _recompute_bounds(c, fixed_all)
     out = []
     for k in coeffs:
@@ -223,13 +223,13 @@ def max_layers(coeffs, cap: float, v: int, fixed_all: bool, c: Candidate) -> lis
         elif per <= 0:
             out.append(10 ** 9)
         else:
-            out.append(int(room // per) // v * v)
+            out.append(int(room // per))
     return out
 
 
 def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, fixed_all: bool):
-    """Least per-micro-batch time of rank k holding n = v, 2v, ... layers (inf if n cannot fit)."""
-    n = np.arange(v, L + 1, v, dtype=float)
+    """Least per-micro-batch time of rank k holding n = v, v+1, ... layers (inf if n cannot fit)."""
+    n = np.arange(v, L + 1, dtype=float)
     mem0 = k.mem_total_fixed() + n * k.mem_total_layer()
     if c.recompute == "none":
         r = np.where(mem0 <= cap, 0.0, np.inf)
@@ -308,9 +308,7 @@ def heuristic(model, cluster, c, coeffs, cap, fixed_all, split=None) -> Result:
     """Even split (or `split`) with the least recompute that fits; may not fit."""
     p, v, L = c.pp, c.vpp, model.num_layers
     if split is None:
-        base, extra = divmod(L // v, p)
-        split = [(base + (1 if i >= p - extra else 0)) * v for i in range(p)]
-        split[-1] += L - sum(split)
+        split = even_split(L, p)
     rec = []
     for k, n in zip(coeffs, split):
         r = _min_recompute(k, n, cap, c, fixed_all)
@@ -326,14 +324,12 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
     mdl = cp_model.CpModel()
     unit = TIME_UNITS / step_guess
     ns = lambda x: int(round(x * unit))
-    k_vars, n_vars, r_vars, T, tails = [], [], [], [], []
+    n_vars, r_vars, T, tails = [], [], [], []
     # tight variable bounds keep the objective far from int64 overflow
     t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
     tail_ub = 2 * max(ns(k.tail(L) + k.grad_fixed + L * k.grad_layer) for k in coeffs) + 1
     for i, k in enumerate(coeffs):
-        kk = mdl.NewIntVar(1, L // v, f"k{i}")        # layers per chunk
-        n = mdl.NewIntVar(v, L, f"n{i}")
-        mdl.Add(n == v * kk)
+        n = mdl.NewIntVar(v, L, f"n{i}")               # at least one layer per chunk
         r = mdl.NewIntVar(0, L, f"r{i}")
         if lo == hi == 1:
             mdl.Add(r == n)
@@ -362,7 +358,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
             tail_expr = tail_expr + x
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
-        k_vars.append(kk); n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)
+        n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)
     mdl.Add(sum(n_vars) == L)
     tmax = mdl.NewIntVar(0, t_ub, "Tmax")
     mdl.AddMaxEquality(tmax, T)

@@ -1,0 +1,73 @@
+"""The memory formulas reproduce the papers' figures."""
+import pytest
+
+from planner.cost.memory import activation_bytes, model_state_bytes
+from planner.specs import Model
+
+GB = 1e9
+
+
+@pytest.mark.parametrize("zero, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_figure(zero, expected_gb):
+    # Rajbhandari et al. 2020, Fig. 1: 7.5B parameters, Nd = 64, K = 12
+    total = sum(model_state_bytes(7.5e9, 64, zero)) / GB
+    assert total == pytest.approx(expected_gb, abs=0.05)
+
+
+def _gpt(h=12288, a=96, layers=96, dropout=0.1):
+    return Model("gpt", num_layers=layers, hidden=h, ffn_hidden=4 * h, num_heads=a,
+                 num_kv_heads=a, vocab_size=51200, max_seq_len=2048, gated_mlp=False,
+                 activation="gelu", norm="layernorm", position="learned",
+                 attn_bias=True, linear_bias=True, dropout=dropout)
+
+
+# Korthikanti et al. 2022, Table 2 (bytes per layer)
+PAPER = {
+    ("none", False): lambda s, b, h, a, t: s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+    ("none", True): lambda s, b, h, a, t: s * b * h * (34 / t + 5 * a * s / (h * t)),
+    ("selective", False): lambda s, b, h, a, t: s * b * h * (10 + 24 / t),
+    ("selective", True): lambda s, b, h, a, t: s * b * h * 34 / t,
+}
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("mode, sp", list(PAPER))
+@pytest.mark.parametrize("b", [1, 4])
+def test_activation_formula_matches_paper(t, mode, sp, b):
+    m = _gpt()
+    s = 2048
+    got = activation_bytes(m, b, s, t, sp, mode, flash=False)
+    want = PAPER[(mode, sp)](s, b, m.hidden, m.num_heads, t)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_no_parallelism_is_34_plus_5as_over_h():
+    m = _gpt(h=4096, a=32)
+    s, b = 2048, 1
+    want = s * b * m.hidden * (34 + 5 * m.num_heads * s / m.hidden)
+    assert activation_bytes(m, b, s, 1, False, "none", flash=False) == pytest.approx(want)
+
+
+def test_full_recompute_keeps_layer_input():
+    m = _gpt()
+    assert activation_bytes(m, 2, 2048, 8, False, "full") == 2 * 2048 * 2 * m.hidden
+    assert activation_bytes(m, 2, 2048, 8, True, "full") == 2 * 2048 * 2 * m.hidden / 8
+
+
+def test_korthikanti_175b_selective_saving():
+    # Sec. 5: for GPT-3 175B, selective recompute cuts activation memory by about 70%
+    m = _gpt()
+    full = activation_bytes(m, 1, 2048, 8, True, "none", flash=False)
+    sel = activation_bytes(m, 1, 2048, 8, True, "selective", flash=False)
+    assert 0.6 < 1 - sel / full < 0.8
+
+
+def test_gqa_and_swiglu_store_what_they_compute():
+    base = Model("l", num_layers=1, hidden=4096, ffn_hidden=14336, num_heads=32, num_kv_heads=32,
+                 vocab_size=1000, max_seq_len=4096)
+    gqa = base.scaled(num_kv_heads=8)
+    # fewer K/V heads store less; a gated MLP stores three f-wide tensors, a plain one two
+    assert activation_bytes(gqa, 1, 4096, 1, False, "none") < activation_bytes(base, 1, 4096, 1, False, "none")
+    plain = base.scaled(gated_mlp=False)
+    diff = activation_bytes(base, 1, 4096, 1, False, "none") - activation_bytes(plain, 1, 4096, 1, False, "none")
+    assert diff == pytest.approx(2 * 4096 * base.ffn_hidden)
