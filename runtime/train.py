@@ -16,6 +16,7 @@ import os
 import resource
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -309,6 +310,8 @@ def run(args, plan, source) -> int:
     import torch.distributed as dist
     from runtime import checkpoint as ckpt
 
+    # pipeline stages return hidden states that the schedule never modifies in place
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     tr = Trainer(args, plan, source)
     rank = tr.rank
     start = 0
@@ -340,6 +343,9 @@ def run(args, plan, source) -> int:
               f"sp={p.sequence_parallel} on {dist.get_world_size()} x {tr.device.type}; "
               f"steps {start + 1}..{args.steps}", flush=True)
 
+    if rank == 0 and start >= args.steps:
+        print(f"runtime: checkpoint is at step {start}, nothing left of --steps {args.steps}",
+              flush=True)
     tokens = plan.batch.global_batch_size * plan.batch.seq_len
     times = []
     last_saved = start if args.resume and start else None

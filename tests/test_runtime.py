@@ -1,0 +1,246 @@
+"""Runtime: model, data, checkpoint bookkeeping and refusals (single process, fast)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner.catalog import get_gpu  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.specs import Cluster, Model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LLAMA = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
+              vocab_size=128, max_seq_len=32)
+GPT = LLAMA.scaled(name="tiny-gpt", gated_mlp=False, activation="gelu", norm="layernorm",
+                   position="learned", tied_embeddings=True, attn_bias=True, linear_bias=True)
+
+
+def make_plan(path, model=LLAMA, tp=1, pp=1, dp=1, **par):
+    plan = Plan(model=model, cluster=Cluster("cpux8", get_gpu("cpu"), 8, 8),
+                parallelism=Parallelism(tp=tp, pp=pp, dp=dp, **par),
+                batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=1,
+                            num_microbatches=8 // dp), stages=make_stages(4, pp))
+    plan.validate()
+    plan.save(path)
+    return path
+
+
+def run_runtime(*args, env_extra=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "runtime", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+# ---- model ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", [
+    LLAMA, GPT,
+    LLAMA.scaled(activation="relu2", gated_mlp=False, parallel_residual=True, attn_bias=True,
+                 linear_bias=True, norm="layernorm"),
+])
+def test_decoder_layer_standalone(spec):
+    from runtime.model import DecoderLayer
+    layer = DecoderLayer(spec)
+    x = torch.randn(2, 8, spec.hidden, requires_grad=True)
+    y = layer(x)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    n = sum(p.numel() for p in layer.parameters())
+    assert n == spec.layer_params()       # the planner's count is the runtime's
+
+
+@pytest.mark.parametrize("spec", [LLAMA, GPT])
+def test_transformer_param_count_matches_planner(spec):
+    from runtime.model import Transformer
+    with torch.device("meta"):
+        m = Transformer(spec)
+    assert sum(p.numel() for p in m.parameters()) == spec.num_params()
+
+
+def test_attention_is_causal():
+    from runtime.model import Transformer, init_full_tensor
+    m = Transformer(LLAMA)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(init_full_tensor(n, tuple(p.shape), LLAMA, 0))
+    x = torch.randint(0, 128, (1, 12))
+    y = x.clone()
+    y[0, 8:] = (y[0, 8:] + 1) % 128
+    a, b = m(x), m(y)
+    assert torch.allclose(a[0, :8], b[0, :8], atol=1e-6)
+    assert not torch.allclose(a[0, 8:], b[0, 8:], atol=1e-3)
+
+
+def test_alibi_refused():
+    from runtime.model import DecoderLayer, UnsupportedModel
+    with pytest.raises(UnsupportedModel, match="ALiBi"):
+        DecoderLayer(LLAMA.scaled(position="alibi"))
+
+
+def test_init_is_keyed_by_seed_and_name():
+    from runtime.model import canonical_name, init_full_tensor
+    a = init_full_tensor("layers.0.attention.wq.weight", (64, 64), LLAMA, 0)
+    assert torch.equal(a, init_full_tensor("layers.0.attention.wq.weight", (64, 64), LLAMA, 0))
+    assert not torch.equal(a, init_full_tensor("layers.1.attention.wq.weight", (64, 64), LLAMA, 0))
+    assert not torch.equal(a, init_full_tensor("layers.0.attention.wq.weight", (64, 64), LLAMA, 1))
+    assert torch.equal(init_full_tensor("layers.0.ffn_norm.weight", (64,), LLAMA, 0),
+                       torch.ones(64))
+    assert canonical_name("layers.0._checkpoint_wrapped_module.attention.wq.weight",
+                          LLAMA) == "layers.0.attention.wq.weight"
+    assert canonical_name("output.weight", GPT) == "tok_embeddings.weight"
+    assert canonical_name("output.weight", LLAMA) == "output.weight"
+
+
+# ---- data ----------------------------------------------------------------------------------
+
+def test_synthetic_batches_split_the_same_global_batch():
+    from runtime.data import SyntheticTokens, local_batch
+    src = SyntheticTokens(128, 16, seed=3)
+    x1, y1 = local_batch(src, 5, 8, 1, 0)
+    parts = [local_batch(src, 5, 8, 4, r) for r in range(4)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x1)
+    assert torch.equal(torch.cat([p[1] for p in parts]), y1)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])
+    assert x1.shape == (8, 16) and int(x1.max()) < 128
+    x2, _ = local_batch(src, 6, 8, 1, 0)
+    assert not torch.equal(x1, x2)
+    assert torch.equal(local_batch(SyntheticTokens(128, 16, seed=3), 5, 8, 1, 0)[0], x1)
+
+
+@pytest.mark.parametrize("suffix,dtype", [(".npy", np.int32), (".bin", np.uint16),
+                                          (".i32", np.int32)])
+def test_file_tokens(tmp_path, suffix, dtype):
+    from runtime.data import FileTokens
+    toks = (np.arange(100) % 50).astype(dtype)
+    f = tmp_path / f"toks{suffix}"
+    if suffix == ".npy":
+        np.save(f, toks)
+    else:
+        toks.astype("<i4" if dtype == np.int32 else "<u2").tofile(f)
+    src = FileTokens(str(f), vocab_size=64, seq_len=16)
+    assert src.num_samples == 6
+    assert src.sample(1).tolist() == list(range(16, 33))
+    assert torch.equal(src.sample(7), src.sample(1))      # wraps around
+
+
+def test_file_tokens_outside_vocab(tmp_path):
+    from runtime.data import DataError, FileTokens
+    f = tmp_path / "t.npy"
+    np.save(f, np.arange(100))
+    with pytest.raises(DataError, match="outside"):
+        FileTokens(str(f), vocab_size=64, seq_len=16)
+
+
+# ---- checkpoint bookkeeping ----------------------------------------------------------------
+
+def test_latest_ignores_incomplete(tmp_path):
+    from runtime.checkpoint import latest
+    assert latest(str(tmp_path / "none")) is None
+    for name, complete in [("step-00000002", True), ("step-00000004", False),
+                           ("step-00000006.tmp", True), ("junk", True)]:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "meta.json").write_text("{}")
+        if complete:
+            (d / "COMPLETE").write_text("ok\n")
+    assert latest(str(tmp_path)) == (2, tmp_path / "step-00000002")
+
+
+def test_tied_checkpoint_keys():
+    from runtime.checkpoint import _to_ckpt_key
+    assert _to_ckpt_key("output.weight", True) == "tok_embeddings.weight"
+    assert _to_ckpt_key("state.output.weight.exp_avg", True) == "state.tok_embeddings.weight.exp_avg"
+    assert _to_ckpt_key("param_groups.output.weight.lr", True) == \
+        "param_groups.tok_embeddings.weight.lr"
+    assert _to_ckpt_key("output.weight", False) == "output.weight"
+    assert _to_ckpt_key("layers.0.output.weightx", True) == "layers.0.output.weightx"
+
+
+# ---- one-process runs and refusals ---------------------------------------------------------
+
+def _metrics(path):
+    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+
+
+def test_single_process_run_learns(tmp_path):
+    plan = make_plan(tmp_path / "p.json")
+    d = json.loads(Path(plan).read_text())
+    d["estimate"] = {"step_time_s": 0.5}
+    Path(plan).write_text(json.dumps(d))
+    r = run_runtime("--plan", plan, "--steps", 30, "--lr", "3e-3", "--metrics", tmp_path / "m")
+    assert r.returncode == 0, r.stderr
+    lines = _metrics(tmp_path / "m")
+    steps = [l for l in lines if "step" in l]
+    assert [s["step"] for s in steps] == list(range(1, 31))
+    for s in steps:
+        assert set(s) >= {"step", "loss", "step_time_s", "tokens_per_s", "peak_memory_gib"}
+        assert s["step_time_s"] > 0 and s["peak_memory_gib"] > 0
+    first = sum(s["loss"] for s in steps[:3]) / 3
+    last = sum(s["loss"] for s in steps[-3:]) / 3
+    assert last < first - 0.3, (first, last)
+    summary = lines[-1]["summary"]
+    assert summary["steps"] == 30 and summary["predicted_step_time_s"] == 0.5
+    assert summary["measured_over_predicted"] == pytest.approx(
+        summary["measured_step_time_s"] / 0.5)
+    assert "step     1" in r.stdout and "summary" in r.stdout
+
+
+def _refused(r, match):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert match in lines[0], lines[0]
+
+
+def test_refuses_world_mismatch(tmp_path):
+    plan = make_plan(tmp_path / "p.json", tp=2, pp=2, dp=2)
+    r = run_runtime("--plan", plan, "--steps", 2, "--metrics", tmp_path / "m")
+    _refused(r, "needs tp*pp*dp = 2*2*2 = 8 processes, launched with 1")
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--steps", "0"], "--steps"),
+    (["--steps", "x"], "invalid int"),
+    (["--lr", "-1"], "--lr"),
+    (["--resume"], "--checkpoint-dir"),
+    (["--bogus"], "unrecognized"),
+    (["--data", "/nonexistent/tokens.bin"], "no such file"),
+])
+def test_refuses_bad_cli(tmp_path, args, match):
+    plan = make_plan(tmp_path / "p.json")
+    _refused(run_runtime("--plan", plan, *args), match)
+
+
+def test_refuses_bad_plans(tmp_path):
+    _refused(run_runtime("--plan", tmp_path / "missing.json"), "no such file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"schema_version\": 1}")
+    _refused(run_runtime("--plan", bad), "not a valid plan")
+    alibi = make_plan(tmp_path / "a.json", model=LLAMA.scaled(position="alibi"))
+    _refused(run_runtime("--plan", alibi), "ALiBi")
+    # tp 4 would split 2 key/value heads: refused before any work
+    gqa = make_plan(tmp_path / "g.json", model=LLAMA.scaled(num_heads=4, num_kv_heads=2), tp=4)
+    _refused(run_runtime("--plan", gqa, env_extra={"WORLD_SIZE": "4"}), "num_kv_heads")
+
+
+def test_resume_refuses_other_model(tmp_path):
+    plan = make_plan(tmp_path / "p.json")
+    ck = tmp_path / "ck"
+    assert run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck).returncode == 0
+    other = make_plan(tmp_path / "o.json", model=LLAMA.scaled(hidden=128, ffn_hidden=256))
+    _refused(run_runtime("--plan", other, "--steps", 2, "--checkpoint-dir", ck, "--resume"),
+             "different model")
