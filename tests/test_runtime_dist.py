@@ -1,0 +1,211 @@
+"""Runtime under torchrun (gloo, CPU): every layout trains exactly like one process.
+
+Each multi-process launch combines several features; its per-step loss and global gradient norm
+must equal the one-process run of the same model and global batch to a relative 1e-4 (fp32).
+Checkpoints written under one layout resume under another and continue the same curve.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from planner.catalog import get_gpu  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.specs import Cluster, Model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 5
+RTOL = 1e-4
+
+LLAMA = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
+              vocab_size=128, max_seq_len=32)
+GPT = LLAMA.scaled(name="tiny-gpt", gated_mlp=False, activation="gelu", norm="layernorm",
+                   position="learned", tied_embeddings=True, attn_bias=True, linear_bias=True)
+NEOX = LLAMA.scaled(name="tiny-neox", gated_mlp=False, activation="relu2", norm="layernorm",
+                    parallel_residual=True, attn_bias=True, linear_bias=True)
+MODELS = {"llama": LLAMA, "gpt": GPT, "neox": NEOX}
+
+
+def make_plan(path, model, tp=1, pp=1, dp=1, vpp=1, mbs=1, recompute_per_rank=None, **par):
+    plan = Plan(model=model, cluster=Cluster("cpux8", get_gpu("cpu"), 8, 8),
+                parallelism=Parallelism(tp=tp, pp=pp, dp=dp, vpp=vpp, **par),
+                batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=mbs,
+                            num_microbatches=8 // dp // mbs),
+                stages=make_stages(4, pp, vpp, recompute_per_rank=recompute_per_rank))
+    plan.validate()
+    plan.save(path)
+    return path
+
+
+def launch(nproc, *args, timeout=240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "runtime"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), "-m", "runtime"]
+    r = subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return r
+
+
+def steps_of(path):
+    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
+            if "step" in d}
+
+
+def assert_same_curve(got, want, steps):
+    for s in steps:
+        assert s in got, f"step {s} missing"
+        for k in ("loss", "grad_norm"):
+            a, b = got[s][k], want[s][k]
+            assert abs(a - b) <= RTOL * abs(b), f"step {s} {k}: {a} vs one-process {b}"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("rt")
+
+
+@pytest.fixture(scope="module")
+def baseline(work):
+    """One-process runs of each model, checkpointing every 2 steps."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            d = work / f"base-{name}"
+            d.mkdir()
+            plan = make_plan(d / "plan.json", MODELS[name])
+            r = launch(1, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
+                       "--checkpoint-dir", d / "ck", "--checkpoint-every", 2)
+            assert r.returncode == 0, r.stderr[-3000:]
+            m = steps_of(d / "m.jsonl")
+            assert sorted(m) == list(range(1, STEPS + 1))
+            losses = [m[s]["loss"] for s in m]
+            assert len({round(v, 6) for v in losses}) == STEPS   # a curve, not a constant
+            cache[name] = (m, d / "ck")
+        return cache[name]
+    return get
+
+
+def _ckpt_at(src_dir, step, dst_dir):
+    """A checkpoint directory holding only `src_dir`'s checkpoint of `step`."""
+    dst_dir.mkdir(parents=True)
+    name = f"step-{step:08d}"
+    shutil.copytree(src_dir / name, dst_dir / name)
+    return dst_dir
+
+
+# ---- 8 processes: tp2 x pp2 x dp2 ----------------------------------------------------------
+
+def test_tp2_pp2_dp2_zero1_sp_interleaved(work, baseline):
+    """ZeRO 1 (sharded AdamW state), sequence parallel, interleaved 1F1B with 2 chunks/rank;
+    its step-2 checkpoint then resumes in one process (reshard 8 -> 1)."""
+    d = work / "zero1"
+    d.mkdir()
+    plan = make_plan(d / "plan.json", LLAMA, tp=2, pp=2, dp=2, vpp=2, zero_stage=1,
+                     sequence_parallel=True, schedule="interleaved")
+    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
+               "--checkpoint-dir", d / "ck", "--checkpoint-every", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, _ = baseline("llama")
+    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+    assert sorted(p.name for p in (d / "ck").iterdir()) == \
+        ["step-00000002", "step-00000004", "step-00000005"]
+
+    ck = _ckpt_at(d / "ck", 2, d / "ck-resume")
+    one = make_plan(d / "one.json", LLAMA)
+    r = launch(1, "--plan", one, "--steps", STEPS, "--metrics", d / "r.jsonl",
+               "--checkpoint-dir", ck, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout
+    got = steps_of(d / "r.jsonl")
+    assert sorted(got) == list(range(3, STEPS + 1))
+    assert_same_curve(got, want, range(3, STEPS + 1))
+
+
+def test_tp2_pp2_dp2_zero2_gpipe_selective_tied(work, baseline):
+    """FSDP2 without resharding after forward (ZeRO 2), GPipe, micro-batches of 2, selective
+    recompute, tied embeddings split over the pipeline, no sequence parallel, and a
+    non-default rank order (dp outermost)."""
+    d = work / "zero2"
+    d.mkdir()
+    plan = make_plan(d / "plan.json", GPT, tp=2, pp=2, dp=2, mbs=2, zero_stage=2,
+                     schedule="gpipe", recompute="selective", recompute_per_rank=[2, 1],
+                     rank_order=("dp", "pp", "tp"))
+    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, _ = baseline("gpt")
+    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+
+
+def test_tp2_pp2_dp2_zero3_full_recompute(work, baseline):
+    """FSDP2 resharding after forward (ZeRO 3), 1F1B, full recompute of 1 and 2 layers,
+    sequence parallel; relu2, parallel residual, LayerNorm, biases."""
+    d = work / "zero3"
+    d.mkdir()
+    plan = make_plan(d / "plan.json", NEOX, tp=2, pp=2, dp=2, zero_stage=3,
+                     sequence_parallel=True, schedule="1f1b", recompute="full",
+                     recompute_per_rank=[1, 2])
+    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, _ = baseline("neox")
+    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+
+
+# ---- resume ------------------------------------------------------------------------------
+
+def test_resume_same_layout(work, baseline):
+    want, ck_all = baseline("llama")
+    d = work / "resume1"
+    ck = _ckpt_at(ck_all, 2, d / "ck")
+    plan = make_plan(d / "plan.json", LLAMA)
+    # a half-written newer checkpoint must be ignored
+    (ck / "step-00000004.tmp").mkdir()
+    (ck / "step-00000004.tmp" / "meta.json").write_text("{}")
+    # an earlier run's metrics (steps 1..5) are cut back to the checkpoint's step
+    shutil.copy(ck_all.parent / "m.jsonl", d / "m.jsonl")
+    r = launch(1, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
+               "--checkpoint-dir", ck, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step-00000002" in r.stdout
+    got = steps_of(d / "m.jsonl")
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert_same_curve(got, want, range(1, STEPS + 1))
+    assert (ck / f"step-{STEPS:08d}" / "COMPLETE").is_file()
+
+
+def test_resume_reshards_one_process_into_ddp_pipeline_tied(work, baseline):
+    """A one-process checkpoint of the tied model resumes under tp1 x pp2 x dp2 with ZeRO 0
+    (DDP-style all-reduce); the output copy on the last stage loads the embedding."""
+    want, ck_all = baseline("gpt")
+    d = work / "resume4"
+    ck = _ckpt_at(ck_all, 2, d / "ck")
+    plan = make_plan(d / "plan.json", GPT, tp=1, pp=2, dp=2, zero_stage=0)
+    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
+               "--checkpoint-dir", ck, "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = steps_of(d / "m.jsonl")
+    assert sorted(got) == list(range(3, STEPS + 1))
+    assert_same_curve(got, want, range(3, STEPS + 1))
+
+
+# ---- refusal under torchrun ----------------------------------------------------------------
+
+def test_torchrun_world_mismatch_refused(work):
+    d = work / "mismatch"
+    d.mkdir()
+    plan = make_plan(d / "plan.json", LLAMA, tp=2, pp=2, dp=2)
+    r = launch(2, "--plan", plan, "--steps", 2, "--metrics", d / "m.jsonl", timeout=120)
+    assert r.returncode != 0
+    ours = [l for l in r.stderr.splitlines() if l.startswith("runtime:")]
+    assert ours == ["runtime: plan needs tp*pp*dp = 2*2*2 = 8 processes, launched with 2"]
+    assert "runtime/" not in r.stderr          # no traceback from our code (torchrun reports
+    assert not (d / "m.jsonl").exists()        # its children's exit status on its own)
