@@ -243,7 +243,9 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, fixed_all: bool
     with np.errstate(invalid="ignore"):
         t = k.t_fixed + n * k.t_layer + np.where(np.isfinite(r), r * k.t_rec, np.inf)
     if k.z_fixed > 0 or k.z_layer > 0:
-        t = t + np.maximum(k.z_layer, k.z_fixed + n * k.z_layer - k.z_overlap(0) - n * k.compute_layer)
+        comm = k.z_fixed + n * k.z_layer      # StageCoeffs.zero_exposed, vectorised over n
+        t = t + np.maximum(k.z_layer, comm - k.z_overlap(0) - n * k.compute_layer) \
+            + k.overlap_slowdown * comm
     return n, t
 
 
@@ -344,8 +346,10 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
         t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
         if k.z_fixed > 0 or k.z_layer > 0:
             e = mdl.NewIntVar(0, t_ub, f"e{i}")
-            mdl.Add(e >= ns(k.z_layer))
-            mdl.Add(e >= ns(k.z_fixed - k.compute_fixed) + ns(k.z_layer - k.compute_layer) * n)
+            a = k.overlap_slowdown
+            mdl.Add(e >= ns(k.z_layer + a * k.z_fixed) + ns(a * k.z_layer) * n)
+            mdl.Add(e >= ns((1 + a) * k.z_fixed - k.compute_fixed)
+                    + ns((1 + a) * k.z_layer - k.compute_layer) * n)
             t_expr = t_expr + e
         t = mdl.NewIntVar(0, t_ub, f"T{i}")
         mdl.Add(t == t_expr)
@@ -353,8 +357,10 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
         tail_expr = ns(k.gather_fixed + k.opt_fixed) + ns(k.gather_layer + k.opt_layer) * n
         if k.grad_fixed > 0 or k.grad_layer > 0:
             x = mdl.NewIntVar(0, tail_ub, f"x{i}")
-            mdl.Add(x >= ns(k.grad_layer))
-            mdl.Add(x >= ns(k.grad_fixed - k.bwd_fixed) + ns(k.grad_layer - k.bwd_layer) * n)
+            a = k.overlap_slowdown
+            mdl.Add(x >= ns(k.grad_layer + a * k.grad_fixed) + ns(a * k.grad_layer) * n)
+            mdl.Add(x >= ns((1 + a) * k.grad_fixed - k.bwd_fixed)
+                    + ns((1 + a) * k.grad_layer - k.bwd_layer) * n)
             tail_expr = tail_expr + x
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
@@ -438,16 +444,15 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, fixed_all)
         scored.append((lower_bound(coeffs, c, L, cap, fixed_all), c, coeffs, heur))
-    # Candidates in lower-bound order; the K-th best known plan (heuristic placements are
-    # real plans) is the threshold a candidate's bound must beat to be solved exactly.
+    # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
+    # of them is a threshold a candidate's bound must beat to be worth an exact solve.
     scored.sort(key=lambda x: x[0])
-    known = sorted(h.estimate.step_time_s for _, _, _, h in scored if h.estimate.fits)
-    ranked, solved, pruned_bound = [], 0, 0
+    plans = {c: h for _, c, _, h in scored if h.estimate.fits}   # best known plan per candidate
+    solved, pruned_bound = 0, 0
     for i, (lb, c, coeffs, heur) in enumerate(scored):
-        kth = [r.estimate.step_time_s for r in ranked] + known
-        kth.sort()
-        threshold = kth[top - 1] if len(kth) >= top else math.inf
-        if lb > threshold:
+        times = sorted(r.estimate.step_time_s for r in plans.values())
+        threshold = times[top - 1] if len(times) >= top else math.inf
+        if lb > threshold * (1 + 1e-9):
             pruned_bound = len(scored) - i
             break
         if c.pp == 1 or (heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
@@ -456,16 +461,13 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         else:
             res, fits = solve_candidate(model, cluster, c, fixed_all, coeffs, heur)
             solved += 1
-        if heur.estimate.fits:
-            known.remove(heur.estimate.step_time_s)
         if progress:
             progress(i + 1, len(scored))
         if fits:
-            ranked.append(res)
-            ranked.sort(key=lambda r: r.estimate.step_time_s)
-            ranked = ranked[:max(top, 1)]
+            plans[c] = res
         else:
             consider_closest(res)
+    ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked:   # nothing fits: find the candidate that misses by the least
         for c, coeffs in infeasible:
             consider_closest(heuristic(model, cluster, c, coeffs, cap, fixed_all))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import BadInput
@@ -131,6 +131,8 @@ class Gpu:
     nvlink_latency_us: float
     internode_gbps_per_gpu: float  # one NIC per GPU, GB/s, one direction
     internode_latency_us: float
+    # compute slowdown while a collective runs beside it, as a fraction of the collective's time
+    overlap_slowdown: float = 0.15
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,10 @@ class Cluster:
     gpu: Gpu
     num_gpus: int
     gpus_per_node: int = 8
+    # Figures measured by `python -m profiler` (a planner.profile.Measured, set by
+    # planner.profile.apply_profile); the cost model uses them in place of catalog formulas.
+    # Not part of the plan JSON.
+    measured: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.num_gpus <= 0:

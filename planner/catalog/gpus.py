@@ -4,7 +4,11 @@ Conventions: bandwidths in GB/s (1e9 bytes/s), one direction; memory in GiB as `
 reports the total; `peak_tflops` is dense bf16 without sparsity.
 
 Efficiency figures (`gemm_efficiency`, `attn_efficiency`) are the fraction of the datasheet peak
-that a large, well-shaped kernel reaches. They are the defaults a profile replaces
+that a large, well-shaped kernel reaches. `overlap_slowdown` (default 0.15 on every GPU) is the
+compute lost while a collective runs beside it, as a fraction of the collective's time: NCCL
+runs collectives as kernels on SMs, about 16-32 channels (one CTA each) on A100/H100 for
+large messages, i.e. roughly 15-25% of H100's 132 SMs (NCCL docs, NCCL_MIN/MAX_NCHANNELS); we
+take the low end. The profiler measures it. They are the defaults a profile replaces
 (`plan --profile`); how they were chosen is in benchmarks/README.md (fidelity section).
 """
 from planner.specs import Gpu

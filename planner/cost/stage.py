@@ -87,6 +87,8 @@ class StageCoeffs:
     mem_fixed: dict = field(default_factory=dict)   # by category
     mem_layer: dict = field(default_factory=dict)
     mem_rec: float = 0.0                             # activations saved per recomputed layer
+    # a collective hidden behind compute still slows it: NCCL runs on SMs (planner.specs.Gpu)
+    overlap_slowdown: float = 0.0
 
     @property
     def t_fixed(self) -> float:
@@ -108,7 +110,8 @@ class StageCoeffs:
         comm_total = self.z_fixed + n * self.z_layer
         if comm_total <= 0:
             return 0.0
-        return max(self.z_layer, comm_total - self.z_overlap(n))
+        return (max(self.z_layer, comm_total - self.z_overlap(n))
+                + self.overlap_slowdown * comm_total)
 
     def time(self, n: int, r: int) -> float:
         return self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n)
@@ -116,7 +119,8 @@ class StageCoeffs:
     def tail(self, n: int) -> float:
         grad = self.grad_fixed + n * self.grad_layer
         hidden = self.bwd_fixed + n * self.bwd_layer
-        exposed = max(self.grad_layer, grad - hidden) if grad > 0 else 0.0
+        exposed = (max(self.grad_layer, grad - hidden) + self.overlap_slowdown * grad
+                   if grad > 0 else 0.0)
         return exposed + self.gather_fixed + n * self.gather_layer + self.opt_fixed + n * self.opt_layer
 
     def memory(self, n: int, r: int) -> dict:
@@ -245,6 +249,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,
                        "activations": act_none * infl},
             mem_rec=(act_none - act_rec) * infl,
+            overlap_slowdown=gpu.overlap_slowdown,
         ))
     return coeffs
 
