@@ -10,12 +10,11 @@ Exit codes: 0 a plan that fits, 2 bad input, 3 nothing fits. Errors are one line
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, NothingFits, PlannerError
-from planner.explain import describe_candidate, render
+from planner.explain import alternatives, describe_candidate, ensure_estimate, render
 from planner.plan import Plan
 from planner.search import Fixed, search, to_plan
 
@@ -75,16 +74,60 @@ def _fixed(a) -> Fixed:
                  recompute=a.recompute, sp=a.sp, schedule=schedule)
 
 
-def _alternatives(report, best) -> list:
-    out = []
-    base = best.estimate.step_time_s
-    for r in report.ranked[1:]:
-        slower = (r.estimate.step_time_s / base - 1) * 100
-        out.append((describe_candidate(r.candidate), r.estimate.step_time_s,
-                    f"slower by {slower:.1f}%"))
-    for c, why in report.rejected[:3]:
-        out.append((describe_candidate(c), None, why))
-    return out
+class SearchProgress:
+    """The `progress` callback of search(): a transient rich bar on stderr, only when stderr is
+    a terminal (never on stdout, so --json and --export output stay clean)."""
+
+    def __init__(self, label: str, stream=None):
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = _isatty(self.stream)
+        self.label = label
+        self._bar = self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                       TextColumn, TimeElapsedColumn)
+            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), transient=True,
+                                 console=Console(file=self.stream, force_terminal=True))
+            self._task = self._bar.add_task(self.label, total=None)
+            self._bar.start()
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total,
+                             description=f"{self.label}: solving candidates")
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+        return False
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch) -> None:
+    """Raise a precise BadInput when no configuration matches the fixed choices."""
+    from planner.explain import no_configuration
+    from planner.search import (check_fixed, default_global_batch, default_seq_len,
+                                enumerate_candidates)
+    s = seq_len or default_seq_len(model)
+    g = global_batch or default_global_batch(s, cluster.num_gpus)
+    try:
+        check_fixed(model, cluster, fixed, s, g)   # its own message is precise: keep it
+        empty = not enumerate_candidates(model, cluster, fixed, s, g)
+    except PlannerError:
+        return
+    if empty:
+        raise BadInput(no_configuration(model, cluster, fixed, s, g)) from None
 
 
 def _load_profile(path):
@@ -122,7 +165,13 @@ def run_plan(argv) -> int:
         from planner.profile import apply_profile
         cluster, model_notes = apply_profile(profile, cluster, model)
     fixed = _fixed(a)
-    report = search(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top)
+    with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
+        try:
+            report = search(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top,
+                            progress=progress)
+        except BadInput:
+            _diagnose_no_configuration(model, cluster, fixed, a.seq_len, a.global_batch)
+            raise
     best = report.best
     what_if = report.candidates == 1
     if best is None:
@@ -134,11 +183,15 @@ def run_plan(argv) -> int:
     if profile is not None:
         plan.search["profile"] = a.profile
         plan.search["profile_used"] = model_notes
-    _emit(a, plan, _alternatives(report, best))
+    alts = [] if (a.json or a.export) else alternatives(model, cluster, report, best, fixed)
+    _emit(a, plan, alts)
     return 0
 
 
 def _emit(a, plan: Plan, alternatives) -> None:
+    if getattr(a, "plot", None):
+        from planner.plot import check_path
+        check_path(a.plot)              # a bad --plot path fails before anything is written
     if a.out:
         try:
             plan.save(a.out)
@@ -165,7 +218,7 @@ def run_show(argv) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot")
     a = p.parse_args(argv)
-    plan = Plan.load(a.plan)
+    plan = ensure_estimate(Plan.load(a.plan))
     a.out = None
     _emit(a, plan, [])
     return 0

@@ -1,4 +1,9 @@
-"""Human-readable reports of a plan: the choice, per-stage memory, time breakdown, alternatives."""
+"""Human-readable reports of a plan: the choice, per-stage memory, time breakdown, alternatives.
+
+`render` prints a plan (rich tables, plain text); `alternatives` explains why the runners-up
+lost: slower (and by which part of the step), out of memory (on which stage, by how much), or
+not divisible (a degree the model or the batch cannot be split by).
+"""
 from __future__ import annotations
 
 import io
@@ -6,7 +11,14 @@ import io
 from rich.console import Console
 from rich.table import Table
 
+from planner.errors import BadInput
 from planner.plan import Plan
+
+PARTS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "PP comm",
+         "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer"}
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
+REJECTED_SHOWN = 3
+NOT_DIVISIBLE_SHOWN = 3
 
 
 def _fmt_time(s: float) -> str:
@@ -37,24 +49,253 @@ def describe_candidate(c) -> str:
     return s + f" mbs={c.mbs}x{c.m} recompute={c.recompute}"
 
 
-def render(plan: Plan, alternatives: list | None = None, width: int = 110) -> str:
+def describe_result(r, num_layers: int) -> str:
+    """One line for a solved candidate (planner.search.Result): as describe_candidate, with the
+    recompute that the placement actually uses."""
+    s = describe_candidate(r.candidate)
+    s = s[:s.rindex(" recompute=")]
+    rec = sum(r.recompute)
+    return s + (f" recompute={r.candidate.recompute}({rec}/{num_layers})" if rec
+                else " recompute=none")
+
+
+# ---- per-rank timing of a saved plan ------------------------------------------------------
+
+def rank_timing(plan: Plan) -> list:
+    """Per pipeline rank, one micro-batch through all its chunks: forward, backward (with
+    recompute) and total seconds, plus the once-per-step tail (exposed gradient reduction,
+    parameter gather, optimizer). Recomputed from the plan with the cost model's coefficients
+    (planner.cost.stage), so it works for saved plans too."""
+    from planner.cost.stage import stage_coefficients
+    from planner.search import candidate_of
+
+    c = candidate_of(plan)
+    coeffs = stage_coefficients(plan.model, plan.cluster, c)
+    layers = plan.layer_counts()
+    rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
+    out = []
+    for k, n, r in zip(coeffs, layers, rec):
+        total = k.time(n, r)
+        zexp = k.zero_exposed(n)
+        # forward: the non-backward part of the compute and TP comm, half the p2p, a third of
+        # the ZeRO exposure; backward: the rest (its compute, TP comm and all recompute)
+        fwd = ((k.compute_fixed - k.bwd_fixed) + k.pp_fixed / 2
+               + n * (k.t_layer - k.bwd_layer) + zexp / 3)
+        fwd = min(max(fwd, 0.0), total)
+        out.append({"rank": k.rank, "layers": n, "recompute": r, "fwd": fwd,
+                    "bwd": total - fwd, "total": total, "tail": k.tail(n)})
+    return out
+
+
+def ensure_estimate(plan: Plan) -> Plan:
+    """Fill a plan's estimate and per-stage memory from the cost model when the file lacks
+    them (a hand-written plan); a plan that has them is left as saved."""
+    if plan.estimate.get("step_time_s") and all(s.memory_gib for s in plan.stages):
+        return plan
+    from planner.cost.stage import evaluate
+    from planner.search import candidate_of
+
+    c = candidate_of(plan)
+    rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
+    try:
+        est = evaluate(plan.model, plan.cluster, c, plan.layer_counts(), rec)
+    except (ValueError, ZeroDivisionError) as e:
+        raise BadInput(f"cannot estimate this plan: {e}") from None
+    if not plan.estimate.get("step_time_s"):
+        plan.estimate = est.to_dict()
+        plan.search = dict(plan.search, estimate="recomputed (the file had none)")
+    for s in plan.stages:
+        if not s.memory_gib:
+            s.memory_gib = {k: round(v, 3) for k, v in est.stage_memory_gib[s.pp_rank].items()}
+    return plan
+
+
+# ---- why the alternatives lost -------------------------------------------------------------
+
+def _slower_because(est, best_est) -> str:
+    base = best_est.step_time_s
+    pct = (est.step_time_s / base - 1) * 100
+    why = f"slower by {pct:.1f}%"
+    a, b = est.time_breakdown_s, best_est.time_breakdown_s
+    deltas = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in PARTS}
+    k = max(deltas, key=deltas.get)
+    if deltas[k] > 0 and est.step_time_s > base:
+        why += f" (more {PARTS[k]}: +{_fmt_time(deltas[k])})"
+    return why
+
+
+def _even_split(L: int, p: int, v: int) -> list:
+    base, extra = divmod(L // v, p)
+    split = [(base + (1 if i >= p - extra else 0)) * v for i in range(p)]
+    split[-1] += L - sum(split)
+    return split
+
+
+def _ideal(model, cluster, c, fixed_all: bool):
+    """(estimate with an even split and no more recompute than fixed, coefficients): the
+    candidate's speed if memory allowed."""
+    from planner.cost.stage import evaluate, stage_coefficients
+
+    coeffs = stage_coefficients(model, cluster, c)
+    split = _even_split(model.num_layers, c.pp, c.vpp)
+    rec0 = list(split) if fixed_all else [0] * c.pp
+    ideal = evaluate(model, cluster, c, split, rec0, coeffs)
+    return ideal, coeffs
+
+
+def _oom(model, cluster, c, coeffs, fixed_all) -> tuple:
+    """(GiB over, why) for a candidate that fits on no placement: the worst stage of an even
+    split with the least recompute that could help."""
+    from planner.cost.stage import capacity_bytes
+    from planner.search import heuristic
+
+    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster), fixed_all)
+    over = h.estimate.overflow_gib()
+    k = max(range(len(over)), key=lambda i: over[i])
+    where = "" if c.pp == 1 else (f" on stage {k}" if c.vpp == 1 else f" on pipeline rank {k}")
+    mem = h.estimate.stage_memory_gib[k]
+    how = ("recomputing all its layers" if h.recompute[k] == h.layers[k] and h.layers[k]
+           and c.recompute != "none" else "")
+    return over[k], (f"out of memory{where} by {over[k]:.1f} GiB ({mem['total']:.1f} of "
+                     f"{h.estimate.capacity_gib:.1f} GiB{', ' + how if how else ''})")
+
+
+def _tp_blockers(model, tp: int) -> list:
+    dims = [("heads", model.num_heads), ("KV heads", model.num_kv_heads),
+            ("FFN", model.ffn_hidden), ("vocabulary", model.vocab_size)]
+    return [f"{name} ({v})" for name, v in dims if v % tp]
+
+
+def not_divisible(model, cluster, fixed, global_batch: int) -> list:
+    """[(configuration, reason)] for natural degrees the model or batch cannot be split by."""
+    n, gpn = cluster.num_gpus, cluster.gpus_per_node
+    rows = []
+    if fixed is None or fixed.tp is None:
+        by_reason = {}
+        for tp in (t for t in range(2, gpn + 1) if n % t == 0):
+            blockers = _tp_blockers(model, tp)
+            if blockers:
+                by_reason.setdefault(", ".join(blockers), []).append(tp)
+        for reason, tps in by_reason.items():
+            rows.append(("tp=" + ",".join(map(str, tps)),
+                         f"not divisible: {reason} by tp={'/'.join(map(str, tps))}"))
+    if fixed is None or fixed.dp is None:
+        bad = sorted({n // d for d in range(1, n + 1) if n % d == 0 and global_batch % (n // d)})
+        if bad:
+            shown = ",".join(str(d) for d in bad[:4]) + (",..." if len(bad) > 4 else "")
+            rows.append((f"dp={shown}", f"not divisible: global batch {global_batch} by dp "
+                         f"(dp = GPUs / (tp*pp))"))
+    return rows[:NOT_DIVISIBLE_SHOWN]
+
+
+_FLAG = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "mbs": "--micro-batch", "vpp": "--vpp",
+         "zero": "--zero", "sp": "--sp", "schedule": "--schedule", "recompute": "--recompute"}
+
+
+def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int) -> str:
+    """Why no configuration matches the fixed choices: the choices that, set free, would
+    give some configuration, and the divisibility each one breaks."""
+    from dataclasses import replace
+
+    from planner.search import enumerate_candidates
+
+    n = cluster.num_gpus
+    msg = (f"no configuration of {n} GPUs matches the fixed choices with global batch "
+           f"{global_batch}")
+    culprits = []
+    for name in _FLAG:
+        if getattr(fixed, name) is None:
+            continue
+        if enumerate_candidates(model, cluster, replace(fixed, **{name: None}), seq_len,
+                                global_batch):
+            culprits.append(name)
+    reasons = []
+    for name in culprits:
+        v = getattr(fixed, name)
+        if name == "mbs":
+            rest = n // ((fixed.tp or 1) * (fixed.pp or 1))      # GPUs left for dp (x free)
+            dps = [fixed.dp] if fixed.dp else [d for d in range(1, rest + 1) if rest % d == 0]
+            ok = [d for d in dps if global_batch % d == 0]
+            reasons.append(f"--micro-batch {v}: not divisible: the sequences per data-parallel "
+                           f"rank ({', '.join(f'{global_batch // d} at dp={d}' for d in ok[:4])}) "
+                           f"by {v}")
+        elif name in ("schedule", "vpp") and fixed.schedule == "interleaved" or name == "vpp":
+            reasons.append(f"{_FLAG[name]} {v}: not divisible: the interleaved schedule needs "
+                           f"the micro-batch count divisible by pp and pp*vpp <= "
+                           f"{model.num_layers} layers")
+        elif name == "dp":
+            reasons.append(f"--dp {v}: not divisible: global batch {global_batch} and the "
+                           f"other degrees")
+        else:
+            reasons.append(f"{_FLAG[name]} {v} cannot be combined with the other choices")
+    if reasons:
+        return msg + "; " + "; ".join(reasons)
+    return msg + (" (tp must divide the heads, pp the layers, dp*micro-batch the global batch, "
+                  "and the interleaved schedule needs micro-batches divisible by pp)")
+
+
+def alternatives(model, cluster, report, best, fixed=None, rejected_shown: int = REJECTED_SHOWN):
+    """[(configuration, step seconds or None, why it lost)] for the report's runners-up.
+
+    The fitting runners-up (report.ranked) lost on time: by how much, and the part of the step
+    that grew most. Of the candidates that fit on no placement, the few that would be fastest
+    if memory allowed (evaluated with an even split and no recompute) are shown with the stage
+    that overflows and by how much (even split, the least recompute that could help); ones
+    that would be slower anyway are not shown. Then degrees that are not divisible.
+    """
+    fixed_all = fixed is not None and fixed.recompute in ("full", "selective")
+    out = []
+    base = best.estimate.step_time_s if best is not None else None
+    for r in report.ranked[1:]:
+        out.append((describe_result(r, model.num_layers), r.estimate.step_time_s,
+                    _slower_because(r.estimate, best.estimate)))
+    if rejected_shown and report.rejected:
+        groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
+        for c, _ in report.rejected:
+            ideal, coeffs = _ideal(model, cluster, c, fixed_all)
+            groups.setdefault((c.tp, c.pp, c.dp), []).append((ideal.step_time_s, c, coeffs))
+        ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
+        faster = [g for g in ordered if base and min(x[0] for x in g) < base]
+        for group in faster[:rejected_shown]:
+            # the variant of the layout that misses by the least
+            rows = [(_oom(model, cluster, c, coeffs, fixed_all), step, c) for step, c, coeffs
+                    in group]
+            (over, why), step, c = min(rows, key=lambda x: x[0][0])
+            if base:
+                pct = (step / base - 1) * 100
+                why += (f"; would be {-pct:.1f}% faster if it fit" if pct < 0 else
+                        f"; {pct:.1f}% slower even if it fit")
+            out.append((describe_candidate(c), None, why))
+    if report.global_batch:
+        for desc, why in not_divisible(model, cluster, fixed, report.global_batch):
+            out.append((desc, None, why))
+    return out
+
+
+# ---- the report ----------------------------------------------------------------------------
+
+def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> str:
     """The full report. `alternatives`: [(description, step_time_s or None, why_lost)]."""
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
     e, m, c = plan.estimate, plan.model, plan.cluster
     fits = e.get("fits", False)
+    cap = e.get("capacity_gib", c.gpu.memory_gib)
     con.print(f"Plan for {m.name} ({m.num_params() / 1e9:.1f}B params, {m.num_layers} layers) "
               f"on {c.name} ({c.num_gpus} x {c.gpu.name}, {c.gpus_per_node} per node)")
     con.print(f"  {summary_line(plan)}")
     con.print(f"  seq_len={plan.batch.seq_len} global_batch={plan.batch.global_batch_size} "
               f"sequences")
-    con.print(f"  step {_fmt_time(e['step_time_s'])}   {e['tokens_per_s']:,.0f} tokens/s   "
-              f"{e['tflops_per_gpu']:.0f} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
-              f"peak memory {e['peak_memory_gib']:.1f} / {e.get('capacity_gib', c.gpu.memory_gib):.1f} GiB"
-              + ("" if fits else "   DOES NOT FIT"))
+    if e.get("step_time_s"):
+        con.print(f"  step {_fmt_time(e['step_time_s'])}   {e['tokens_per_s']:,.0f} tokens/s   "
+                  f"{e['tflops_per_gpu']:.0f} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
+                  f"peak memory {e['peak_memory_gib']:.1f} / {cap:.1f} GiB"
+                  + ("" if fits else "   DOES NOT FIT"))
     s = plan.search
     if s:
-        bits = [f"solver {s.get('solver_status', '?')}"]
+        bits = []
+        if "solver_status" in s:
+            bits.append(f"solver {s['solver_status']}")
         if "gap" in s:
             bits.append(f"gap {s['gap'] * 100:.2f}%")
         if "candidates" in s:
@@ -65,32 +306,47 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 110) -> st
             bits.append(f"{s['seconds']:.2f} s")
         if s.get("profile"):
             bits.append(f"profile {s['profile']}")
-        con.print("  search: " + ", ".join(bits))
+        if s.get("estimate"):
+            bits.append(f"estimate {s['estimate']}")
+        if bits:
+            con.print("  search: " + ", ".join(bits))
 
-    t = Table(title="Stages (memory per GPU, GiB)", title_justify="left")
-    for col in ("stage", "rank", "layers", "recompute", "params", "grads", "optimizer",
-                "activations", "other", "total"):
-        t.add_column(col, justify="right")
-    cap = e.get("capacity_gib", c.gpu.memory_gib)
+    try:
+        timing = rank_timing(plan)
+    except Exception:   # a plan the cost model cannot price (e.g. an unknown GPU): no times
+        timing = None
+    t = Table(title=f"Stages (memory per GPU in GiB; usable capacity {cap:.1f} of "
+                    f"{c.gpu.memory_gib:.0f} GiB)", title_justify="left")
+    for col in ("stage", "rank", "layers", "recomp", "params", "grads", "optim", "activ",
+                "other", "total", "free"):
+        t.add_column(col, justify="right", no_wrap=True)
+    if timing:
+        t.add_column("time/mb", justify="right", no_wrap=True)
     for st in plan.stages:
         mem = st.memory_gib
-        total = mem.get("total", 0.0)
-        t.add_row(str(st.index), str(st.pp_rank), f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})",
-                  str(st.recompute_layers),
-                  *(f"{mem.get(k, 0.0):.1f}" for k in ("params", "grads", "optimizer",
-                                                      "activations", "other")),
-                  f"{total:.1f}" + (" !" if total > cap else ""))
+        total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_PARTS))
+        row = [str(st.index), str(st.pp_rank),
+               f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})" if st.num_layers
+               else "- (0)",
+               str(st.recompute_layers),
+               *(f"{mem.get(k, 0.0):.1f}" for k in MEMORY_PARTS),
+               f"{total:.1f}",
+               f"{cap - total:.1f}" + (" OOM" if total > cap else "")]
+        if timing:
+            row.append(_fmt_time(timing[st.pp_rank]["total"]))
+        t.add_row(*row)
     con.print(t)
 
     bd = e.get("time_breakdown_s", {})
     if bd:
-        tb = Table(title="Step time breakdown", title_justify="left")
+        tb = Table(title="Step time breakdown (critical stage)", title_justify="left")
         tb.add_column("part")
-        tb.add_column("seconds", justify="right")
+        tb.add_column("time", justify="right")
         tb.add_column("share", justify="right")
         total = sum(bd.values()) or 1.0
         for k, v in bd.items():
-            tb.add_row(k, f"{v:.3f}", f"{v / total * 100:.1f}%")
+            tb.add_row(PARTS.get(k, k), _fmt_time(v), f"{v / total * 100:.1f}%")
+        tb.add_row("step", _fmt_time(total), "100.0%", end_section=True)
         con.print(tb)
 
     if alternatives:

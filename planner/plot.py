@@ -1,0 +1,244 @@
+"""Pictures of a plan: the pipeline schedule as a timeline and the memory of each stage.
+
+matplotlib is imported here only, when a picture is asked for (it costs ~0.3 s to import and
+`plan` must start fast). No pyplot: a bare Figure with the Agg canvas, so no display and no
+global state.
+
+The timeline is simulated from the plan's per-rank forward and backward times
+(planner.explain.rank_timing): each rank runs its operations in its schedule's order (GPipe:
+all forwards, then all backwards; 1F1B: p - rank - 1 warm-up forwards, then one forward one
+backward; interleaved: Megatron-LM's order over chunks), an operation starting when its rank is
+free and its input is ready (the previous virtual stage's forward, the next one's backward).
+Gaps are the pipeline bubble. For many micro-batches only the first MAX_DRAWN are drawn: the
+picture is the same pipeline with fewer micro-batches, whose steady state repeats.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from planner.errors import BadInput
+from planner.explain import MEMORY_PARTS, rank_timing, summary_line
+from planner.plan import Plan
+
+MAX_DRAWN = 16
+FORMATS = (".png", ".svg", ".pdf")
+MEMORY_COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52",
+                 "activations": "#dd8452", "other": "#8c8c8c"}
+FWD_COLORS = ("#4c72b0", "#8fb0e0", "#2a4d80", "#a9c4ec")
+BWD_COLORS = ("#dd8452", "#f0b58b", "#a65a2a", "#f5cfae")
+
+
+# ---- the schedule ------------------------------------------------------------------------
+
+def schedule_order(schedule: str, p: int, m: int, v: int, rank: int) -> list:
+    """Operations of pipeline rank `rank` in execution order: [(kind 'F'|'B', micro-batch,
+    chunk)]."""
+    if schedule == "gpipe" or p == 1:
+        if p == 1:   # one stage: forward and backward of each micro-batch in turn
+            return [op for i in range(m) for op in (("F", i, 0), ("B", i, 0))]
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+    if schedule == "1f1b" or v == 1:
+        warm = min(p - rank - 1, m)
+        ops = [("F", i, 0) for i in range(warm)]
+        for i in range(m - warm):
+            ops += [("F", warm + i, 0), ("B", i, 0)]
+        return ops + [("B", i, 0) for i in range(m - warm, m)]
+    if schedule != "interleaved":
+        raise BadInput(f"cannot draw schedule {schedule!r}")
+    # megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving
+    total = m * v
+    warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+
+    def which(k, backward):
+        chunk = (k % (p * v)) // p
+        return (v - 1 - chunk if backward else chunk), (k // (p * v)) * p + k % p
+
+    def op(kind, k):
+        chunk, mb = which(k, kind == "B")
+        return (kind, mb, chunk)
+
+    ops = [op("F", k) for k in range(warm)]
+    for i in range(total - warm):
+        ops += [op("F", warm + i), op("B", i)]
+    return ops + [op("B", k) for k in range(total - warm, total)]
+
+
+def simulate(schedule: str, fwd: list, bwd: list, m: int, v: int = 1) -> list:
+    """Start and end of every operation: [(rank, kind, micro-batch, chunk, start, end)].
+
+    fwd[r][c] / bwd[r][c]: seconds of chunk c of rank r for one micro-batch."""
+    p = len(fwd)
+    orders = [schedule_order(schedule, p, m, v, r) for r in range(p)]
+    ptr, free, done, out = [0] * p, [0.0] * p, {}, []
+    last = p * v - 1
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            while ptr[r] < len(orders[r]):
+                kind, mb, c = orders[r][ptr[r]]
+                vs = c * p + r                                  # virtual stage
+                if kind == "F":
+                    dep = ("F", vs - 1, mb) if vs > 0 else None
+                else:
+                    dep = ("B", vs + 1, mb) if vs < last else ("F", vs, mb)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[r], done[dep] if dep else 0.0)
+                end = start + (fwd[r][c] if kind == "F" else bwd[r][c])
+                done[(kind, vs, mb)] = end
+                free[r] = end
+                out.append((r, kind, mb, c, start, end))
+                ptr[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
+    return out
+
+
+def drawn_microbatches(schedule: str, p: int, m: int) -> int:
+    """How many micro-batches the timeline draws (interleaving needs a multiple of p)."""
+    if m <= MAX_DRAWN:
+        return m
+    if schedule == "interleaved" and p > 1:
+        return p * max(1, math.ceil(MAX_DRAWN / p)) if p * math.ceil(MAX_DRAWN / p) < m else m
+    return MAX_DRAWN
+
+
+def _chunk_times(plan: Plan, timing: list) -> tuple:
+    """Per rank, per chunk forward and backward seconds (a rank's time split over its chunks
+    by their layer counts)."""
+    p, v = plan.parallelism.pp, plan.parallelism.vpp
+    fwd, bwd = [], []
+    for r in range(p):
+        t = timing[r]
+        stages = plan.stages_of_rank(r)
+        n = sum(s.num_layers for s in stages)
+        shares = [s.num_layers / n if n else 1 / v for s in stages]
+        fwd.append([t["fwd"] * f for f in shares])
+        bwd.append([t["bwd"] * f for f in shares])
+    return fwd, bwd
+
+
+def _unit(seconds: float) -> tuple:
+    return (1.0, "s") if seconds >= 2 else (1e3, "ms")
+
+
+# ---- the picture -------------------------------------------------------------------------
+
+def check_path(path) -> Path:
+    out = Path(path)
+    if out.suffix.lower() not in FORMATS:
+        raise BadInput(f"--plot {path}: write a {', '.join(FORMATS)} file")
+    if out.parent and not out.parent.is_dir():
+        raise BadInput(f"--plot {path}: no such directory {str(out.parent)!r}")
+    return out
+
+
+def _save(fig, out: Path) -> None:
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        raise BadInput(f"--plot {out}: {e.strerror or e}") from None
+
+
+def plot_plan(plan: Plan, path) -> str:
+    """Write the schedule timeline and per-stage memory of `plan` to `path` (.png/.svg/.pdf)."""
+    out = check_path(path)
+    _save(plan_figure(plan), out)
+    return str(out)
+
+
+def plan_figure(plan: Plan):
+    """The matplotlib Figure of plot_plan: axes[0] the timeline (one broken_barh collection
+    per drawn operation), axes[1] the memory bars (a container per memory part)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    par, b = plan.parallelism, plan.batch
+    p, v, m = par.pp, par.vpp, b.num_microbatches
+    timing = rank_timing(plan)
+    fwd, bwd = _chunk_times(plan, timing)
+    md = drawn_microbatches(par.schedule, p, m)
+    ops = simulate(par.schedule if p > 1 else "1f1b", fwd, bwd, md, v)
+    ends = [max(e for rr, *_, e in ops if rr == r) for r in range(p)]
+    span = max(ends[r] + timing[r]["tail"] for r in range(p))
+    scale, unit = _unit(span)
+
+    rows = min(p, 64)
+    fig = Figure(figsize=(13, 3.2 + 0.28 * rows + 3.6), layout="constrained")
+    gs = fig.add_gridspec(2, 1, height_ratios=[1.2 + 0.28 * rows, 3.4])
+    ax = fig.add_subplot(gs[0])
+    ax.set_facecolor("#f1f1f1")   # idle time shows through: the bubble
+    label_blocks = md * v <= 32 and p <= 16
+    for r, kind, mb, c, start, end in ops:
+        color = (FWD_COLORS if kind == "F" else BWD_COLORS)[c % 4]
+        ax.broken_barh([(start * scale, (end - start) * scale)], (r - 0.4, 0.8),
+                       facecolors=color, edgecolors="white", linewidth=0.4)
+        if label_blocks and (end - start) * scale > span * scale / 90:
+            ax.text((start + end) / 2 * scale, r, str(mb), ha="center", va="center",
+                    fontsize=6.5, color="white")
+    for r in range(p):
+        if timing[r]["tail"] > 0:
+            ax.broken_barh([(ends[r] * scale, timing[r]["tail"] * scale)], (r - 0.4, 0.8),
+                           facecolors="#6b6b6b", edgecolors="white", linewidth=0.4)
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_yticks(range(p) if p <= 32 else range(0, p, max(1, p // 16)))
+    ax.set_ylabel("pipeline rank")
+    ax.set_xlim(0, span * scale * 1.01)
+    ax.set_xlabel(f"time ({unit})")
+    sched = par.schedule if p > 1 else "no pipeline"
+    if p > 1 and v > 1:
+        sched += f", {v} chunks per rank"
+    shown = (f"{m} micro-batches" if md == m else
+             f"first {md} of {m} micro-batches drawn (a pipeline of {md}; the steady state "
+             f"repeats; the estimated step counts all {m})")
+    ax.set_title(f"Pipeline schedule ({sched}): {shown}", fontsize=10, loc="left")
+    handles = [Patch(color=FWD_COLORS[0], label="forward"),
+               Patch(color=BWD_COLORS[0], label="backward (+ recompute)"),
+               Patch(color="#6b6b6b", label="DP grad sync / optimizer"),
+               Patch(facecolor="#f1f1f1", edgecolor="#bbbbbb", label="idle (bubble)")]
+    if v > 1:
+        handles.insert(1, Patch(color=FWD_COLORS[1], label="forward, next chunk"))
+    ax.legend(handles=handles, loc="upper left", fontsize=7, bbox_to_anchor=(1.0, 1.0))
+
+    # memory per pipeline rank
+    ax2 = fig.add_subplot(gs[1])
+    mems = []
+    for r in range(p):
+        st = plan.stages_of_rank(r)
+        mems.append(st[0].memory_gib if st else {})
+    e = plan.estimate
+    cap = e.get("capacity_gib", plan.cluster.gpu.memory_gib)
+    bottom = [0.0] * p
+    for part in MEMORY_PARTS:
+        vals = [mm.get(part, 0.0) for mm in mems]
+        ax2.bar(range(p), vals, bottom=bottom, color=MEMORY_COLORS[part], label=part,
+                width=0.7)
+        bottom = [x + y for x, y in zip(bottom, vals)]
+    ax2.axhline(cap, color="#b00020", linestyle="--", linewidth=1.2,
+                label=f"usable capacity {cap:.1f} GiB")
+    ax2.axhline(plan.cluster.gpu.memory_gib, color="#444444", linestyle=":", linewidth=1,
+                label=f"GPU memory {plan.cluster.gpu.memory_gib:.0f} GiB")
+    for r, tot in enumerate(bottom):
+        if tot > cap:
+            ax2.text(r, tot, "OOM", ha="center", va="bottom", fontsize=8, color="#b00020")
+    pad = max(0.0, (4 - p) / 2)
+    ax2.set_xlim(-0.5 - pad, p - 0.5 + pad)
+    ax2.set_xticks(range(p) if p <= 32 else range(0, p, max(1, p // 16)))
+    ax2.set_xlabel("pipeline rank (stage)")
+    ax2.set_ylabel("GiB per GPU")
+    ax2.set_ylim(0, max(max(bottom, default=0), plan.cluster.gpu.memory_gib) * 1.12)
+    ax2.set_title("Memory per GPU by stage", fontsize=10, loc="left")
+    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+    head = f"{plan.model.name} on {plan.cluster.name}: {summary_line(plan)}"
+    if e.get("step_time_s"):
+        k, u = _unit(e["step_time_s"])
+        head += (f"\nestimated step {e['step_time_s'] * k:.1f} {u}, "
+                 f"{e.get('tokens_per_s', 0):,.0f} tokens/s, MFU {e.get('mfu', 0) * 100:.1f}%")
+    fig.suptitle(head, fontsize=10)
+    fig.drawn_microbatches = md
+    return fig
