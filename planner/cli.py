@@ -116,18 +116,10 @@ def _isatty(stream) -> bool:
 
 def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch) -> None:
     """Raise a precise BadInput when no configuration matches the fixed choices."""
-    from planner.explain import no_configuration
-    from planner.search import (check_fixed, default_global_batch, default_seq_len,
-                                enumerate_candidates)
-    s = seq_len or default_seq_len(model)
-    g = global_batch or default_global_batch(s, cluster.num_gpus)
-    try:
-        check_fixed(model, cluster, fixed, s, g)   # its own message is precise: keep it
-        empty = not enumerate_candidates(model, cluster, fixed, s, g)
-    except PlannerError:
-        return
-    if empty:
-        raise BadInput(no_configuration(model, cluster, fixed, s, g)) from None
+    from planner.explain import diagnose_no_configuration
+    msg = diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch)
+    if msg:
+        raise BadInput(msg) from None
 
 
 def _load_profile(path):

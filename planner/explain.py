@@ -192,6 +192,24 @@ _FLAG = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "mbs": "--micro-batch", "vpp"
          "zero": "--zero", "sp": "--sp", "schedule": "--schedule", "recompute": "--recompute"}
 
 
+def diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch):
+    """The no_configuration message when the fixed choices pass the search's own checks
+    (planner.search.check_fixed, whose messages are precise) but match no configuration;
+    else None."""
+    from planner.errors import PlannerError
+    from planner.search import (check_fixed, default_global_batch, default_seq_len,
+                                enumerate_candidates)
+    s = seq_len or default_seq_len(model)
+    g = global_batch or default_global_batch(s, cluster.num_gpus)
+    try:
+        check_fixed(model, cluster, fixed, s, g)
+        if enumerate_candidates(model, cluster, fixed, s, g):
+            return None
+    except PlannerError:
+        return None
+    return no_configuration(model, cluster, fixed, s, g)
+
+
 def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int) -> str:
     """Why no configuration matches the fixed choices: the choices that, set free, would
     give some configuration, and the divisibility each one breaks."""
@@ -223,6 +241,9 @@ def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int) -> 
             reasons.append(f"{_FLAG[name]} {v}: not divisible: the interleaved schedule needs "
                            f"the micro-batch count divisible by pp and pp*vpp <= "
                            f"{model.num_layers} layers")
+        elif name == "zero":
+            reasons.append(f"--zero {v}: ZeRO shards over data parallelism, and no "
+                           f"configuration here has dp > 1")
         elif name == "dp":
             reasons.append(f"--dp {v}: not divisible: global batch {global_batch} and the "
                            f"other degrees")

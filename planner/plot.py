@@ -47,8 +47,10 @@ def schedule_order(schedule: str, p: int, m: int, v: int, rank: int) -> list:
     if schedule != "interleaved":
         raise BadInput(f"cannot draw schedule {schedule!r}")
     # megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving
+    # (current Megatron-core; releases before 2024 ran every forward first when m == p), with
+    # microbatch_group_size_per_vp_stage = p, as planner.cost.schedule.in_flight assumes
     total = m * v
-    warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
 
     def which(k, backward):
         chunk = (k % (p * v)) // p

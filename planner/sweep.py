@@ -19,7 +19,8 @@ from pathlib import Path
 
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, PlannerError
-from planner.explain import describe_candidate, describe_result
+from planner.explain import (describe_candidate, describe_result,
+                             diagnose_no_configuration)
 from planner.search import Fixed, default_global_batch, default_seq_len, search
 
 COLUMNS = ["model", "cluster", "gpus", "seq_len", "global_batch", "fits", "config", "tp", "pp",
@@ -88,7 +89,7 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
         try:
             report = search(model, cluster, fixed, s_, g_, top=1)
         except PlannerError as e:       # e.g. a batch these GPUs cannot split
-            row["note"] = f"no configuration: {e}"
+            row["note"] = diagnose_no_configuration(model, cluster, fixed, s_, g_) or str(e)
             rows.append(row)
             continue
         r = report.best
@@ -257,9 +258,11 @@ def run_sweep_cli(argv, parser_class) -> int:
     except ValueError as e:
         raise BadInput(str(e)) from None
     clusters = [get_cluster(n) for n in cluster_names]   # unknown names fail before searching
-    for path, flag in ((a.csv, "--csv"), (a.plot, "--plot")):
-        if path and path != "-" and not Path(path).parent.is_dir():
-            raise BadInput(f"{flag} {path}: no such directory {str(Path(path).parent)!r}")
+    if a.plot:
+        from planner.plot import check_path
+        check_path(a.plot)                # bad paths fail before the (long) sweep
+    if a.csv and a.csv != "-" and not Path(a.csv).parent.is_dir():
+        raise BadInput(f"--csv {a.csv}: no such directory {str(Path(a.csv).parent)!r}")
     progress = _SweepProgress()
     try:
         df = sweep(model, clusters, seq_lens, batches, Fixed(zero=a.zero, recompute=a.recompute),
