@@ -35,6 +35,15 @@ def check_layout(plan) -> None:
         raise LayoutError(f"seq_len {b.seq_len} exceeds the model's max_seq_len {m.max_seq_len}")
     if p.vpp > 1 and p.pp == 1:
         raise LayoutError("vpp > 1 needs pp > 1")
+    nmb = b.num_microbatches
+    if p.pp > 1 and p.schedule == "1f1b" and p.vpp == 1 and nmb < p.pp:
+        raise LayoutError(f"the 1F1B schedule needs at least pp = {p.pp} micro-batches, "
+                          f"the plan has {nmb}")
+    if p.pp > 1 and (p.schedule == "interleaved" or p.vpp > 1):
+        rounds = max(1, nmb // p.pp)
+        if nmb % rounds:
+            raise LayoutError(f"interleaved 1F1B needs num_microbatches {nmb} to be a multiple "
+                              f"of {rounds} (rounds of pp = {p.pp})")
 
 
 def build_mesh(plan, device_type: str):
@@ -144,10 +153,10 @@ def materialize_and_init(part: nn.Module, spec, seed: int, device) -> None:
 
 @torch.no_grad()
 def grad_norm_sq_local(params: list, copies: int) -> torch.Tensor:
-    """This rank's share of the global squared gradient norm: each local gradient's sum of
-    squares, divided by how many ranks of this pipeline rank hold the very same shard
-    (`copies` = tp*dp ranks share a pipeline rank; a DTensor is split over its Shard dims)."""
-    total = torch.zeros((), dtype=torch.float64)
+    """This rank's share of the global squared gradient norm (fp64 scalar on the CPU): each
+    local gradient's sum of squares, divided by how many ranks hold the very same shard (the
+    `copies` = tp*dp ranks of a pipeline rank, over the DTensor's sharded mesh dims)."""
+    terms = []
     for p in params:
         if p.grad is None:
             continue
@@ -158,8 +167,10 @@ def grad_norm_sq_local(params: list, copies: int) -> torch.Tensor:
                 if pl.is_shard() or isinstance(pl, _StridedShard):
                     distinct *= g.device_mesh.size(i)
             g = g.to_local()
-        total += g.double().pow(2).sum().cpu() * distinct / copies
-    return total
+        terms.append(g.double().pow(2).sum() * (distinct / copies))
+    if not terms:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack(terms).sum().cpu()
 
 
 # ---- data parallel without FSDP (ZeRO 0 and 1) ----------------------------------------------
@@ -168,8 +179,25 @@ def _local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+BUCKET_BYTES = 64 * 2**20
+
+
+def _buckets(tensors: list, cap: int = BUCKET_BYTES):
+    """Consecutive runs of same-dtype tensors of at most `cap` bytes (one tensor if larger)."""
+    run, size = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if run and (size + nbytes > cap or t.dtype != run[0].dtype):
+            yield run
+            run, size = [], 0
+        run.append(t)
+        size += nbytes
+    if run:
+        yield run
+
+
 class GradAllReduce:
-    """ZeRO 0/1 gradient averaging over the dp group: one flat all-reduce of all local grads."""
+    """ZeRO 0/1 gradient averaging over the dp group: bucketed all-reduces of the local grads."""
 
     def __init__(self, params: list, dp_group, dp: int):
         self.params, self.group, self.dp = params, dp_group, dp
@@ -183,11 +211,12 @@ class GradAllReduce:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(_local(p.grad))
-        flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.group)
-        flat.div_(self.dp)
-        for g, f in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(f)
+        for run in _buckets(grads):
+            flat = torch._utils._flatten_dense_tensors(run)
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(self.dp)
+            for g, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
+                g.copy_(f)
 
 
 def zero1_owners(params: list, dp: int) -> list:
@@ -202,7 +231,8 @@ def zero1_owners(params: list, dp: int) -> list:
 
 
 class Zero1ParamSync:
-    """After each dp rank stepped the optimizer on the parameters it owns, broadcast them."""
+    """ZeRO 1: each dp rank steps AdamW on the parameters it owns (so only it holds their
+    optimizer state); then every owner broadcasts its updated parameters to the dp group."""
 
     def __init__(self, params: list, owners: list, dp_group, dp: int):
         self.group, self.dp = dp_group, dp
@@ -212,10 +242,8 @@ class Zero1ParamSync:
     @torch.no_grad()
     def __call__(self):
         for r in range(self.dp):
-            ts = [_local(p.data) for p in self.by_owner[r]]
-            if not ts:
-                continue
-            flat = torch._utils._flatten_dense_tensors(ts)
-            dist.broadcast(flat, src=self.src[r], group=self.group)
-            for t, f in zip(ts, torch._utils._unflatten_dense_tensors(flat, ts)):
-                t.copy_(f)
+            for run in _buckets([_local(p) for p in self.by_owner[r]]):
+                flat = torch._utils._flatten_dense_tensors(run)
+                dist.broadcast(flat, src=self.src[r], group=self.group)
+                for t, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
+                    t.copy_(f)

@@ -203,7 +203,9 @@ class Trainer:
                 self.optims.append(torch.optim.AdamW(own, **kw) if own else None)
             self.param_sync = par.Zero1ParamSync(params, owners, self.dp_group, p.dp)
         else:
-            self.optims = [torch.optim.AdamW(part.parameters(), **kw) for part in self.parts]
+            self.optims = [torch.optim.AdamW(list(part.parameters()), **kw)
+                           if any(True for _ in part.parameters()) else None
+                           for part in self.parts]   # an empty pipeline stage has no optimizer
 
         self.schedule = None
         if len(plan.stages) > 1:

@@ -244,3 +244,50 @@ def test_resume_refuses_other_model(tmp_path):
     other = make_plan(tmp_path / "o.json", model=LLAMA.scaled(hidden=128, ffn_hidden=256))
     _refused(run_runtime("--plan", other, "--steps", 2, "--checkpoint-dir", ck, "--resume"),
              "different model")
+
+
+# ---- layout checks -------------------------------------------------------------------------
+
+def _plan(model=LLAMA, tp=1, pp=1, dp=1, vpp=1, nmb=None, seq=16, **par):
+    nmb = nmb or 8 // dp
+    return Plan(model=model, cluster=Cluster("c", get_gpu("cpu"), 64, 8),
+                parallelism=Parallelism(tp=tp, pp=pp, dp=dp, vpp=vpp, **par),
+                batch=Batch(seq_len=seq, global_batch_size=nmb * dp, micro_batch_size=1,
+                            num_microbatches=nmb), stages=make_stages(model.num_layers, pp, vpp))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(tp=4), "num_kv_heads"),
+    (dict(model=LLAMA.scaled(num_kv_heads=4, ffn_hidden=130), tp=4), "ffn_hidden"),
+    (dict(tp=2, sequence_parallel=True, seq=15), "seq_len"),
+    (dict(seq=64), "max_seq_len"),
+    (dict(pp=4, nmb=2), "1F1B"),
+    (dict(model=LLAMA.scaled(num_layers=8), pp=2, vpp=2, schedule="interleaved", nmb=5),
+     "interleaved"),
+])
+def test_check_layout_refuses(kw, match):
+    from runtime.parallelize import LayoutError, check_layout
+    plan = _plan(**kw)
+    plan.validate()
+    with pytest.raises(LayoutError, match=match):
+        check_layout(plan)
+
+
+@pytest.mark.parametrize("kw", [dict(tp=2, pp=2, dp=2, sequence_parallel=True),
+                                dict(pp=4, nmb=4), dict(pp=2, nmb=3, schedule="gpipe"),
+                                dict(model=LLAMA.scaled(num_layers=8), pp=2, vpp=2,
+                                     schedule="interleaved", nmb=6)])
+def test_check_layout_accepts(kw):
+    from runtime.parallelize import check_layout
+    plan = _plan(**kw)
+    plan.validate()
+    check_layout(plan)
+
+
+def test_buckets():
+    from runtime.parallelize import _buckets
+    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(30), torch.zeros(5, dtype=torch.float64),
+          torch.zeros(1)]
+    runs = list(_buckets(ts, cap=100))
+    assert [len(r) for r in runs] == [2, 1, 1, 1]
+    assert sum(len(r) for r in runs) == len(ts)
