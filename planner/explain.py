@@ -337,7 +337,9 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     except Exception:   # a plan the cost model cannot price (e.g. an unknown GPU): no times
         timing = None
     t = Table(title=f"Stages (memory per GPU in GiB; usable capacity {cap:.1f} of "
-                    f"{c.gpu.memory_gib:.0f} GiB)", title_justify="left")
+                    f"{c.gpu.memory_gib:.0f} GiB)", title_justify="left",
+              caption="time/mb: one micro-batch, forward and backward, through all the layers "
+                      "of the stage's pipeline rank" if timing else None, caption_justify="left")
     for col in ("stage", "rank", "layers", "recomp", "params", "grads", "optim", "activ",
                 "other", "total", "free"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -352,7 +354,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
                str(st.recompute_layers),
                *(f"{mem.get(k, 0.0):.1f}" for k in MEMORY_PARTS),
                f"{total:.1f}",
-               f"{cap - total:.1f}" + (" OOM" if total > cap else "")]
+               f"{cap - total:.1f}" if total <= cap else f"OOM by {total - cap:.1f}"]
         if timing:
             row.append(_fmt_time(timing[st.pp_rank]["total"]))
         t.add_row(*row)
