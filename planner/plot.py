@@ -9,8 +9,9 @@ The timeline is simulated from the plan's per-rank forward and backward times
 all forwards, then all backwards; 1F1B: p - rank - 1 warm-up forwards, then one forward one
 backward; interleaved: Megatron-LM's order over chunks), an operation starting when its rank is
 free and its input is ready (the previous virtual stage's forward, the next one's backward).
-Gaps are the pipeline bubble. For many micro-batches only the first MAX_DRAWN are drawn: the
-picture is the same pipeline with fewer micro-batches, whose steady state repeats.
+Gaps are the pipeline bubble. For many micro-batches only the first MAX_DRAWN (at least 2p)
+are drawn: the picture is the same pipeline with fewer micro-batches, whose steady state
+repeats.
 """
 from __future__ import annotations
 
@@ -101,12 +102,14 @@ def simulate(schedule: str, fwd: list, bwd: list, m: int, v: int = 1) -> list:
 
 
 def drawn_microbatches(schedule: str, p: int, m: int) -> int:
-    """How many micro-batches the timeline draws (interleaving needs a multiple of p)."""
-    if m <= MAX_DRAWN:
+    """How many micro-batches the timeline draws: all up to MAX_DRAWN, else enough for a
+    steady state to show (at least 2p), a multiple of p for the interleaved schedule."""
+    want = max(MAX_DRAWN, 2 * p)
+    if m <= want:
         return m
     if schedule == "interleaved" and p > 1:
-        return p * max(1, math.ceil(MAX_DRAWN / p)) if p * math.ceil(MAX_DRAWN / p) < m else m
-    return MAX_DRAWN
+        return min(m, p * math.ceil(want / p))
+    return want
 
 
 def _chunk_times(plan: Plan, timing: list) -> tuple:
@@ -154,8 +157,9 @@ def plot_plan(plan: Plan, path) -> str:
 
 
 def plan_figure(plan: Plan):
-    """The matplotlib Figure of plot_plan: axes[0] the timeline (one broken_barh collection
-    per drawn operation), axes[1] the memory bars (a container per memory part)."""
+    """The matplotlib Figure of plot_plan: axes[0] the timeline (broken_barh collections, one
+    rectangle per drawn operation and per rank's step tail), axes[1] the memory bars (a
+    container per memory part). `fig.drawn_microbatches`: how many micro-batches are drawn."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -175,13 +179,16 @@ def plan_figure(plan: Plan):
     ax = fig.add_subplot(gs[0])
     ax.set_facecolor("#f1f1f1")   # idle time shows through: the bubble
     label_blocks = md * v <= 32 and p <= 16
+    blocks = {}          # one collection per rank, direction and chunk (fast for many ops)
     for r, kind, mb, c, start, end in ops:
-        color = (FWD_COLORS if kind == "F" else BWD_COLORS)[c % 4]
-        ax.broken_barh([(start * scale, (end - start) * scale)], (r - 0.4, 0.8),
-                       facecolors=color, edgecolors="white", linewidth=0.4)
+        blocks.setdefault((r, kind, c), []).append((start * scale, (end - start) * scale))
         if label_blocks and (end - start) * scale > span * scale / 90:
             ax.text((start + end) / 2 * scale, r, str(mb), ha="center", va="center",
                     fontsize=6.5, color="white")
+    for (r, kind, c), spans in blocks.items():
+        ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=(FWD_COLORS if kind == "F"
+                                                          else BWD_COLORS)[c % 4],
+                       edgecolors="white", linewidth=0.4)
     for r in range(p):
         if timing[r]["tail"] > 0:
             ax.broken_barh([(ends[r] * scale, timing[r]["tail"] * scale)], (r - 0.4, 0.8),
