@@ -150,6 +150,7 @@ def _nothing_fits_message(model, cluster, fixed, report) -> str:
 
 def run_plan(argv) -> int:
     a = plan_parser().parse_args(argv)
+    _check_plot_path(a)
     model = get_model(a.model)
     cluster = get_cluster(a.cluster)
     profile = _load_profile(a.profile)
@@ -180,10 +181,14 @@ def run_plan(argv) -> int:
     return 0
 
 
-def _emit(a, plan: Plan, alternatives) -> None:
+def _check_plot_path(a) -> None:
     if getattr(a, "plot", None):
         from planner.plot import check_path
-        check_path(a.plot)              # a bad --plot path fails before anything is written
+        check_path(a.plot)              # a bad --plot path fails before searching or writing
+
+
+def _emit(a, plan: Plan, alts) -> None:
+    _check_plot_path(a)
     if a.out:
         try:
             plan.save(a.out)
@@ -198,7 +203,7 @@ def _emit(a, plan: Plan, alternatives) -> None:
         from planner.export import export
         print(export(plan, a.export))
     else:
-        print(render(plan, alternatives), end="")
+        print(render(plan, alts), end="")
         if a.out:
             print(f"plan written to {a.out}")
 
@@ -210,6 +215,7 @@ def run_show(argv) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot")
     a = p.parse_args(argv)
+    _check_plot_path(a)
     plan = ensure_estimate(Plan.load(a.plan))
     a.out = None
     _emit(a, plan, [])
