@@ -136,7 +136,7 @@ def _unit(seconds: float) -> tuple:
 def check_path(path) -> Path:
     out = Path(path)
     if out.suffix.lower() not in FORMATS:
-        raise BadInput(f"--plot {path}: write a {', '.join(FORMATS)} file")
+        raise BadInput(f"--plot {path}: the picture must be a .png, .svg or .pdf file")
     if out.parent and not out.parent.is_dir():
         raise BadInput(f"--plot {path}: no such directory {str(out.parent)!r}")
     return out

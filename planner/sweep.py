@@ -118,14 +118,24 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
     if progress:
         progress(len(points), len(points), "done")
     df = pd.DataFrame(rows, columns=COLUMNS)
+    # the swept quantities (a default global batch that follows the sequence length is not one)
+    df.attrs["axes"] = [name for name, vals in (("cluster", clusters), ("seq_len", seq_lens),
+                                                ("global_batch", global_batches))
+                        if len(vals) > 1]
     for col in ("tp", "pp", "dp", "zero", "micro_batch", "num_microbatches", "vpp",
                 "recompute_layers"):
         df[col] = df[col].astype("Int64")
     return df
 
 
-def _varying(df) -> list:
-    return [c for c in ("gpus", "seq_len", "global_batch") if df[c].nunique() > 1]
+def _axes(df) -> list:
+    """The swept quantities, as columns to plot against: the GPU count for clusters when it
+    tells them apart, else the cluster name."""
+    axes = df.attrs.get("axes")
+    if axes is None:
+        axes = [c for c in ("cluster", "seq_len", "global_batch") if df[c].nunique() > 1]
+    by_gpus = df.groupby("cluster")["gpus"].first()
+    return [("gpus" if a == "cluster" and by_gpus.is_unique else a) for a in axes]
 
 
 def render_table(df, width: int = 160) -> str:
@@ -159,9 +169,10 @@ def render_table(df, width: int = 160) -> str:
 
 
 def plot_sweep(df, path) -> str:
-    """Throughput (tokens/s) and MFU per point: against the one swept quantity when one
-    varies, else against point labels."""
-    from planner.plot import check_path, _save
+    """Throughput (tokens/s) and MFU per point, against the first swept quantity (GPUs, or
+    cluster names when GPU counts repeat; sequence length; global batch), one line per value
+    of the others."""
+    from planner.plot import _save, check_path
     out = check_path(path)
     _save(sweep_figure(df), out)
     return str(out)
@@ -171,22 +182,27 @@ def sweep_figure(df):
     """The Figure of plot_sweep: tokens/s above, MFU below, one line per fixed remainder."""
     from matplotlib.figure import Figure
 
-    vary = _varying(df)
+    vary = _axes(df)
     fig = Figure(figsize=(11, 7), layout="constrained")
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
-    names = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global batch"}
-    # x: the first quantity that varies (GPUs, then sequence length, then batch); one line
-    # per combination of the others
-    xcol = vary[0] if vary else "gpus"
+    names = {"gpus": "GPUs", "cluster": "cluster", "seq_len": "sequence length",
+             "global_batch": "global batch"}
+    # x: the first swept quantity (clusters, then sequence length, then batch); one line per
+    # combination of the others
+    xcol = vary[0] if vary else "cluster"
     others = vary[1:]
+    categorical = xcol == "cluster"
+    order = list(dict.fromkeys(df[xcol]))             # first-seen order, for categories
+    pos = (lambda v: order.index(v)) if categorical else (lambda v: v)
     groups = list(df.groupby(others, sort=True)) if others else [(None, df)]
     for key, g in groups:
-        g = g.sort_values(xcol)
+        if not categorical:
+            g = g.sort_values(xcol)
         label = None
         if others:
             key = key if isinstance(key, tuple) else (key,)
             label = ", ".join(f"{names[o]} {k}" for o, k in zip(others, key))
-        x = list(g[xcol])
+        x = [pos(v) for v in g[xcol]]
         ok = g["fits"].astype(bool).tolist()
         tps = [v if f else float("nan") for v, f in zip(g["tokens_per_s"], ok)]
         mfu = [v * 100 if f else float("nan") for v, f in zip(g["mfu"], ok)]
@@ -200,13 +216,19 @@ def sweep_figure(df):
                     ax.annotate("nothing fits", (xi, 0.04), xycoords=("data", "axes fraction"),
                                 rotation=90, ha="center", va="bottom", fontsize=8,
                                 color="#b00020")
-    xs = sorted(df[xcol].unique())
-    if xs[0] > 0 and xs[-1] / xs[0] >= 4:
-        ax1.set_xscale("log", base=2)
-    ax2.set_xticks(xs)
-    ax2.set_xticklabels([str(v) for v in xs])
-    ax2.set_xlabel(names[xcol] + ("" if xcol == "gpus" else
-                                  f" ({', '.join(df['cluster'].unique())})"))
+    if categorical:
+        ax2.set_xticks(range(len(order)))
+        ax2.set_xticklabels(order)
+    else:
+        xs = sorted(df[xcol].unique())
+        if xs[0] > 0 and xs[-1] / xs[0] >= 4:
+            ax1.set_xscale("log", base=2)
+        ax2.set_xticks(xs)
+        ax2.set_xticklabels([str(v) for v in xs])
+    fixed_bits = [f"{names[c]} {df[c].iloc[0]}" for c in ("cluster", "seq_len", "global_batch")
+                  if c not in vary and not (c == "cluster" and "gpus" in vary)
+                  and df[c].nunique() == 1]
+    ax2.set_xlabel(names[xcol] + (f" ({', '.join(fixed_bits)})" if fixed_bits else ""))
     if others:
         ax1.legend(fontsize=8)
     ax1.set_ylim(bottom=0)

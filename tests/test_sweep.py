@@ -138,3 +138,26 @@ def test_sweep_errors_are_one_line_exit_2(capsys, args, needle):
     assert out == ""
     assert err.startswith("plan: error:") and err.count("\n") == 1
     assert needle in err
+
+
+def test_sweep_figure_lines_follow_the_swept_axes():
+    from planner.catalog import get_cluster, get_model
+    from planner.search import Fixed
+    from planner.sweep import sweep, sweep_figure
+
+    m = get_model("llama8b")
+    # sequence lengths with the default batch (which follows them): one line, x = seq_len
+    df = sweep(m, [get_cluster("h100x8")], [2048, 4096], None, Fixed())
+    assert df["global_batch"].nunique() == 2
+    tps, mfu = sweep_figure(df).axes
+    assert len(tps.get_lines()) == 1
+    assert list(tps.get_lines()[0].get_xdata()) == [2048, 4096]
+    assert list(tps.get_lines()[0].get_ydata()) == pytest.approx(list(df["tokens_per_s"]))
+    assert list(mfu.get_lines()[0].get_ydata()) == pytest.approx(list(df["mfu"] * 100))
+    # clusters of one size and two GPU types, two batches: categories, one line per batch
+    df = sweep(m, [get_cluster("h100x8"), get_cluster("a100x8")], [4096], [16, 32], Fixed())
+    tps, _ = sweep_figure(df).axes
+    assert len(tps.get_lines()) == 2
+    assert [t.get_text() for t in tps.figure.axes[1].get_xticklabels()] == ["h100x8", "a100x8"]
+    assert sorted(t.get_text() for t in tps.get_legend().get_texts()) == [
+        "global batch 16", "global batch 32"]
