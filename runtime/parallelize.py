@@ -23,9 +23,9 @@ class LayoutError(ValueError):
 
 def check_layout(plan) -> None:
     p, m, b = plan.parallelism, plan.model, plan.batch
-    if p.tp > 1 and m.num_kv_heads % p.tp:
-        raise LayoutError(f"tp {p.tp} does not divide num_kv_heads {m.num_kv_heads}; replicating "
-                          f"key/value heads across tensor-parallel ranks is not supported yet")
+    if p.tp > 1 and m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
+        raise LayoutError(f"tp {p.tp} and num_kv_heads {m.num_kv_heads}: one must divide the "
+                          f"other")
     if p.tp > 1 and (m.ffn_hidden % p.tp or m.vocab_size % p.tp):
         raise LayoutError(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden} and vocab_size "
                           f"{m.vocab_size}")
@@ -55,7 +55,13 @@ def build_mesh(plan, device_type: str):
 
 # ---- tensor / sequence parallel -------------------------------------------------------------
 
-def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
+def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
+    """Megatron-style TP (column-parallel q/k/v and MLP-in, row-parallel out projections,
+    vocabulary-parallel embedding and output) plus sequence parallel for norms and residuals.
+
+    With fewer key/value heads than tp ranks (tp % num_kv_heads == 0), `wk`/`wv` stay whole on
+    every rank and each rank keeps the one kv head its query heads use; their gradients then
+    need a sum over the tp group: returns those parameters' names (`TpReplicatedGradSync`)."""
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, SequenceParallel,
                                                    parallelize_module)
@@ -77,15 +83,31 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
     if tied:   # both are Shard(0) over the vocabulary: share the DTensor parameter again
         part.output.weight = part.tok_embeddings.weight
 
-    for layer in part.layers.values():
+    tp = tp_mesh.size()
+    shard_kv = spec.num_kv_heads % tp == 0
+    replicated = []
+    for li, layer in part.layers.items():
         lp = {
             "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
+        if shard_kv:
+            lp["attention.wk"] = ColwiseParallel()
+            lp["attention.wv"] = ColwiseParallel()
+        else:
+            kv_head = tp_mesh.get_local_rank() // (tp // spec.num_kv_heads)
+            lo, hi = kv_head * spec.head_dim, (kv_head + 1) * spec.head_dim
+            group = tp_mesh.get_group()
+            for w in ("wk", "wv"):
+                lin = getattr(layer.attention, w)
+                # input: identity forward, all-reduce backward (each rank's gradient covers only
+                # its own query heads); output: this rank's kv head
+                lin.register_forward_pre_hook(
+                    lambda mod, args, group=group: (_SumGradOverGroup.apply(args[0], group),))
+                lin.register_forward_hook(lambda mod, args, out, lo=lo, hi=hi: out[..., lo:hi])
+                replicated += [f"layers.{li}.attention.{w}.{n}" for n, _ in lin.named_parameters()]
         if layer.feed_forward.w3 is not None:
             lp["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
@@ -93,11 +115,45 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
                 "attention_norm": SequenceParallel(),
                 "ffn_norm": SequenceParallel(),
                 "attention": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                desired_input_layouts=(Replicate(),)),
+                                                desired_input_layouts=(Replicate(),),
+                                                use_local_output=True),
                 "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
                                                    desired_input_layouts=(Replicate(),)),
             })
         parallelize_module(layer, tp_mesh, lp)
+    return replicated
+
+
+class _SumGradOverGroup(torch.autograd.Function):
+    """Megatron's `f`: identity in forward, all-reduce of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class TpReplicatedGradSync:
+    """Sum over the tp group the gradients of parameters every tp rank holds whole but uses
+    only part of (replicated key/value projections)."""
+
+    def __init__(self, params: list, tp_group):
+        self.params, self.group = params, tp_group
+
+    @torch.no_grad()
+    def __call__(self):
+        grads = [_local(p.grad) for p in self.params if p.grad is not None]
+        for run in _buckets(grads):
+            flat = torch._utils._flatten_dense_tensors(run)
+            dist.all_reduce(flat, group=self.group)
+            for g, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
+                g.copy_(f)
 
 
 # ---- activation checkpointing ---------------------------------------------------------------

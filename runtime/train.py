@@ -149,8 +149,9 @@ class Trainer:
         import torch
         import torch.distributed as dist
         from runtime import parallelize as par
-        from runtime.model import Transformer
+        from runtime.model import Transformer, clean_name
         from runtime.pipeline import TiedGradSync, build_schedule, split_model
+        from torch.distributed.tensor import DTensor
         plan, p = self.plan, self.plan.parallelism
         spec = plan.model
         self.mesh = par.build_mesh(plan, self.device.type)
@@ -166,14 +167,22 @@ class Trainer:
         self.first_stage = any(st.index == 0 for st, _ in stage_parts)
         self.last_stage = any(st.index == len(plan.stages) - 1 for st, _ in stage_parts)
         self.recomputed = []
+        tp_replicated = []
         for st, part in stage_parts:
             if p.tp > 1:
-                par.apply_tp(part, self.tp_mesh, p.sequence_parallel)
+                tp_replicated += par.apply_tp(part, self.tp_mesh, p.sequence_parallel, spec)
             self.recomputed += par.apply_ac(part, st, p.recompute)
             if p.zero_stage >= 2:
                 par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu)
             par.materialize_and_init(part, spec, self.args.seed, self.device)
         self.parts = [part for _, part in stage_parts]
+        # FSDP and to_empty replace parameter objects: find them again by name
+        self.tp_sync = None
+        if tp_replicated:
+            names = set(tp_replicated)
+            self.tp_sync = par.TpReplicatedGradSync(
+                [q for part in self.parts for n, q in part.named_parameters()
+                 if clean_name(n) in names], self.tp_mesh.get_group())
 
         # tied embeddings split over the pipeline: sum the two copies' gradients
         self.tied = spec.tied_embeddings
@@ -194,18 +203,21 @@ class Trainer:
         self.grad_sync = self.param_sync = None
         if p.zero_stage <= 1:
             self.grad_sync = par.GradAllReduce(params, self.dp_group, p.dp)
+        def adamw(ps):
+            # foreach kernels cannot mix DTensors and plain tensors: one group of each kind
+            groups = [g for g in ([q for q in ps if isinstance(q, DTensor)],
+                                  [q for q in ps if not isinstance(q, DTensor)]) if g]
+            # no parameters (an empty pipeline stage, a ZeRO 1 rank owning none): no optimizer
+            return torch.optim.AdamW([{"params": g} for g in groups], **kw) if groups else None
+
         if p.zero_stage == 1 and p.dp > 1:
             owners = par.zero1_owners(params, p.dp)
             mine = {id(q) for q, o in zip(params, owners) if o == self.dp_rank}
-            self.optims = []
-            for part in self.parts:
-                own = [q for q in part.parameters() if id(q) in mine]
-                self.optims.append(torch.optim.AdamW(own, **kw) if own else None)
+            self.optims = [adamw([q for q in part.parameters() if id(q) in mine])
+                           for part in self.parts]
             self.param_sync = par.Zero1ParamSync(params, owners, self.dp_group, p.dp)
         else:
-            self.optims = [torch.optim.AdamW(list(part.parameters()), **kw)
-                           if any(True for _ in part.parameters()) else None
-                           for part in self.parts]   # an empty pipeline stage has no optimizer
+            self.optims = [adamw(list(part.parameters())) for part in self.parts]
 
         self.schedule = None
         if len(plan.stages) > 1:
@@ -258,6 +270,8 @@ class Trainer:
                 if self.last_stage:
                     local_loss = torch.stack([l.detach().float() for l in losses]).mean()
 
+        if self.tp_sync is not None:
+            self.tp_sync()
         if self.tied_sync is not None:
             self.tied_sync()
         if self.grad_sync is not None:

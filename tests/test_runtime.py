@@ -232,9 +232,9 @@ def test_refuses_bad_plans(tmp_path):
     _refused(run_runtime("--plan", bad), "not a valid plan")
     alibi = make_plan(tmp_path / "a.json", model=LLAMA.scaled(position="alibi"))
     _refused(run_runtime("--plan", alibi), "ALiBi")
-    # tp 4 would split 2 key/value heads: refused before any work
-    gqa = make_plan(tmp_path / "g.json", model=LLAMA.scaled(num_heads=4, num_kv_heads=2), tp=4)
-    _refused(run_runtime("--plan", gqa, env_extra={"WORLD_SIZE": "4"}), "num_kv_heads")
+    # a layout the runtime cannot run is refused before any work
+    long = make_plan(tmp_path / "g.json", model=LLAMA.scaled(max_seq_len=8), tp=2, pp=2)
+    _refused(run_runtime("--plan", long, env_extra={"WORLD_SIZE": "4"}), "max_seq_len")
 
 
 def test_resume_refuses_other_model(tmp_path):
@@ -257,7 +257,6 @@ def _plan(model=LLAMA, tp=1, pp=1, dp=1, vpp=1, nmb=None, seq=16, **par):
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(tp=4), "num_kv_heads"),
     (dict(model=LLAMA.scaled(num_kv_heads=4, ffn_hidden=130), tp=4), "ffn_hidden"),
     (dict(tp=2, sequence_parallel=True, seq=15), "seq_len"),
     (dict(seq=64), "max_seq_len"),
@@ -274,6 +273,7 @@ def test_check_layout_refuses(kw, match):
 
 
 @pytest.mark.parametrize("kw", [dict(tp=2, pp=2, dp=2, sequence_parallel=True),
+                                dict(tp=4, sequence_parallel=True),   # 2 kv heads, replicated
                                 dict(pp=4, nmb=4), dict(pp=2, nmb=3, schedule="gpipe"),
                                 dict(model=LLAMA.scaled(num_layers=8), pp=2, vpp=2,
                                      schedule="interleaved", nmb=6)])
