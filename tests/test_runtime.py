@@ -103,6 +103,34 @@ def test_init_is_keyed_by_seed_and_name():
     assert canonical_name("output.weight", LLAMA) == "output.weight"
 
 
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recompute_wraps_exactly_the_planned_layers(mode):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from runtime.model import Transformer, clean_name
+    from runtime.parallelize import apply_ac
+    from runtime.pipeline import split_model
+    plan = _plan(pp=2, recompute=mode)
+    plan.stages[1].recompute_layers = 1
+    with torch.device("meta"):
+        whole = Transformer(LLAMA)
+    (st, part), = split_model(whole, plan, 1)
+    names = [n for n, _ in part.named_parameters()]
+    assert apply_ac(part, st, mode) == [2]
+    wrapped = {k: isinstance(l, CheckpointWrapper) for k, l in part.layers.items()}
+    core = {k: isinstance(part.layers[k].attention.core if not wrapped[k] else
+                          part.layers[k]._checkpoint_wrapped_module.attention.core,
+                          CheckpointWrapper) for k in part.layers}
+    if mode == "full":
+        assert wrapped == {"2": True, "3": False} and core == {"2": False, "3": False}
+    else:
+        assert wrapped == {"2": False, "3": False} and core == {"2": True, "3": False}
+    # parameter names (checkpoint keys, init seeds) do not change
+    assert [clean_name(n) for n, _ in part.named_parameters()] == names
+    assert part.tok_embeddings is None and part.output is not None
+    assert set(part.layers) == {"2", "3"}
+
+
 # ---- data ----------------------------------------------------------------------------------
 
 def test_synthetic_batches_split_the_same_global_batch():
@@ -237,10 +265,15 @@ def test_refuses_bad_plans(tmp_path):
     _refused(run_runtime("--plan", long, env_extra={"WORLD_SIZE": "4"}), "max_seq_len")
 
 
-def test_resume_refuses_other_model(tmp_path):
+def test_file_data_and_resume_refuses_other_model(tmp_path):
     plan = make_plan(tmp_path / "p.json")
     ck = tmp_path / "ck"
-    assert run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck).returncode == 0
+    np.save(tmp_path / "toks.npy", (np.arange(1000) * 7 % 128).astype(np.int32))
+    r = run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck, "--data",
+                    tmp_path / "toks.npy", "--metrics", tmp_path / "m")
+    assert r.returncode == 0, r.stderr
+    assert _metrics(tmp_path / "m")[0]["loss"] > 0
+    assert (ck / "step-00000001" / "COMPLETE").is_file()
     other = make_plan(tmp_path / "o.json", model=LLAMA.scaled(hidden=128, ffn_hidden=256))
     _refused(run_runtime("--plan", other, "--steps", 2, "--checkpoint-dir", ck, "--resume"),
              "different model")
