@@ -21,6 +21,10 @@ REJECTED_SHOWN = 3
 NOT_DIVISIBLE_SHOWN = 3
 
 
+def _fmt_tflops(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.3g}"   # CPU runs are far below 1 TFLOP/s
+
+
 def _fmt_time(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
@@ -309,7 +313,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
               f"sequences")
     if e.get("step_time_s"):
         con.print(f"  step {_fmt_time(e['step_time_s'])}   {e['tokens_per_s']:,.0f} tokens/s   "
-                  f"{e['tflops_per_gpu']:.0f} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
+                  f"{_fmt_tflops(e['tflops_per_gpu'])} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
                   f"peak memory {e['peak_memory_gib']:.1f} / {cap:.1f} GiB"
                   + ("" if fits else "   DOES NOT FIT"))
     s = plan.search
