@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from planner.errors import BadInput
-from planner.specs import Cluster, Model
+from planner.specs import Cluster, Model, read_json_object
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -144,16 +144,7 @@ class Plan:
 
     @classmethod
     def load(cls, path) -> "Plan":
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise BadInput(f"plan {path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise BadInput(f"plan {path}: cannot read ({e})") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BadInput(f"plan {path}: not JSON ({e})") from None
+        d = read_json_object(path, "plan")
         try:
             return cls.from_dict(d)
         except BadInput as e:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
-from planner.errors import BadInput, NothingFits
+from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
 from planner.specs import Cluster, Model
 
@@ -308,9 +308,8 @@ def _min_recompute(k, n: int, cap: float, c: Candidate, fixed_all: bool):
 
 def heuristic(model, cluster, c, coeffs, cap, fixed_all, split=None) -> Result:
     """Even split (or `split`) with the least recompute that fits; may not fit."""
-    p, v, L = c.pp, c.vpp, model.num_layers
     if split is None:
-        split = even_split(L, p)
+        split = even_split(model.num_layers, c.pp)
     rec = []
     for k, n in zip(coeffs, split):
         r = _min_recompute(k, n, cap, c, fixed_all)
@@ -321,7 +320,7 @@ def heuristic(model, cluster, c, coeffs, cap, fixed_all, split=None) -> Result:
 
 def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess=1.0):
     """Exact layer and recompute counts per rank. Returns (Result | None, status, gap)."""
-    p, v, m, L = c.pp, c.vpp, c.m, model.num_layers
+    v, m, L = c.vpp, c.m, model.num_layers
     lo, hi = _recompute_bounds(c, fixed_all)
     mdl = cp_model.CpModel()
     unit = TIME_UNITS / step_guess
@@ -330,6 +329,15 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
     # tight variable bounds keep the objective far from int64 overflow
     t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
     tail_ub = 2 * max(ns(k.tail(L) + k.grad_fixed + L * k.grad_layer) for k in coeffs) + 1
+
+    def exposure(c_layer, c_fixed, h_layer, h_fixed, a, n, ub, name):
+        """Var >= the collective's unhidden time, as in StageCoeffs.zero_exposed / tail:
+        max(c_layer, comm - hidden) + a * comm, with comm and hidden linear in n."""
+        e = mdl.NewIntVar(0, ub, name)
+        mdl.Add(e >= ns(c_layer + a * c_fixed) + ns(a * c_layer) * n)
+        mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n)
+        return e
+
     for i, k in enumerate(coeffs):
         n = mdl.NewIntVar(v, L, f"n{i}")               # at least one layer per chunk
         r = mdl.NewIntVar(0, L, f"r{i}")
@@ -342,26 +350,18 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
         # memory (bytes)
         mdl.Add(int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
                 - int(k.mem_rec) * r <= int(cap))
-        # per micro-batch time, with ZeRO-2/3 exposure e >= max(z_layer, comm - overlap)
+        # per micro-batch time, with the ZeRO-2/3 collectives' exposure
         t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
         if k.z_fixed > 0 or k.z_layer > 0:
-            e = mdl.NewIntVar(0, t_ub, f"e{i}")
-            a = k.overlap_slowdown
-            mdl.Add(e >= ns(k.z_layer + a * k.z_fixed) + ns(a * k.z_layer) * n)
-            mdl.Add(e >= ns((1 + a) * k.z_fixed - k.compute_fixed)
-                    + ns((1 + a) * k.z_layer - k.compute_layer) * n)
-            t_expr = t_expr + e
+            t_expr = t_expr + exposure(k.z_layer, k.z_fixed, k.compute_layer, k.compute_fixed,
+                                       k.overlap_slowdown, n, t_ub, f"e{i}")
         t = mdl.NewIntVar(0, t_ub, f"T{i}")
         mdl.Add(t == t_expr)
-        # step tail
+        # step tail: gradient reduction behind the last backward, gather, optimizer
         tail_expr = ns(k.gather_fixed + k.opt_fixed) + ns(k.gather_layer + k.opt_layer) * n
         if k.grad_fixed > 0 or k.grad_layer > 0:
-            x = mdl.NewIntVar(0, tail_ub, f"x{i}")
-            a = k.overlap_slowdown
-            mdl.Add(x >= ns(k.grad_layer + a * k.grad_fixed) + ns(a * k.grad_layer) * n)
-            mdl.Add(x >= ns((1 + a) * k.grad_fixed - k.bwd_fixed)
-                    + ns((1 + a) * k.grad_layer - k.bwd_layer) * n)
-            tail_expr = tail_expr + x
+            tail_expr = tail_expr + exposure(k.grad_layer, k.grad_fixed, k.bwd_layer, k.bwd_fixed,
+                                             k.overlap_slowdown, n, tail_ub, f"x{i}")
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
         n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)

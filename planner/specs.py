@@ -255,16 +255,24 @@ def model_from_hf_config(cfg: dict, name: str) -> Model:
     raise AssertionError(mt)
 
 
+def read_json_object(path, what: str) -> dict:
+    """A JSON object from `path`, or BadInput naming `what` the file was meant to be."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{what} {path}: no such file") from None
+    except OSError as e:
+        raise BadInput(f"{what} {path}: cannot read ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{what} {path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise BadInput(f"{what} {path}: not a {what} (expected a JSON object)")
+    return d
+
+
 def load_model_file(path: str) -> Model:
     p = Path(path)
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"model config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"model config {path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise BadInput(f"model config {path}: expected a JSON object")
+    cfg = read_json_object(path, "model config")
     name = cfg.get("_name") or cfg.get("name") or p.stem
     if "model_type" not in cfg and "num_layers" in cfg:   # our own Model JSON
         return Model.from_dict({**cfg, "name": name})
@@ -273,14 +281,7 @@ def load_model_file(path: str) -> Model:
 
 def load_cluster_file(path: str) -> Cluster:
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"cluster file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"cluster file {path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise BadInput(f"cluster file {path}: expected a JSON object")
+    d = read_json_object(path, "cluster file")
     from planner.catalog import get_gpu
     try:
         gpu_field = d["gpu"]

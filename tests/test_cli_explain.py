@@ -233,7 +233,7 @@ def test_error_missing_plan_file(capsys, tmp_path):
 @pytest.mark.parametrize("content, needle", [
     ('{"hello": 1}', "not a plan"),
     ("[1, 2, 3]", "not a plan"),
-    ("{not json", "not JSON"),
+    ("{not json", "not valid JSON"),
     ('{"schema_version": 99}', "schema_version 99"),
     ('{"schema_version": 1, "model": "x"}', "not a valid plan"),
 ])
