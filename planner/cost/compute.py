@@ -48,18 +48,28 @@ class LayerTime:
     gemm_fwd: float
     attn_fwd: float
     elem_fwd: float
+    # Profile hook: seconds measured by `python -m profiler` ({"fwd", "bwd", and the extra
+    # backward of "selective" / "full" recompute}, planner.profile.Measured.layer_time). When
+    # set they replace the modelled figures below; None = the catalog model.
+    measured: dict | None = None
 
     @property
     def fwd(self) -> float:
+        if self.measured is not None:
+            return self.measured["fwd"]
         return self.gemm_fwd + self.attn_fwd + self.elem_fwd
 
     @property
     def bwd(self) -> float:
+        if self.measured is not None:
+            return self.measured["bwd"]
         return (GEMM_BWD_FACTOR * self.gemm_fwd + ATTN_BWD_FACTOR * self.attn_fwd
                 + ELEMENTWISE_BWD_FACTOR * self.elem_fwd)
 
     def recompute(self, mode: str) -> float:
         """Extra forward work that recomputation adds to the backward."""
+        if self.measured is not None and mode in self.measured:
+            return self.measured[mode]
         if mode == "full":
             return self.fwd
         if mode == "selective":   # only the attention core (Korthikanti et al. 2022, Sec. 4.2)

@@ -144,6 +144,7 @@ def capacity_bytes(cluster: Cluster) -> float:
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     gpu, b, s, t, p, v = cluster.gpu, c.mbs, c.seq_len, c.tp, c.pp, c.vpp
     flash = c.flash
+    meas = cluster.measured   # profile hook: measured figures replace the catalog's (--profile)
     lt = layer_time(model, gpu, b, s, t, c.sp, flash)
     tp_link = comm.group_link(cluster, t, 1)
     dp_link = comm.group_link(cluster, c.dp, t)
@@ -152,7 +153,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     # tensor parallel: per layer 2 all-reduces forward and 2 backward (Megatron, Shoeybi et al.
     # 2019, Fig. 4), or with sequence parallel 2 all-gathers + 2 reduce-scatters each way
     # (Korthikanti et al. 2022, Sec. 4.2.2): the same volume.
-    act = BF16 * b * s * model.hidden
+    act = (meas.comm_elem_bytes if meas is not None else BF16) * b * s * model.hidden
     if t > 1:
         one = (comm.all_gather(act, t, tp_link) + comm.reduce_scatter(act, t, tp_link)) if c.sp \
             else comm.all_reduce(act, t, tp_link)
@@ -179,6 +180,16 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     act_rec = activation_bytes(model, b, s, t, c.sp, rec_mode, flash)
     emb_f, emb_b = embedding_time(model, gpu, b, s, t)
     head_f, head_b = head_time(model, gpu, b, s, t)
+    head_act = logits_bytes(model, b, s, t)
+    opt_time = lambda params: optimizer_time(gpu, params)  # noqa: E731
+    if meas is not None:
+        lt = meas.layer_time(lt, b, s, t, c.sp, flash, tp_fwd)
+        act_none = meas.activation_bytes(act_none, b, s, t, c.sp, "none", flash)
+        act_rec = meas.activation_bytes(act_rec, b, s, t, c.sp, rec_mode, flash)
+        emb_f, emb_b = meas.embedding_time((emb_f, emb_b), b, s, t)
+        head_f, head_b = meas.head_time((head_f, head_b), b, s, t)
+        head_act = meas.logits_bytes(head_act, b, s, t)
+        opt_time = meas.optimizer_time
 
     coeffs = []
     for rank in range(p):
@@ -213,8 +224,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
                 z_layer = 2 * ag(w_bytes_layer) + rs(grad_bytes_layer)
                 z_fixed = 2 * ag(w_bytes_fixed) + rs(grad_bytes_fixed)
         local = lambda x: x / dp if c.zero >= 1 else x
-        opt_layer = optimizer_time(gpu, local(layer_params))
-        opt_fixed = optimizer_time(gpu, local(fixed_params))
+        opt_layer = opt_time(local(layer_params))
+        opt_fixed = opt_time(local(fixed_params))
 
         # memory
         infl = in_flight(c.schedule, p, rank, c.m, v)
@@ -230,7 +241,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
         other += act_none
         fixed_act = 0.0
         if last:
-            fixed_act += logits_bytes(model, b, s, t)
+            fixed_act += head_act
         if first:
             fixed_act += BF16 * b * s * model.hidden * infl   # embedding output
         coeffs.append(StageCoeffs(
