@@ -139,6 +139,38 @@ class _SumGradOverGroup(torch.autograd.Function):
         return grad, None
 
 
+class PartialGradReduce:
+    """Sequence parallel leaves the gradients of norm weights (Replicate over tp) as
+    Partial(sum) DTensors; reduce them once, bucketed, so the optimizer, the gradient norm and
+    checkpoints see plain replicated gradients (instead of implicit all-reduces per op)."""
+
+    def __init__(self, params: list):
+        self.params = params
+
+    @torch.no_grad()
+    def __call__(self):
+        todo = {}
+        for p in self.params:
+            g = p.grad
+            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                dims = [i for i, pl in enumerate(g.placements) if pl.is_partial()]
+                if len(dims) == 1 and g.placements[dims[0]].reduce_op == "sum":
+                    todo.setdefault((id(g.device_mesh), dims[0]), []).append(p)
+                else:   # anything unusual: let DTensor do it
+                    p.grad = g.redistribute(g.device_mesh, p.placements)
+        for (_, dim), ps in todo.items():
+            mesh = ps[0].grad.device_mesh
+            grads = [p.grad.to_local() for p in ps]
+            for run in _buckets(grads):
+                flat = torch._utils._flatten_dense_tensors(run)
+                dist.all_reduce(flat, group=mesh.get_group(dim))
+                for g, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
+                    g.copy_(f)
+            for p, g in zip(ps, grads):
+                p.grad = DTensor.from_local(g, mesh, p.placements, run_check=False,
+                                            shape=p.shape, stride=p.stride())
+
+
 class TpReplicatedGradSync:
     """Sum over the tp group the gradients of parameters every tp rank holds whole but uses
     only part of (replicated key/value projections)."""

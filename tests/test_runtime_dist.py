@@ -161,14 +161,15 @@ def test_tp2_pp2_dp2_zero3_full_recompute(work, baseline):
 
 
 def test_tp4_dp2_zero0_replicated_kv_heads(work, baseline):
-    """tp 4 over 2 key/value heads (each kv head replicated on 2 tp ranks), sequence parallel,
-    ZeRO 0 (DDP-style all-reduce) over dp 2, no pipeline (gradient accumulation loop)."""
+    """tp 4 over 2 key/value heads (each kv head replicated on 2 tp ranks), sequence parallel
+    with learned positions and LayerNorm biases, tied embeddings inside one stage, ZeRO 0
+    (DDP-style all-reduce) over dp 2, no pipeline (gradient accumulation loop)."""
     d = work / "tp4"
     d.mkdir()
-    plan = make_plan(d / "plan.json", LLAMA, tp=4, dp=2, zero_stage=0, sequence_parallel=True)
+    plan = make_plan(d / "plan.json", GPT, tp=4, dp=2, zero_stage=0, sequence_parallel=True)
     r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
     assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("llama")
+    want, _ = baseline("gpt")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
 
 
