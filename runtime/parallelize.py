@@ -139,10 +139,14 @@ class _SumGradOverGroup(torch.autograd.Function):
         return grad, None
 
 
-class PartialGradReduce:
-    """Sequence parallel leaves the gradients of norm weights (Replicate over tp) as
-    Partial(sum) DTensors; reduce them once, bucketed, so the optimizer, the gradient norm and
-    checkpoints see plain replicated gradients (instead of implicit all-reduces per op)."""
+class AlignGradPlacements:
+    """Make every DTensor gradient carry its parameter's placements, right after backward.
+
+    Tensor parallelism leaves some gradients laid out unlike their parameters: norm weights
+    under sequence parallel get Partial(sum) gradients (reduced here once, bucketed, instead of
+    by implicit all-reduces inside every AdamW op), and the vocabulary-parallel embedding gets
+    a Replicate gradient for its Shard(0) weight (sliced here, no communication). The
+    optimizer, the gradient norm, tied-weight and ZeRO syncs then all see matching shards."""
 
     def __init__(self, params: list):
         self.params = params
@@ -152,13 +156,16 @@ class PartialGradReduce:
         todo = {}
         for p in self.params:
             g = p.grad
-            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
-                dims = [i for i, pl in enumerate(g.placements) if pl.is_partial()]
-                if len(dims) == 1 and g.placements[dims[0]].reduce_op == "sum":
-                    todo.setdefault((id(g.device_mesh), dims[0]), []).append(p)
-                else:   # anything unusual: let DTensor do it
-                    p.grad = g.redistribute(g.device_mesh, p.placements)
-        for (_, dim), ps in todo.items():
+            if not isinstance(g, DTensor) or tuple(g.placements) == tuple(p.placements):
+                continue
+            dims = [i for i, pl in enumerate(g.placements) if pl.is_partial()]
+            if (len(dims) == 1 and g.placements[dims[0]].reduce_op == "sum"
+                    and all(a == b for i, (a, b) in enumerate(zip(g.placements, p.placements))
+                            if i != dims[0]) and p.placements[dims[0]].is_replicate()):
+                todo.setdefault(dims[0], []).append(p)
+            else:
+                p.grad = g.redistribute(g.device_mesh, p.placements)
+        for dim, ps in todo.items():
             mesh = ps[0].grad.device_mesh
             grads = [p.grad.to_local() for p in ps]
             for run in _buckets(grads):
@@ -167,7 +174,7 @@ class PartialGradReduce:
                 for g, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
                     g.copy_(f)
             for p, g in zip(ps, grads):
-                p.grad = DTensor.from_local(g, mesh, p.placements, run_check=False,
+                p.grad = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False,
                                             shape=p.shape, stride=p.stride())
 
 

@@ -176,9 +176,9 @@ class Trainer:
                 par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu)
             par.materialize_and_init(part, spec, self.args.seed, self.device)
         self.parts = [part for _, part in stage_parts]
-        self.partial_reduce = (par.PartialGradReduce([q for part in self.parts
-                                                      for q in part.parameters()])
-                               if p.tp > 1 and p.sequence_parallel else None)
+        self.align_grads = (par.AlignGradPlacements([q for part in self.parts
+                                                     for q in part.parameters()])
+                            if p.tp > 1 else None)
         # FSDP and to_empty replace parameter objects: find them again by name
         self.tp_sync = None
         if tp_replicated:
@@ -273,8 +273,8 @@ class Trainer:
                 if self.last_stage:
                     local_loss = torch.stack([l.detach().float() for l in losses]).mean()
 
-        if self.partial_reduce is not None:
-            self.partial_reduce()
+        if self.align_grads is not None:
+            self.align_grads()
         if self.tp_sync is not None:
             self.tp_sync()
         if self.tied_sync is not None:

@@ -28,7 +28,8 @@ LLAMA = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_
 GPT = LLAMA.scaled(name="tiny-gpt", gated_mlp=False, activation="gelu", norm="layernorm",
                    position="learned", tied_embeddings=True, attn_bias=True, linear_bias=True)
 NEOX = LLAMA.scaled(name="tiny-neox", gated_mlp=False, activation="relu2", norm="layernorm",
-                    parallel_residual=True, attn_bias=True, linear_bias=True)
+                    parallel_residual=True, attn_bias=True, linear_bias=True,
+                    tied_embeddings=True)
 MODELS = {"llama": LLAMA, "gpt": GPT, "neox": NEOX}
 
 
@@ -106,22 +107,23 @@ def _ckpt_at(src_dir, step, dst_dir):
 # ---- 8 processes: tp2 x pp2 x dp2 ----------------------------------------------------------
 
 def test_tp2_pp2_dp2_zero1_sp_interleaved(work, baseline):
-    """ZeRO 1 (sharded AdamW state), sequence parallel, interleaved 1F1B with 2 chunks/rank;
-    its step-2 checkpoint then resumes in one process (reshard 8 -> 1)."""
+    """ZeRO 1 (sharded AdamW state), sequence parallel, interleaved 1F1B with 2 chunks/rank,
+    GPT-style model with embeddings tied across the pipeline; its step-2 checkpoint then
+    resumes in one process (reshard 8 -> 1)."""
     d = work / "zero1"
     d.mkdir()
-    plan = make_plan(d / "plan.json", LLAMA, tp=2, pp=2, dp=2, vpp=2, zero_stage=1,
+    plan = make_plan(d / "plan.json", GPT, tp=2, pp=2, dp=2, vpp=2, zero_stage=1,
                      sequence_parallel=True, schedule="interleaved")
     r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
                "--checkpoint-dir", d / "ck", "--checkpoint-every", 2)
     assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("llama")
+    want, _ = baseline("gpt")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
     assert sorted(p.name for p in (d / "ck").iterdir()) == \
         ["step-00000002", "step-00000004", "step-00000005"]
 
     ck = _ckpt_at(d / "ck", 2, d / "ck-resume")
-    one = make_plan(d / "one.json", LLAMA)
+    one = make_plan(d / "one.json", GPT)
     r = launch(1, "--plan", one, "--steps", STEPS, "--metrics", d / "r.jsonl",
                "--checkpoint-dir", ck, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -131,24 +133,24 @@ def test_tp2_pp2_dp2_zero1_sp_interleaved(work, baseline):
     assert_same_curve(got, want, range(3, STEPS + 1))
 
 
-def test_tp2_pp2_dp2_zero2_gpipe_selective_tied(work, baseline):
+def test_tp2_pp2_dp2_zero2_gpipe_selective(work, baseline):
     """FSDP2 without resharding after forward (ZeRO 2), GPipe, micro-batches of 2, selective
-    recompute, tied embeddings split over the pipeline, no sequence parallel, and a
-    non-default rank order (dp outermost)."""
+    recompute, no sequence parallel, and a non-default rank order (dp outermost)."""
     d = work / "zero2"
     d.mkdir()
-    plan = make_plan(d / "plan.json", GPT, tp=2, pp=2, dp=2, mbs=2, zero_stage=2,
+    plan = make_plan(d / "plan.json", LLAMA, tp=2, pp=2, dp=2, mbs=2, zero_stage=2,
                      schedule="gpipe", recompute="selective", recompute_per_rank=[2, 1],
                      rank_order=("dp", "pp", "tp"))
     r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
     assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("gpt")
+    want, _ = baseline("llama")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
 
 
 def test_tp2_pp2_dp2_zero3_full_recompute(work, baseline):
     """FSDP2 resharding after forward (ZeRO 3), 1F1B, full recompute of 1 and 2 layers,
-    sequence parallel; relu2, parallel residual, LayerNorm, biases."""
+    sequence parallel; relu2, parallel residual, LayerNorm, biases, RoPE, tied embeddings
+    across the pipeline."""
     d = work / "zero3"
     d.mkdir()
     plan = make_plan(d / "plan.json", NEOX, tp=2, pp=2, dp=2, zero_stage=3,
