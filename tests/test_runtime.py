@@ -324,3 +324,19 @@ def test_buckets():
     runs = list(_buckets(ts, cap=100))
     assert [len(r) for r in runs] == [2, 1, 1, 1]
     assert sum(len(r) for r in runs) == len(ts)
+
+
+def test_check_world():
+    from runtime.train import Refused, check_world
+    plan = _plan(tp=2, pp=2, dp=2)
+    check_world(plan, 8, 8, on_gpu=False)
+    check_world(plan, 8, 1, on_gpu=False)       # CPU: processes per node do not matter
+    with pytest.raises(Refused, match="launched with 4"):
+        check_world(plan, 4, 4, on_gpu=False)
+    with pytest.raises(Refused, match="8 GPUs per node, launched 4 processes per node"):
+        check_world(plan, 8, 4, on_gpu=True)    # two nodes of 4 for a plan of 8-GPU nodes
+
+
+def test_help_is_not_refused():
+    r = run_runtime("--help")
+    assert r.returncode == 0 and "--checkpoint-every" in r.stdout
