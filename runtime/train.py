@@ -4,8 +4,9 @@
 
 Everything that can be refused is refused before any work, with one line on stderr and exit
 status 2 (no traceback): bad arguments, an unreadable or invalid plan, a plan whose tp*pp*dp is
-not the launched world (or, on GPUs, whose gpus_per_node is not the launched processes per
-node), a layout or model this runtime does not support.
+not the launched world (or, on GPUs, that puts more processes on a node than its
+gpus_per_node or the visible GPUs, or splits a tp group over nodes), a layout or model this
+runtime does not support.
 """
 from __future__ import annotations
 
@@ -71,10 +72,12 @@ def check_world(plan, world_size: int, local_world_size: int, on_gpu: bool) -> N
     if on_gpu:
         import torch
         gpn = plan.cluster.gpus_per_node
-        want = min(gpn, world_size)
-        if local_world_size != want:
+        if local_world_size > gpn:
             raise Refused(f"runtime: plan's cluster has {gpn} GPUs per node, launched "
-                          f"{local_world_size} processes per node (expected {want})")
+                          f"{local_world_size} processes per node")
+        if p.rank_order[-1] == "tp" and local_world_size % p.tp and world_size > local_world_size:
+            raise Refused(f"runtime: tp {p.tp} groups would span nodes of {local_world_size} "
+                          f"processes; launch a multiple of tp processes per node")
         if torch.cuda.device_count() < local_world_size:
             raise Refused(f"runtime: {local_world_size} processes per node but only "
                           f"{torch.cuda.device_count()} GPUs visible")

@@ -326,15 +326,21 @@ def test_buckets():
     assert sum(len(r) for r in runs) == len(ts)
 
 
-def test_check_world():
+def test_check_world(monkeypatch):
     from runtime.train import Refused, check_world
     plan = _plan(tp=2, pp=2, dp=2)
     check_world(plan, 8, 8, on_gpu=False)
     check_world(plan, 8, 1, on_gpu=False)       # CPU: processes per node do not matter
     with pytest.raises(Refused, match="launched with 4"):
         check_world(plan, 4, 4, on_gpu=False)
-    with pytest.raises(Refused, match="8 GPUs per node, launched 4 processes per node"):
-        check_world(plan, 8, 4, on_gpu=True)    # two nodes of 4 for a plan of 8-GPU nodes
+    with pytest.raises(Refused, match="8 GPUs per node, launched 16 processes per node"):
+        check_world(plan, 8, 16, on_gpu=True)
+    plan4 = _plan(tp=4, pp=1, dp=2)
+    with pytest.raises(Refused, match="tp 4 groups would span nodes of 2 processes"):
+        check_world(plan4, 8, 2, on_gpu=True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(Refused, match="4 processes per node but only 2 GPUs visible"):
+        check_world(plan4, 8, 4, on_gpu=True)
 
 
 def test_help_is_not_refused():
