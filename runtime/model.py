@@ -221,18 +221,22 @@ def _seed_of(seed: int, name: str) -> int:
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
-def init_full_tensor(name: str, shape, spec: Model, seed: int) -> torch.Tensor:
-    """The full (unsharded) fp32 initial value of parameter `name` (canonical name)."""
+def init_full_tensor(name: str, shape, spec: Model, seed: int, device="cpu") -> torch.Tensor:
+    """The full (unsharded) fp32 initial value of parameter `name` (canonical name).
+
+    Drawn on `device` from a generator seeded by (seed, name): the same values for every layout
+    on one kind of device (CPU and CUDA generators differ; CUDA's is much faster for big
+    tensors)."""
     leaf = name.rsplit(".", 1)[-1]
     parent = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
     if leaf == "bias":
-        return torch.zeros(shape)
+        return torch.zeros(shape, device=device)
     if parent in ("attention_norm", "ffn_norm", "norm"):
-        return torch.ones(shape)
-    g = torch.Generator().manual_seed(_seed_of(seed, name))
+        return torch.ones(shape, device=device)
+    g = torch.Generator(device=device).manual_seed(_seed_of(seed, name))
     std = 0.02
     if parent in ("wo", "w2"):   # output projections of residual branches (GPT-2 scaling)
         std = 0.02 / math.sqrt(2 * spec.num_layers)
-    t = torch.empty(shape)
+    t = torch.empty(shape, device=device)
     t.normal_(0.0, std, generator=g)
     return t

@@ -235,7 +235,8 @@ def materialize_and_init(part: nn.Module, spec, seed: int, device) -> None:
             and not hasattr(part, "unshard")):   # to_empty unties shared parameters (FSDP
         part.output.weight = part.tok_embeddings.weight   # keeps its own shared-param record)
     for name, p in part.named_parameters():
-        full = init_full_tensor(canonical_name(name, spec), tuple(p.shape), spec, seed)
+        full = init_full_tensor(canonical_name(name, spec), tuple(p.shape), spec, seed,
+                                device=device)
         if isinstance(p, DTensor):
             local = distribute_tensor(full, p.device_mesh, p.placements,
                                       src_data_rank=None).to_local()
