@@ -197,13 +197,14 @@ def test_resume_same_layout(work, baseline):
     assert (ck / f"step-{STEPS:08d}" / "COMPLETE").is_file()
 
 
-def test_resume_reshards_one_process_into_ddp_pipeline_tied(work, baseline):
-    """A one-process checkpoint of the tied model resumes under tp1 x pp2 x dp2 with ZeRO 0
-    (DDP-style all-reduce); the output copy on the last stage loads the embedding."""
+def test_resume_reshards_one_process_into_zero1_pipeline_tied(work, baseline):
+    """A one-process checkpoint of the tied model resumes under tp1 x pp2 x dp2 with ZeRO 1
+    (each dp rank loads the AdamW state of the parameters it owns); the output copy on the
+    last stage loads the embedding."""
     want, ck_all = baseline("gpt")
     d = work / "resume4"
     ck = _ckpt_at(ck_all, 2, d / "ck")
-    plan = make_plan(d / "plan.json", GPT, tp=1, pp=2, dp=2, zero_stage=0)
+    plan = make_plan(d / "plan.json", GPT, tp=1, pp=2, dp=2, zero_stage=1)
     r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
                "--checkpoint-dir", ck, "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
