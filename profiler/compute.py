@@ -154,29 +154,42 @@ def time_fwd_bwd(module, make_input, device, warmup, repeats, budget_s, loss=Non
     return summarize(fwd), summarize(bwd)
 
 
+def stack_depth(spec: Model, device) -> int:
+    """Layers timed together: a stack's forward then backward sees what a model's does (the
+    saved activations of earlier layers evicted from caches by later ones); per-layer figures
+    are the stack's / depth."""
+    return min(spec.num_layers, 2 if device.type == "cuda" else 4)
+
+
+def _per_layer(summary: dict, n: int) -> dict:
+    return summarize([x / n for x in summary["samples"]])
+
+
 def layer_point(spec, tp, mbs, seq, device, warmup, repeats, budget_s):
-    """Times and saved bytes of one layer shard at (tp, micro-batch, seq)."""
-    layer = shard_layer(spec, tp, device)
+    """Per-layer times and saved bytes of layer shards at (tp, micro-batch, seq), from a stack
+    of `stack_depth` layers run forward then backward."""
+    depth = stack_depth(spec, device)
+    layers = nn.Sequential(*[shard_layer(spec, tp, device) for _ in range(depth)])
     h = spec.hidden
-    dtype = torch.float32
 
     def inp():
-        return torch.randn(mbs, seq, h, device=device, dtype=dtype, requires_grad=True)
+        return torch.randn(mbs, seq, h, device=device, dtype=torch.float32, requires_grad=True)
 
-    fwd, bwd = time_fwd_bwd(layer, inp, device, warmup, repeats, budget_s)
+    fwd, bwd = time_fwd_bwd(layers, inp, device, warmup, repeats, budget_s)
     x = inp()
     seen = {}
-    hook = layer.attention.wo.register_forward_hook(
+    hook = layers[0].attention.wo.register_forward_hook(
         lambda mod, i, o: seen.setdefault("elem", o.element_size()))
     with autocast_for(device):
-        saved = saved_bytes(layer, lambda: layer(x))
-        alloc = allocator_bytes(device, lambda: layer(x))
+        saved = saved_bytes(layers, lambda: layers(x)) / depth
+        alloc = allocator_bytes(device, lambda: layers(x))
     hook.remove()
-    return {"tp": tp, "mbs": mbs, "seq_len": seq, "tokens": mbs * seq,
-            "comm_elem_bytes": seen.get("elem"),
-            "fwd_s": fwd, "bwd_s": bwd, "saved_bytes": saved, "allocator_bytes": alloc,
-            "param_bytes": param_bytes(layer),
-            "params": sum(p.numel() for p in layer.parameters())}
+    return {"tp": tp, "mbs": mbs, "seq_len": seq, "tokens": mbs * seq, "stack": depth,
+            "fwd_s": _per_layer(fwd, depth), "bwd_s": _per_layer(bwd, depth),
+            "comm_elem_bytes": seen.get("elem"), "saved_bytes": saved,
+            "allocator_bytes": alloc / depth if alloc is not None else None,
+            "param_bytes": param_bytes(layers[0]),
+            "params": sum(p.numel() for p in layers[0].parameters())}
 
 
 def recompute_point(spec, tp, mbs, seq, device, warmup, repeats, budget_s, mode):
@@ -384,7 +397,8 @@ def runtime_part(spec: Model, tp: int, kind: str, device, tp_mesh, sp: bool = Fa
     initialised by the runtime: what a tensor-parallel rank really runs, collectives included."""
     from runtime.model import Transformer
     from runtime.parallelize import apply_tp, materialize_and_init
-    one = spec.scaled(num_layers=1)
+    depth = stack_depth(spec, device) if kind == "layer" else 1
+    one = spec.scaled(num_layers=depth)
     with torch.device("meta"):
         part = Transformer(one)
     if kind != "layer":
@@ -418,7 +432,9 @@ def runtime_point(spec, tp, kind, mbs, seq, device, tp_mesh, warmup, repeats, bu
             return torch.randn(mbs, s_in, h, device=device, requires_grad=True)
     loss = (lambda y: loss_fn(y, targets)) if kind == "head" else None
     fwd, bwd = time_fwd_bwd(part, inp, device, warmup, repeats, budget_s, loss=loss)
-    out = {"tp": tp, "mbs": mbs, "kind": kind, "sp": sp, "fwd_s": fwd, "bwd_s": bwd}
+    depth = len(part.layers) if kind == "layer" else 1
+    out = {"tp": tp, "mbs": mbs, "kind": kind, "sp": sp, "stack": depth,
+           "fwd_s": _per_layer(fwd, depth), "bwd_s": _per_layer(bwd, depth)}
     if kind == "head":
         x = inp()
         with autocast_for(device):

@@ -15,6 +15,7 @@ from planner.profile import FORMAT, VERSION, catalog_gpu_name
 from planner.specs import Model
 from profiler import compute as C
 from profiler import links as L
+from profiler import timing as T
 
 
 def _device():
@@ -64,16 +65,28 @@ def _everywhere(fn, *a, **kw):
     return _slowest_point(got)
 
 
-def _all(fn, items, notes, what):
-    """`_everywhere` over argument tuples, dropping (and noting) points that ran out of memory."""
-    out = []
-    for args in items:
-        r = _everywhere(fn, *args)
-        if r is None:
-            notes.append(f"{what} {args[1:3]}: out of memory, skipped")
-        else:
-            out.append(r)
-    return out
+def _all(fn, items, notes, what, passes: int = 1):
+    """`_everywhere` over argument tuples, in `passes` interleaved passes over all of them (a
+    burst of load from other jobs then spreads over every point instead of spoiling a few);
+    each point's timings are the samples of all passes. Points that ran out of memory are
+    dropped and noted."""
+    out = [None] * len(items)
+    failed = set()
+    for _ in range(passes):
+        for i, args in enumerate(items):
+            if i in failed:
+                continue
+            r = _everywhere(fn, *args)
+            if r is None:
+                failed.add(i)
+                notes.append(f"{what} {args[1:3]}: out of memory, skipped")
+            elif out[i] is None:
+                out[i] = r
+            else:
+                for k, v in r.items():
+                    if isinstance(v, dict) and "samples" in v:
+                        out[i][k] = T.merge(out[i][k], v)
+    return [r for i, r in enumerate(out) if r is not None and i not in failed]
 
 
 def _tp_mesh(device, tp: int):
@@ -128,8 +141,9 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
     tps = [t for t in C.divisors(local) if C.is_valid_tp(spec, t)]
     small, s, note = C.scaled_spec(spec, device, seq, max(tps))
     tps = [t for t in tps if C.is_valid_tp(small, t)]
-    warmup, repeats = (1, 3) if quick else (2, 7)
-    budget = 1.0 if quick else 4.0
+    # full: 3 interleaved passes of 3 repeats (9 samples a point); quick: one pass of 3
+    warmup, repeats, passes = (1, 3, 1) if quick else (1, 3, 3)
+    budget = 1.0 if quick else 2.0
     mbss = C.default_mbs(quick, device)
     notes = [note] if note else []
     entry = {"model": spec.to_dict(), "profiled_spec": small.to_dict(), "scaled": note is not None,
@@ -137,16 +151,13 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
              "micro_batches": list(mbss), "notes": notes}
 
     # --- layers --------------------------------------------------------------------------
-    points = []
-    for tp in tps:
-        for b in mbss:
-            p = _everywhere(C.layer_point, small, tp, b, s, device, warmup, repeats, budget)
-            if p is None:
-                notes.append(f"layer tp={tp} mbs={b}: out of memory, skipped")
-                break
-            points.append(p)
-            log(f"  layer tp={tp} mbs={b} seq={s}: fwd {C.ms(p['fwd_s']['median'])} ms  "
-                f"bwd {C.ms(p['bwd_s']['median'])} ms  saved {p['saved_bytes'] / 2**20:.1f} MiB")
+    points = _all(C.layer_point, [(small, tp, b, s, device, warmup, repeats, budget)
+                                  for tp in tps for b in mbss], notes, "layer", passes)
+    for p in points:
+        log(f"  layer tp={p['tp']} mbs={p['mbs']} seq={s}: fwd {C.ms(p['fwd_s']['median'])} ms  "
+            f"bwd {C.ms(p['bwd_s']['median'])} ms  saved {p['saved_bytes'] / 2**20:.1f} MiB "
+            f"(min {C.ms(p['fwd_s']['min'])} + {C.ms(p['bwd_s']['min'])} ms, "
+            f"{p['fwd_s']['n']} samples)")
     fits = {}
     for tp in tps:
         pts = [p for p in points if p["tp"] == tp]
@@ -172,7 +183,7 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
         rec[str(tp)] = {"mbs": b_rec, "none": {"saved_bytes": base["saved_bytes"],
                                                "allocator_bytes": base["allocator_bytes"]}}
         for mode in C.RECOMPUTE_MODES:
-            r = _everywhere(C.recompute_point, small, tp, b_rec, s, device, warmup, repeats,
+            r = _everywhere(C.recompute_point, small, tp, b_rec, s, device, warmup, repeats * passes,
                             budget, mode)
             if r is None:
                 notes.append(f"recompute {mode} tp={tp}: out of memory, skipped")
@@ -196,11 +207,12 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
     for kind in ("embedding", "head"):
         entry[kind] = _all(C.runtime_point,
                            [(small, tp, kind, b, s, device, meshes[tp], warmup, repeats, budget)
-                            for tp in tps for b in mbss], notes, kind)
+                            for tp in tps for b in mbss], notes, kind, passes)
     entry["layer_runtime_tp"] = _all(
         C.runtime_point, [(small, tp, "layer", b, s, device, meshes[tp], warmup, repeats, budget,
                            sp) for tp in tps if tp > 1 and s % tp == 0 for sp in (False, True)
-                          for b in mbss], notes, "layer with the runtime's TP")
+                          for b in (mbss[:2] if quick else mbss)],
+        notes, "layer with the runtime's TP", passes)
     for p in entry["layer_runtime_tp"]:
         log(f"  layer with the runtime's TP tp={p['tp']}{' sp' if p['sp'] else ''} "
             f"mbs={p['mbs']}: fwd "

@@ -48,7 +48,12 @@ def summarize(samples: list) -> dict:
         return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
 
     return {"median": statistics.median(xs), "p10": q(0.1), "p90": q(0.9), "min": xs[0],
-            "max": xs[-1], "n": n}
+            "max": xs[-1], "n": n, "samples": [float(f"{x:.6g}") for x in samples]}
+
+
+def merge(a: dict, b: dict) -> dict:
+    """The summary of two summaries' samples together."""
+    return summarize(a["samples"] + b["samples"])
 
 
 def time_fn(fn, device, warmup: int, repeats: int, budget_s: float | None = None) -> dict:

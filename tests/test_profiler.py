@@ -108,10 +108,13 @@ def test_slower_layers_in_the_profile_raise_the_prediction(prof, tmp_path):
     model = get_model(prof["model"])
     catalog = get_cluster("cpux2")
     slow = copy.deepcopy(prof["data"])
-    for q in slow["models"][0]["layer"]["points"]:
+    m = slow["models"][0]
+    for q in m["layer"]["points"] + m["layer_runtime_tp"]:   # shard and runtime-TP layers
         for k in ("fwd_s", "bwd_s"):
-            q[k] = {key: (v * 2 if key != "n" else v) for key, v in q[k].items()}
-        q["saved_bytes"] *= 2
+            q[k] = {key: (v if key == "n" else [x * 2 for x in v] if key == "samples"
+                          else v * 2) for key, v in q[k].items()}
+        if "saved_bytes" in q:
+            q["saved_bytes"] *= 2
     base, _ = apply_profile(load_profile(prof["path"]), catalog, model)
     slower, _ = apply_profile(Profile(slow, "slow"), catalog, model)
     for c in (_cand(), _cand(tp=2, dp=1, mbs=4), _cand(pp=2, dp=1, mbs=1, schedule="1f1b")):
