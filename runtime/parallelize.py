@@ -74,8 +74,9 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
     if part.norm is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
     if part.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate(),
-                                        use_local_output=True)
+        # logits stay split over the vocabulary: `runtime.pipeline.loss_fn` is vocab-parallel
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1),
+                                        use_local_output=False)
     tied = (part.output is not None and part.tok_embeddings is not None
             and part.output.weight is part.tok_embeddings.weight)
     if top:

@@ -44,8 +44,59 @@ def split_model(whole: nn.Module, plan, pp_rank: int) -> list:
     return out
 
 
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Mean cross entropy of logits split over the vocabulary (Megatron's
+    vocab_parallel_cross_entropy): max, sum of exponentials and the target's logit are
+    all-reduced over the tensor-parallel group; the full logits never exist on one rank."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, group, vocab_start):
+        # logits [N, V/tp] fp32 (this rank's vocabulary slice), targets [N] global ids
+        n, v_local = logits.shape
+        m = logits.max(dim=-1).values
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - m.unsqueeze(1)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        local = targets - vocab_start
+        mine = (local >= 0) & (local < v_local)
+        idx = local.clamp(0, v_local - 1)
+        target_logit = shifted.gather(1, idx.unsqueeze(1)).squeeze(1) * mine
+        both = torch.stack([sum_exp, target_logit])
+        dist.all_reduce(both, group=group)
+        sum_exp, target_logit = both[0], both[1]
+        exp.div_(sum_exp.unsqueeze(1))                 # softmax slice, kept for backward
+        ctx.save_for_backward(exp, idx, mine)
+        return (sum_exp.log() - target_logit).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, idx, mine = ctx.saved_tensors
+        g = softmax.clone()
+        rows = torch.arange(g.shape[0], device=g.device)
+        g[rows, idx] -= mine.to(g.dtype)
+        g.mul_(grad / g.shape[0])
+        return g, None, None, None
+
+
 def loss_fn(logits, targets):
-    """Mean token loss of one micro-batch (the schedule divides gradients by their number)."""
+    """Mean token loss of one micro-batch (the schedule divides gradients by their number).
+
+    `logits` is a plain tensor, or under tensor parallelism a DTensor split over the
+    vocabulary (Shard(-1) on the tp mesh): then the loss is computed vocabulary-parallel and
+    every tp rank gets the same value."""
+    if isinstance(logits, DTensor):
+        pl = logits.placements
+        if len(pl) == 1 and pl[0].is_shard() and pl[0].dim in (-1, logits.ndim - 1):
+            local = logits.to_local().float()
+            mesh = logits.device_mesh
+            v = logits.shape[-1]
+            tp = mesh.size()
+            if v % tp == 0 and local.shape[-1] == v // tp:
+                start = mesh.get_local_rank() * (v // tp)
+                return _VocabParallelCrossEntropy.apply(
+                    local.flatten(0, 1), targets.flatten(0, 1), mesh.get_group(), start)
+        logits = logits.full_tensor()
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
 
 
