@@ -36,9 +36,6 @@ def check_layout(plan) -> None:
     if p.vpp > 1 and p.pp == 1:
         raise LayoutError("vpp > 1 needs pp > 1")
     nmb = b.num_microbatches
-    if p.pp > 1 and p.schedule == "1f1b" and p.vpp == 1 and nmb < p.pp:
-        raise LayoutError(f"the 1F1B schedule needs at least pp = {p.pp} micro-batches, "
-                          f"the plan has {nmb}")
     if p.pp > 1 and (p.schedule == "interleaved" or p.vpp > 1):
         rounds = max(1, nmb // p.pp)
         if nmb % rounds:

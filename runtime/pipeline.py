@@ -110,7 +110,9 @@ def build_schedule(plan, stage_parts: list, pp_group, device):
     kind = plan.parallelism.schedule
     if kind == "interleaved" or len(stages) > 1:
         return ScheduleInterleaved1F1B(stages, nmb, loss_fn=loss_fn, scale_grads=True), stages
-    cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
+    # with fewer micro-batches than stages 1F1B has no steady state and is GPipe (torch's
+    # Schedule1F1B refuses that case): same order of work, same bubble
+    cls = ScheduleGPipe if kind == "gpipe" or nmb < n else Schedule1F1B
     return cls(stages[0], nmb, loss_fn=loss_fn, scale_grads=True), stages
 
 

@@ -293,7 +293,6 @@ def _plan(model=LLAMA, tp=1, pp=1, dp=1, vpp=1, nmb=None, seq=16, **par):
     (dict(model=LLAMA.scaled(num_kv_heads=4, ffn_hidden=130), tp=4), "ffn_hidden"),
     (dict(tp=2, sequence_parallel=True, seq=15), "seq_len"),
     (dict(seq=64), "max_seq_len"),
-    (dict(pp=4, nmb=2), "1F1B"),
     (dict(model=LLAMA.scaled(num_layers=8), pp=2, vpp=2, schedule="interleaved", nmb=5),
      "interleaved"),
 ])
@@ -308,6 +307,7 @@ def test_check_layout_refuses(kw, match):
 @pytest.mark.parametrize("kw", [dict(tp=2, pp=2, dp=2, sequence_parallel=True),
                                 dict(tp=4, sequence_parallel=True),   # 2 kv heads, replicated
                                 dict(pp=4, nmb=4), dict(pp=2, nmb=3, schedule="gpipe"),
+                                dict(pp=4, nmb=2, schedule="1f1b"),   # run as GPipe
                                 dict(model=LLAMA.scaled(num_layers=8), pp=2, vpp=2,
                                      schedule="interleaved", nmb=6)])
 def test_check_layout_accepts(kw):
