@@ -348,6 +348,9 @@ def run(args, plan, source) -> int:
         else:
             start, path = found
             tr.train_state().load_from(str(path))
+            for opt in tr.optims:       # this run's --lr / --weight-decay, not the saved ones
+                for g in (opt.param_groups if opt is not None else ()):
+                    g["lr"], g["weight_decay"] = args.lr, args.weight_decay
             ckpt.restore_rng(path, dist.get_world_size())
             if rank == 0:
                 print(f"runtime: resumed from {path} (step {start})", flush=True)
