@@ -221,6 +221,9 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "closed_loop.md").write_text(text)
+    (out / "closed_loop.json").write_text(json.dumps(
+        {"rows": rows, "runs": {str(i): r for i, r in runs.items()}, "notes": notes,
+         "statistic": a.statistic, "profile": str(prof_path)}, indent=1) + "\n")
     print(f"written to {out / 'closed_loop.md'}")
     return 0
 
@@ -275,8 +278,29 @@ def report(rows, profile, notes, pred_best, meas_best, pred_order, meas_order, w
         "| # | " + " | ".join(rows[0]["breakdown"]) + " |",
         "|---|" + "---|" * len(rows[0]["breakdown"]),
     ] + [f"| {i} | " + " | ".join(f"{v:.3f}" for v in r["breakdown"].values()) + " |"
-         for i, r in enumerate(rows)]
+         for i, r in enumerate(rows)] + ["", GAPS]
     return "\n".join(lines) + "\n"
+
+
+GAPS = """## What the prediction does not capture (CPU runtime)
+
+- **A shared machine.** Other jobs (test suites, benchmarks) run on the same 2 cores; a step's
+  time varies 2-4x from one step to the next. The profile keeps every sample and the planner
+  can use the median or the min; neither removes contention that lasts longer than a
+  measurement, and short profile timings catch quiet moments more easily than 0.5-1 s steps.
+- **Runtime work outside the measured pieces:** per-step zero_grad, the gradient-norm pass
+  (a `.cpu()` per parameter), the loss all-reduce, data slicing, Python per micro-batch; the
+  `torch.distributed.pipelining` schedule's own overhead (modelled only as p2p alpha-beta).
+- **Data parallel:** the runtime's ZeRO-0/1 all-reduce runs after the whole backward (nothing
+  overlaps), the planner hides it behind the last backward; ZeRO-1 is an all-reduce plus
+  broadcasts in the runtime, a reduce-scatter plus all-gather in the planner; ZeRO-2/3 is FSDP2
+  (per-layer hooks, gloo collectives) whose hook overhead is not measured.
+- **Tensor parallel:** measured, not modelled: the runtime's LM head gathers the logits and
+  every rank computes the loss over the full vocabulary (in the head figures), and DTensor
+  dispatch (as a factor from timing the runtime's own TP layer against the bare shard). The
+  planner's comm model has one latency per link class; gloo's all-reduce, all-gather and
+  reduce-scatter differ by op (the profile keeps the per-op fits).
+"""
 
 
 if __name__ == "__main__":

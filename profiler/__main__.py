@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"profiler: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return 0
 
 
 if __name__ == "__main__":
