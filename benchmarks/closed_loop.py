@@ -295,9 +295,10 @@ GAPS = """## What the prediction does not capture (CPU runtime)
   overlaps), the planner hides it behind the last backward; ZeRO-1 is an all-reduce plus
   broadcasts in the runtime, a reduce-scatter plus all-gather in the planner; ZeRO-2/3 is FSDP2
   (per-layer hooks, gloo collectives) whose hook overhead is not measured.
-- **Tensor parallel:** measured, not modelled: the runtime's LM head gathers the logits and
-  every rank computes the loss over the full vocabulary (in the head figures), and DTensor
-  dispatch (as a factor from timing the runtime's own TP layer against the bare shard). The
+- **Tensor parallel:** measured, not modelled: the embedding's and the vocabulary-parallel
+  loss's collectives (in the embedding and head figures, timed on the runtime's own TP parts)
+  and DTensor dispatch (as a factor from timing the runtime's own TP layer against the bare
+  shard plus the modelled collectives). The
   planner's comm model has one latency per link class; gloo's all-reduce, all-gather and
   reduce-scatter differ by op (the profile keeps the per-op fits).
 """
