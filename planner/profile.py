@@ -295,6 +295,17 @@ class Measured:
             mine = sorted((p for p in pts if p["tp"] == tp), key=lambda p: p["mbs"])
             self._layer[tp] = mine
 
+    def _stat(self, p: dict, key: str) -> float:
+        """`key` ("fwd_s" / "bwd_s") of point `p` under the statistic. For the min, the forward
+        and backward of the same repeat with the least fwd + bwd (summing the two separate
+        minima would make a step no repeat ever ran)."""
+        if self.stat == "min":
+            f, b = p.get("fwd_s", {}).get("samples"), p.get("bwd_s", {}).get("samples")
+            if f and b and len(f) == len(b):
+                i = min(range(len(f)), key=lambda j: f[j] + b[j])
+                return (f if key == "fwd_s" else b)[i]
+        return p[key][self.stat]
+
     # -- where to look ------------------------------------------------------------------------
     def _tp(self, tp: int) -> int:
         return min(self.tps, key=lambda t: (abs(math.log2(t) - math.log2(tp)), -t))
@@ -325,7 +336,7 @@ class Measured:
         if key == "saved_bytes":
             xy = [(p["mbs"], p["saved_bytes"]) for p in pts]
         else:
-            xy = [(p["mbs"], p[key][self.stat]) for p in pts]
+            xy = [(p["mbs"], self._stat(p, key)) for p in pts]
         return _interp(xy, b, fit["slope"])
 
     # -- compute ------------------------------------------------------------------------------
@@ -367,7 +378,7 @@ class Measured:
         if tpm == 1 or not pts:
             return 1.0
         bm = self._mbs_at(tpm, b, s)
-        xy = [(p["mbs"], p[key][self.stat]) for p in pts]
+        xy = [(p["mbs"], self._stat(p, key)) for p in pts]
         slope = (xy[-1][1] - xy[-2][1]) / (xy[-1][0] - xy[-2][0]) if len(xy) > 1 else 0.0
         real = _interp(xy, bm, slope)
         shard = self._layer_value(tpm, bm, key)
@@ -379,7 +390,7 @@ class Measured:
         fit = self.entry.get(key + "_fit", {}).get(str(tp), {}).get(which, {"slope": 0.0})
         if which == "saved_bytes":
             return _interp([(p["mbs"], p[which]) for p in pts], b, fit["slope"])
-        return _interp([(p["mbs"], p[which][self.stat]) for p in pts], b, fit["slope"])
+        return _interp([(p["mbs"], self._stat(p, which)) for p in pts], b, fit["slope"])
 
     def _fixed_times(self, key, modelled_pair, fn, b, s, tp):
         out = []
