@@ -1,0 +1,81 @@
+"""Helpers shared by the benchmark scripts: result paths, markdown tables, plan descriptions."""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+
+
+def out_path(out_dir, stem: str, ext: str, date: str | None = None) -> Path:
+    """benchmarks/results/<stem>_<date>.<ext>."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{stem}_{date or today()}.{ext}"
+
+
+def planner_version() -> str:
+    """The commit the planner was run at, and whether planner/ had uncommitted changes."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "planner"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "planner version unknown"
+    return f"planner at {head}" + (" with uncommitted changes in planner/" if dirty else "")
+
+
+def machine() -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.python_implementation()} {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs, load average {load:.1f} at start; {planner_version()}")
+
+
+def _cell(v, floatfmt: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return format(v, floatfmt)
+    return str(v).replace("|", "\\|")
+
+
+def markdown_table(rows: list, columns: list, floatfmt: str = ".2f", headers=None) -> str:
+    """A GitHub markdown table of `rows` (dicts), numbers right-aligned."""
+    headers = headers or columns
+    numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)
+                   for r in rows if r.get(c) is not None) for c in columns]
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r.get(c), floatfmt) for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def describe(c, layers=None, recompute=None) -> str:
+    """Short text for a Candidate (+ its placement): tp8 pp4 dp32 z1 sp mbs1 vpp3 rec12/96."""
+    s = f"tp{c.tp} pp{c.pp} dp{c.dp} z{c.zero}"
+    if c.sp:
+        s += " sp"
+    s += f" mbs{c.mbs}"
+    if c.pp > 1:
+        s += f" {c.schedule}" + (f"(v{c.vpp})" if c.vpp > 1 else "")
+    if recompute is not None:
+        total = sum(layers) if layers is not None else None
+        r = sum(recompute)
+        if r:
+            s += f" {c.recompute}-rec {r}" + (f"/{total}" if total else "")
+    if not c.flash:
+        s += " eager-attn"
+    return s

@@ -1,0 +1,127 @@
+"""The benchmark scripts' own logic: brute force, baselines, tables. Small instances, fast."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/ is not installed
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+
+from benchmarks import plan_quality as pq
+from benchmarks import search_speed as ss
+from benchmarks._common import markdown_table
+from planner.catalog import get_gpu, get_model, get_cluster
+from planner.cost.stage import Candidate, evaluate, stage_coefficients
+from planner.search import Fixed, search, solve_candidate
+from planner.specs import Cluster, Model
+
+
+def tiny(layers=8, hidden=1024):
+    return Model("tiny", num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden, num_heads=8,
+                 num_kv_heads=8, vocab_size=32000, max_seq_len=4096)
+
+
+def small_cluster(gib, n=8):
+    return Cluster(f"h100x{n}", dataclasses.replace(get_gpu("h100"), memory_gib=gib), n, 8)
+
+
+@pytest.mark.parametrize("total,parts", [(5, 1), (5, 2), (7, 3), (9, 4), (6, 6), (3, 4)])
+def test_compositions_are_all_and_only_the_splits(total, parts):
+    got = sorted(map(tuple, ss.compositions(total, parts).tolist()))
+    want = sorted(x for x in itertools.product(range(1, total + 1), repeat=parts)
+                  if sum(x) == total)
+    assert got == want
+    assert len(got) == ss.n_splits(total, parts)
+
+
+def _naive(model, cluster, c):
+    """Every split and every recompute count per rank: the definition of the optimum."""
+    coeffs = stage_coefficients(model, cluster, c)
+    best = None
+    for layers in itertools.product(range(c.vpp, model.num_layers + 1), repeat=c.pp):
+        if sum(layers) != model.num_layers:
+            continue
+        for rec in itertools.product(*[range(n + 1) for n in layers]):
+            e = evaluate(model, cluster, c, layers, list(rec), coeffs)
+            if e.fits and (best is None or e.step_time_s < best):
+                best = e.step_time_s
+    return best
+
+
+@pytest.mark.parametrize("pp,v,sched,gib,zero", [
+    (2, 1, "1f1b", 9.0, 0), (3, 1, "gpipe", 6.0, 1), (2, 2, "interleaved", 8.0, 2),
+    (4, 1, "1f1b", 4.0, 3), (2, 1, "1f1b", 1.0, 0)])
+def test_brute_force_with_least_recompute_is_exact(pp, v, sched, gib, zero):
+    model, cluster = tiny(layers=8), small_cluster(gib)
+    dp = 8 // pp
+    c = Candidate(tp=1, pp=pp, dp=dp, zero=zero if dp > 1 else 0, sp=False, mbs=2,
+                  seq_len=2048, global_batch=8 * dp, schedule=sched, vpp=v, recompute="full")
+    got = ss.brute_force_candidate(model, cluster, c)
+    want = _naive(model, cluster, c)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and got[0] == pytest.approx(want, rel=1e-12)
+        # and the planner's exact solver agrees
+        res, fits = solve_candidate(model, cluster, c)
+        assert fits and res.estimate.step_time_s == pytest.approx(want, rel=1e-6)
+
+
+def test_exhaustive_matches_search_on_a_small_instance():
+    model, cluster = tiny(layers=8), small_cluster(12.0)
+    rep = search(model, cluster, Fixed(), 2048, 64, top=1)
+    ex = ss.exhaustive(model, cluster, budget_s=60, seq=2048, gbs=64)
+    assert ex["skipped"] == 0 and ex["enumerated"] == rep.candidates
+    assert ex["best"][0] == pytest.approx(rep.best.estimate.step_time_s, rel=1e-6)
+
+
+def test_fsdp_baseline_reasons():
+    model = get_model("llama3-8b")
+    out = pq.fsdp(model, get_cluster("h100x64"), 8192, 32, True)
+    assert not out.fits and out.why.startswith("not divisible")
+    out = pq.fsdp(model, get_cluster("h100x8"), 8192, 64, True)
+    c = out.result.candidate
+    assert out.fits and (c.tp, c.pp, c.dp, c.zero) == (1, 1, 8, 3)
+
+
+def test_megatron_baseline_takes_the_smallest_pipeline_that_fits():
+    model, cluster = get_model("llama3-70b"), get_cluster("h100x64")
+    out = pq.megatron(model, cluster, 4096, 64, True)
+    c = out.result.candidate
+    assert out.fits and c.tp == 8 and c.schedule in ("1f1b",) and c.vpp == 1 and c.sp
+    assert out.result.recompute == out.result.layers          # every layer recomputed
+    # one pipeline degree less does not fit
+    smaller = [p for p in (1, 2, 4) if p < c.pp]
+    for p in smaller:
+        r = search(model, cluster, Fixed(tp=8, pp=p, zero=1, sp=True, schedule="1f1b",
+                                         recompute="full"), 4096, 64, top=1)
+        assert r.best is None
+
+
+def test_megatron_not_divisible_when_heads_do_not_split():
+    model = dataclasses.replace(tiny(), num_heads=6, num_kv_heads=6, hidden=768)
+    out = pq.megatron(model, small_cluster(80.0), 2048, 8, True)
+    assert not out.fits and "not divisible" in out.why
+
+
+def test_verdicts_name_the_loss():
+    model, cluster = get_model("llama3-8b"), get_cluster("h100x8")
+    best = pq.run_search(model, cluster, Fixed(), 8192, 64)
+    slow = pq.run_search(model, cluster, Fixed(tp=8, pp=1, recompute="full"), 8192, 64)
+    v = pq.verdict(slow, best)
+    assert v.startswith("slower by ") and "%" in v
+    assert pq.verdict(best, best) == "ties the planner"
+    oom = pq.run_search(model, small_cluster(20.0), Fixed(tp=1, pp=1, dp=8, zero=0), 8192, 64)
+    assert not oom.fits and oom.why.startswith("out of memory on stage 0 by ")
+
+
+def test_markdown_table():
+    md = markdown_table([{"a": "x|y", "b": 1.5, "c": None}, {"a": "z", "b": 2, "c": True}],
+                        ["a", "b", "c"])
+    lines = md.splitlines()
+    assert lines[0] == "| a | b | c |" and lines[1] == "|:---|---:|:---|"
+    assert lines[2] == "| x\\|y | 1.50 |  |" and lines[3] == "| z | 2 | yes |"
+    assert not math.isnan(len(md))
