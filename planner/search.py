@@ -380,6 +380,9 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = SOLVER_SECONDS
+    # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
+    # wide integer coefficients while the search itself needs milliseconds.
+    solver.parameters.cp_model_presolve = False
     st = solver.Solve(mdl)
     status = solver.StatusName(st)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -405,8 +408,8 @@ def solve_candidate(model, cluster, c, fixed_all=False, coeffs=None, heur=None):
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, fixed_all,
                                    hint=heur if heur.estimate.fits else None,
                                    step_guess=heur.estimate.step_time_s)
-    if res is None:
-        return heur, False
+    if res is None:   # the solver found nothing in time: the even split may still fit
+        return heur, heur.estimate.fits
     if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:
         heur.status, heur.gap = res.status, res.gap   # rounding ties: keep the better one
         return heur, True
