@@ -180,7 +180,8 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                     elif f.vpp in (None, 1):
                         scheds.append((sch, 1))
             # searched: full recompute of r_s layers per rank, r_s = 0 allowed ("none")
-            recs = [f.recompute] if f.recompute else ["full"]
+            # selective only helps memory when attention scores are materialised (no flash)
+            recs = [f.recompute] if f.recompute else (["full"] if f.flash else ["full", "selective"])
             for mbs in mbss:
                 if per_dp % mbs:
                     continue
@@ -286,8 +287,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, fixed_all: bool) -> fl
     t_star = max(float(values[lo]), total / p)
     total = max(total, t_star)
     n = math.ceil(L / p)
-    tail = min(k.gather_fixed + k.opt_fixed + n * (k.gather_layer + k.opt_layer)
-               + (k.grad_layer if k.grad_fixed + k.grad_layer > 0 else 0.0) for k in coeffs)
+    tail = min(k.tail_lower(n) for k in coeffs)
     return m * t_star + (total - t_star) / v + tail
 
 
@@ -328,7 +328,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
     n_vars, r_vars, T, tails = [], [], [], []
     # tight variable bounds keep the objective far from int64 overflow
     t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
-    tail_ub = 2 * max(ns(k.tail(L) + k.grad_fixed + L * k.grad_layer) for k in coeffs) + 1
+    tail_ub = 2 * max(ns(k.tail(L) + k.grad_fixed + L * k.grad_layer
+                         + k.gather_fixed + L * k.gather_layer) for k in coeffs) + 1
 
     def exposure(c_layer, c_fixed, h_layer, h_fixed, a, n, ub, name):
         """Var >= the collective's unhidden time, as in StageCoeffs.zero_exposed / tail:
@@ -358,10 +359,13 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
         t = mdl.NewIntVar(0, t_ub, f"T{i}")
         mdl.Add(t == t_expr)
         # step tail: gradient reduction behind the last backward, gather, optimizer
-        tail_expr = ns(k.gather_fixed + k.opt_fixed) + ns(k.gather_layer + k.opt_layer) * n
+        tail_expr = ns(k.opt_fixed) + ns(k.opt_layer) * n
         if k.grad_fixed > 0 or k.grad_layer > 0:
             tail_expr = tail_expr + exposure(k.grad_layer, k.grad_fixed, k.bwd_layer, k.bwd_fixed,
                                              k.overlap_slowdown, n, tail_ub, f"x{i}")
+        if k.gather_fixed > 0 or k.gather_layer > 0:
+            tail_expr = tail_expr + exposure(k.gather_layer, k.gather_fixed, k.fwd_layer,
+                                             k.fwd_fixed, k.overlap_slowdown, n, tail_ub, f"g{i}")
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
         n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)

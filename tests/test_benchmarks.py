@@ -1,8 +1,5 @@
 """The benchmark scripts' own logic: brute force, baselines, tables. Small instances, fast."""
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/ is not installed
 
 import dataclasses
 import itertools

@@ -71,9 +71,9 @@ def test_nothing_fits_says_what_would(capsys):
 
 
 def test_nothing_fits_suggests_recompute(capsys):
-    code, _, err = run(capsys, "--model", "llama70b", "--cluster", "h100x16", "--recompute", "none",
-                       "--tp", "8", "--pp", "2", "--micro-batch", "4", "--seq-len", "8192",
-                       "--global-batch", "64")
+    code, _, err = run(capsys, "--model", "llama70b", "--cluster", "h100x32", "--recompute", "none",
+                       "--tp", "8", "--pp", "4", "--micro-batch", "4", "--seq-len", "8192",
+                       "--global-batch", "64", "--zero", "0")
     assert code == 3
     assert "--recompute full" in err
 

@@ -1,8 +1,4 @@
 """The cost model against published runs: runs the real predictor on the committed data set."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/ is not installed
 
 import statistics
 

@@ -19,9 +19,13 @@ WEIGHT_BYTES = 2       # bf16 weights
 GRAD_BYTES = 2         # bf16 gradients (ZeRO paper's accounting)
 
 
-def model_state_bytes(params: float, dp: int, zero: int) -> tuple:
-    """(weights, gradients, optimizer) bytes per GPU for `params` parameters on this GPU."""
-    w, g, o = WEIGHT_BYTES * params, GRAD_BYTES * params, ADAM_K * params
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRAD_BYTES) -> tuple:
+    """(weights, gradients, optimizer) bytes per GPU for `params` parameters on this GPU.
+
+    `grad_bytes`: 2 in the ZeRO paper; frameworks that accumulate fp32 gradients (Megatron-LM in
+    bf16, FSDP2 with fp32 reduction) keep 4, giving Megatron's 18 bytes per parameter without
+    and 6 + 12/d with the distributed optimizer (Megatron-LM docs, distributed optimizer)."""
+    w, g, o = WEIGHT_BYTES * params, grad_bytes * params, ADAM_K * params
     if zero >= 1:
         o /= dp
     if zero >= 2:

@@ -81,6 +81,8 @@ class StageCoeffs:
     bwd_fixed: float
     gather_layer: float
     gather_fixed: float
+    fwd_layer: float          # forward of one micro-batch: hides the parameter gather
+    fwd_fixed: float
     opt_layer: float
     opt_fixed: float
     # memory: m_fixed + n * m_layer - r * m_rec
@@ -105,23 +107,43 @@ class StageCoeffs:
     def z_overlap(self, n: int) -> float:
         return self.compute_fixed + n * self.compute_layer
 
-    def zero_exposed(self, n: int) -> float:
-        """ZeRO-2/3 collectives of one micro-batch not hidden behind its compute."""
-        comm_total = self.z_fixed + n * self.z_layer
-        if comm_total <= 0:
+    def hidden_comm(self, c_layer: float, c_fixed: float, h_layer: float, h_fixed: float,
+                    n: int) -> float:
+        """Time a collective of c_fixed + n*c_layer adds when it overlaps h_fixed + n*h_layer of
+        compute: what sticks out (at least its last layer's bucket, which has nothing left to
+        hide behind), plus the compute it slows while it runs."""
+        comm = c_fixed + n * c_layer
+        if comm <= 0:
             return 0.0
-        return (max(self.z_layer, comm_total - self.z_overlap(n))
-                + self.overlap_slowdown * comm_total)
+        return max(c_layer, comm - (h_fixed + n * h_layer)) + self.overlap_slowdown * comm
+
+    def zero_exposed(self, n: int) -> float:
+        """ZeRO-2/3 collectives of one micro-batch, overlapping its forward and backward."""
+        return self.hidden_comm(self.z_layer, self.z_fixed, self.compute_layer,
+                                self.compute_fixed, n)
 
     def time(self, n: int, r: int) -> float:
         return self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n)
 
     def tail(self, n: int) -> float:
-        grad = self.grad_fixed + n * self.grad_layer
-        hidden = self.bwd_fixed + n * self.bwd_layer
-        exposed = (max(self.grad_layer, grad - hidden) + self.overlap_slowdown * grad
-                   if grad > 0 else 0.0)
-        return exposed + self.gather_fixed + n * self.gather_layer + self.opt_fixed + n * self.opt_layer
+        """Once per step: the gradient reduction behind the last backward, the parameter
+        all-gather behind the next forward (Megatron's --overlap-grad-reduce and
+        --overlap-param-gather), and the optimizer step."""
+        return (self.hidden_comm(self.grad_layer, self.grad_fixed, self.bwd_layer,
+                                 self.bwd_fixed, n)
+                + self.hidden_comm(self.gather_layer, self.gather_fixed, self.fwd_layer,
+                                   self.fwd_fixed, n)
+                + self.opt_fixed + n * self.opt_layer)
+
+    def tail_lower(self, n: int) -> float:
+        """A lower bound on tail(n): every collective hidden but its last bucket."""
+        out = self.opt_fixed + n * self.opt_layer
+        for c_layer, c_fixed in ((self.grad_layer, self.grad_fixed),
+                                 (self.gather_layer, self.gather_fixed)):
+            comm = c_fixed + n * c_layer
+            if comm > 0:
+                out += c_layer + self.overlap_slowdown * comm
+        return out
 
     def memory(self, n: int, r: int) -> dict:
         out = {k: self.mem_fixed.get(k, 0.0) + n * self.mem_layer.get(k, 0.0)
@@ -197,6 +219,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
         fixed_params = (emb_params if first else 0.0) + (head_params if last else 0.0)
         compute_fixed = (emb_f + emb_b if first else 0.0) + (head_f + head_b if last else 0.0)
         bwd_fixed = (emb_b if first else 0.0) + (head_b if last else 0.0)
+        fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
 
         # data parallel
         grad_bytes_layer = GRAD_REDUCE_BYTES * layer_params
@@ -229,8 +252,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
 
         # memory
         infl = in_flight(c.schedule, p, rank, c.m, v)
-        wl, gl, ol = model_state_bytes(layer_params, dp, c.zero)
-        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero)
+        wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, GRAD_REDUCE_BYTES)
+        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, GRAD_REDUCE_BYTES)
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
         if c.zero == 3 and dp > 1:
             # two unsharded layers (the one in use and the prefetched one) and one layer's
@@ -254,6 +277,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
             grad_layer=grad_layer, grad_fixed=grad_fixed,
             bwd_layer=lt.bwd + tp_fwd, bwd_fixed=bwd_fixed,
             gather_layer=gather_layer, gather_fixed=gather_fixed,
+            fwd_layer=lt.fwd + tp_fwd, fwd_fixed=fwd_fixed,
             opt_layer=opt_layer, opt_fixed=opt_fixed,
             mem_fixed={"params": wf, "grads": gf, "optimizer": of, "activations": fixed_act,
                        "other": other},
