@@ -1,6 +1,5 @@
 """The benchmark scripts' own logic: brute force, baselines, tables. Small instances, fast."""
 
-
 import dataclasses
 import itertools
 import math
