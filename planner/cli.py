@@ -125,10 +125,7 @@ def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch) -> 
 def _load_profile(path):
     if not path:
         return None
-    try:
-        from planner.profile import apply_profile, load_profile
-    except ImportError:
-        raise BadInput("--profile: this version cannot read profiles yet") from None
+    from planner.profile import load_profile
     return load_profile(path)
 
 

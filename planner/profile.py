@@ -224,7 +224,9 @@ def merge_profiles(profiles: list) -> Profile:
     return Profile(out, "merged")
 
 
-def _fit_line(xs, ys) -> dict:
+def fit_line(xs, ys) -> dict:
+    """Least squares y = a + c x; with one point, a line through the origin (shared with the
+    profiler, which fits its measurements with it)."""
     n = len(xs)
     if n == 1:
         return {"intercept": 0.0, "slope": ys[0] / xs[0] if xs[0] else 0.0}
@@ -239,9 +241,9 @@ def _refit(points) -> dict:
     for tp in sorted({p["tp"] for p in points}):
         pts = [p for p in points if p["tp"] == tp]
         xs = [p["mbs"] for p in pts]
-        fits[str(tp)] = {k: _fit_line(xs, [p[k]["median"] for p in pts])
+        fits[str(tp)] = {k: fit_line(xs, [p[k]["median"] for p in pts])
                          for k in ("fwd_s", "bwd_s")}
-        fits[str(tp)]["saved_bytes"] = _fit_line(xs, [p["saved_bytes"] for p in pts])
+        fits[str(tp)]["saved_bytes"] = fit_line(xs, [p["saved_bytes"] for p in pts])
     return fits
 
 

@@ -321,17 +321,6 @@ def bandwidth_point(device, nbytes, warmup, repeats, budget_s):
     return {"bytes": 2 * n * 4, "time_s": t, "gbps": 2 * n * 4 / t["median"] / 1e9}
 
 
-def fit_line(xs, ys) -> dict:
-    """Least squares y = a + c x; with one point, a line through the origin."""
-    n = len(xs)
-    if n == 1:
-        return {"intercept": 0.0, "slope": ys[0] / xs[0] if xs[0] else 0.0}
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    return {"intercept": my - c * mx, "slope": c}
-
-
 def scaled_spec(spec: Model, device, seq: int, max_tp: int):
     """A model small enough to time here, or the model itself. Returns (spec, seq, note).
 

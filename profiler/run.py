@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from planner.profile import FORMAT, VERSION, catalog_gpu_name
+from planner.profile import FORMAT, VERSION, catalog_gpu_name, fit_line
 from planner.specs import Model
 from profiler import compute as C
 from profiler import links as L
@@ -164,11 +164,11 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
         if not pts:
             continue
         xs = [p["mbs"] for p in pts]
-        fits[str(tp)] = {k: C.fit_line(xs, [p[k]["median"] for p in pts])
+        fits[str(tp)] = {k: fit_line(xs, [p[k]["median"] for p in pts])
                          for k in ("fwd_s", "bwd_s")}
-        fits[str(tp)]["saved_bytes"] = C.fit_line(xs, [p["saved_bytes"] for p in pts])
+        fits[str(tp)]["saved_bytes"] = fit_line(xs, [p["saved_bytes"] for p in pts])
         if any(p["allocator_bytes"] is not None for p in pts):
-            fits[str(tp)]["allocator_bytes"] = C.fit_line(
+            fits[str(tp)]["allocator_bytes"] = fit_line(
                 xs, [p["allocator_bytes"] or 0 for p in pts])
     entry["layer"] = {"points": points, "fit": fits}
     entry["comm_elem_bytes"] = points[0]["comm_elem_bytes"] if points else None
@@ -224,10 +224,10 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
             if not pts:
                 continue
             xs = [p["mbs"] for p in pts]
-            fit[str(tp)] = {k: C.fit_line(xs, [p[k]["median"] for p in pts])
+            fit[str(tp)] = {k: fit_line(xs, [p[k]["median"] for p in pts])
                             for k in ("fwd_s", "bwd_s")}
             if key == "head":
-                fit[str(tp)]["saved_bytes"] = C.fit_line(xs, [p["saved_bytes"] for p in pts])
+                fit[str(tp)]["saved_bytes"] = fit_line(xs, [p["saved_bytes"] for p in pts])
         entry[key + "_fit"] = fit
     entry["optimizer"] = _everywhere(C.optimizer_point, small, device, warmup, max(repeats, 5),
                                      budget)
