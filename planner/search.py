@@ -434,7 +434,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         raise BadInput(_why_no_candidates(model, cluster, f, gbs))
     cap = capacity_bytes(cluster)
     L = model.num_layers
-    scored, closest, pruned_mem, rejected = [], None, 0, []
+    scored, closest, pruned_mem = [], None, 0
 
     def consider_closest(res):
         nonlocal closest
