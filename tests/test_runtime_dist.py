@@ -96,6 +96,14 @@ def baseline(work):
     return get
 
 
+def assert_matches_one_process(d, plan, baseline, kind):
+    """Train `plan` on 8 processes and compare every step with the 1-process `kind` run."""
+    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, _ = baseline(kind)
+    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+
+
 def _ckpt_at(src_dir, step, dst_dir):
     """A checkpoint directory holding only `src_dir`'s checkpoint of `step`."""
     dst_dir.mkdir(parents=True)
@@ -141,10 +149,7 @@ def test_tp2_pp2_dp2_zero2_gpipe_selective(work, baseline):
     plan = make_plan(d / "plan.json", LLAMA, tp=2, pp=2, dp=2, mbs=2, zero_stage=2,
                      schedule="gpipe", recompute="selective", recompute_per_rank=[2, 1],
                      rank_order=("dp", "pp", "tp"))
-    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("llama")
-    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+    assert_matches_one_process(d, plan, baseline, "llama")
 
 
 def test_tp2_pp2_dp2_zero3_full_recompute(work, baseline):
@@ -156,10 +161,7 @@ def test_tp2_pp2_dp2_zero3_full_recompute(work, baseline):
     plan = make_plan(d / "plan.json", NEOX, tp=2, pp=2, dp=2, zero_stage=3,
                      sequence_parallel=True, schedule="1f1b", recompute="full",
                      recompute_per_rank=[1, 2])
-    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("neox")
-    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+    assert_matches_one_process(d, plan, baseline, "neox")
 
 
 def test_tp4_dp2_zero0_replicated_kv_heads(work, baseline):
@@ -169,10 +171,7 @@ def test_tp4_dp2_zero0_replicated_kv_heads(work, baseline):
     d = work / "tp4"
     d.mkdir()
     plan = make_plan(d / "plan.json", GPT, tp=4, dp=2, zero_stage=0, sequence_parallel=True)
-    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("gpt")
-    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+    assert_matches_one_process(d, plan, baseline, "gpt")
 
 
 # ---- resume ------------------------------------------------------------------------------
