@@ -33,13 +33,15 @@ from planner.specs import Cluster, Model
 # Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
 # (Dubey et al. 2024, Sec. 3.4.1).
 DEFAULT_TOKENS_PER_STEP = 4 * 2 ** 20
-DEFAULT_MAX_SEQ_LEN = 8192
+DEFAULT_MAX_SEQ_LEN = 8192         # Llama 3's pre-training context
+# The searched space (search choices, not cost-model figures): micro-batches beyond 16 and
+# more than 4 virtual stages per rank rarely pay off and multiply the candidates.
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 SEARCHED_VPP = (2, 3, 4)
 # CP-SAT works in integers: times are counted in units of (a step estimate) / TIME_UNITS, fine
 # enough that rounding moves a step by ~1e-6, coarse enough to keep the solver fast.
 TIME_UNITS = 1e8
-SOLVER_SECONDS = 2.0
+SOLVER_SECONDS = 2.0               # per candidate; a FEASIBLE answer past it reports its gap
 
 
 @dataclass

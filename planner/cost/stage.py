@@ -197,9 +197,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     head_params = model.norm_params() + (model.vocab_size * model.hidden / t
                                          if (not model.tied_embeddings or p > 1) else 0)
 
-    rec_mode = c.recompute if c.recompute != "none" else "none"
     act_none = activation_bytes(model, b, s, t, c.sp, "none", flash)
-    act_rec = activation_bytes(model, b, s, t, c.sp, rec_mode, flash)
+    act_rec = activation_bytes(model, b, s, t, c.sp, c.recompute, flash)
     emb_f, emb_b = embedding_time(model, gpu, b, s, t)
     head_f, head_b = head_time(model, gpu, b, s, t)
     head_act = logits_bytes(model, b, s, t)
@@ -207,7 +206,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     if meas is not None:
         lt = meas.layer_time(lt, b, s, t, c.sp, flash, tp_fwd)
         act_none = meas.activation_bytes(act_none, b, s, t, c.sp, "none", flash)
-        act_rec = meas.activation_bytes(act_rec, b, s, t, c.sp, rec_mode, flash)
+        act_rec = meas.activation_bytes(act_rec, b, s, t, c.sp, c.recompute, flash)
         emb_f, emb_b = meas.embedding_time((emb_f, emb_b), b, s, t)
         head_f, head_b = meas.head_time((head_f, head_b), b, s, t)
         head_act = meas.logits_bytes(head_act, b, s, t)
