@@ -12,6 +12,9 @@ Layout of `schema_version` 1:
     estimate    {fits, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_gib,
                  time_breakdown_s: {compute, tp_comm, pp_comm, dp_comm_exposed, bubble, optimizer}}
     search      {candidates, solver_status, seconds, ...}
+    engine      the training engine the plan was priced for (planner.engines; "megatron" when
+                absent, as plans before engines were)
+    attention   "flash" or "eager": the attention kernel the plan was priced with
 
 `stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
 `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment). `memory_gib` is
@@ -31,7 +34,7 @@ from planner.specs import Cluster, Model, read_json_object
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 RANK_ORDER = ("pp", "dp", "tp")
 
 
@@ -84,6 +87,8 @@ class Plan:
     stages: list
     estimate: dict = field(default_factory=dict)
     search: dict = field(default_factory=dict)
+    engine: str = "megatron"
+    attention: str = "flash"
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived --------------------------------------------------------
@@ -110,6 +115,8 @@ class Plan:
                         "memory_gib": s.memory_gib} for s in self.stages],
             "estimate": self.estimate,
             "search": self.search,
+            "engine": self.engine,
+            "attention": self.attention,
         }
 
     def to_json(self) -> str:
@@ -138,7 +145,8 @@ class Plan:
         except (KeyError, TypeError, ValueError) as e:
             raise BadInput(f"not a valid plan: {type(e).__name__} {e}") from None
         plan = cls(model=model, cluster=cluster, parallelism=parallelism, batch=batch,
-                   stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}))
+                   stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}),
+                   engine=d.get("engine", "megatron"), attention=d.get("attention", "flash"))
         plan.validate()
         return plan
 
@@ -167,6 +175,11 @@ class Plan:
             bad(f"schedule {p.schedule!r} not in {SCHEDULES}")
         if p.recompute not in RECOMPUTE:
             bad(f"recompute {p.recompute!r} not in {RECOMPUTE}")
+        from planner.engines import ENGINES
+        if self.engine not in ENGINES:
+            bad(f"engine {self.engine!r} not in {tuple(ENGINES)}")
+        if self.attention not in ("flash", "eager"):
+            bad(f"attention {self.attention!r} not in ('flash', 'eager')")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
         if p.cp != 1:

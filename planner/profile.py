@@ -471,7 +471,12 @@ def _link_figures(shapes: dict) -> dict | None:
 
 
 def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: str | None = None):
-    """(cluster with measured figures, notes naming each measured figure used).
+    """(cluster with the measured GPU figures, the runtime engine with the measured facts,
+    notes naming each measured figure used).
+
+    The profile measures our runtime on that machine: the engine returned is `runtime` whose
+    facts are the measurements (planner.engines.facts.MeasuredFacts); its catalog speed
+    figures are dropped, the measured GPU figures replace them.
 
     `statistic`: "median" or "min" of the repeated timings; default: the profile's
     settings.statistic (the profiler's --statistic), else the median."""
@@ -546,7 +551,11 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     notes.append(f"embedding, LM head + loss: {how} seconds and saved bytes")
     notes.append(f"optimizer step: measured {entry['optimizer']['s_per_param'] * 1e9:.3g} ns per "
                  f"parameter")
-    return dataclasses.replace(cluster, gpu=gpu2, measured=measured), notes
+    from planner.engines import ENGINES
+    engine = dataclasses.replace(ENGINES["runtime"], gemm_scale=1.0, attn_scale=1.0,
+                                 elementwise_traffic=1.0, layer_overhead_s=0.0,
+                                 overlap_slowdown=None, measured=measured)
+    return dataclasses.replace(cluster, gpu=gpu2), engine, notes
 
 
 def _pick_entry(entries: list, model: Model) -> dict:
