@@ -15,8 +15,7 @@ Not validated against published runs: none are in the validation set.
 Memory: bf16 weights, fp32 gradient accumulation (the export sets data_types.grad_accum_dtype
 "fp32"), 12 B of Adam state with the fp32 master (Rajbhandari et al. 2020, K = 12).
 """
-from planner.engines.megatron import ALLOCATOR_RESERVE, CONTEXT_GIB
-from planner.engines.spec import ALL_OR_NONE, EQUAL_SPLIT, Engine
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, EQUAL_SPLIT, Engine
 from planner.engines.validation import validation_of
 
 DEEPSPEED = Engine(

@@ -15,6 +15,8 @@ from planner.cost.memory import activation_bytes, logits_bytes
 from planner.engines.spec import Engine
 from planner.specs import Gpu
 
+FP32 = 4   # planner.cost.memory.logits_bytes counts fp32 logits
+
 
 def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
     """The GPU as the engine's kernels drive it."""
@@ -49,7 +51,7 @@ class CatalogFacts:
         return head_time(model, self.gpu, b, s, tp)
 
     def logits_bytes(self, model, b, s, tp):
-        return logits_bytes(model, b, s, tp)
+        return logits_bytes(model, b, s, tp) * self.engine.loss_bytes_per_logit / FP32
 
     def optimizer_time(self, params):
         return optimizer_time(self.gpu, params)

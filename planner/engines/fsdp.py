@@ -7,20 +7,17 @@ gathered every micro-batch and kept from forward to backward) or FULL_SHARD (ZeR
 (llm-foundry `activation_checkpointing`). Backward prefetch overlaps the next all-gather and
 the reduce-scatter with backward.
 
-How fast: eager PyTorch model code with FlashAttention (llm-foundry's MPT). The scale factors
-are least-squares fitted (benchmarks/fidelity.py --fit) on the llm-foundry table of runs on
->= 128 GPUs; its 8-64 GPU table is held out (rows and errors in benchmarks/results).
+How fast: eager PyTorch model code with FlashAttention (llm-foundry's MPT): the eager figures
+of planner.engines.eager, fitted on llm-foundry's 8-64 GPU table (its 128-512 GPU table held
+out).
 
 Memory: FSDP mixed precision with fp32 sharded master parameters, as torchtitan.
 """
-from planner.engines.megatron import ALLOCATOR_RESERVE, CONTEXT_GIB
-from planner.engines.spec import ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, FUSED_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
+                                    EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
 
-FSDP_GEMM_SCALE = 1.0
-FSDP_ATTN_SCALE = 1.0
-FSDP_ELEMENTWISE_TRAFFIC = 1.0
-FSDP_LAYER_OVERHEAD_S = 0.0
 
 FSDP = Engine(
     name="fsdp", title="PyTorch FSDP (llm-foundry, accelerate, NeMo AutoModel)",
@@ -30,9 +27,9 @@ FSDP = Engine(
     recompute=(("full", ALL_OR_NONE),),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
-    gemm_scale=FSDP_GEMM_SCALE, attn_scale=FSDP_ATTN_SCALE,
-    elementwise_traffic=FSDP_ELEMENTWISE_TRAFFIC, layer_overhead_s=FSDP_LAYER_OVERHEAD_S,
+    gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
+    elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    loss_bytes_per_logit=FUSED_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("fsdp"),
 )

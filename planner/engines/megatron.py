@@ -18,17 +18,9 @@ Memory: bf16 weights, fp32 gradient accumulation and reduction (accumulate_allre
 is set for --bf16), 12 B of Adam state with the fp32 master: 18 B per parameter, 6 + 12/d with
 the distributed optimizer (Megatron-LM docs, distributed optimizer).
 """
-from planner.engines.spec import (ALL_OR_NONE, ANY_SPLIT, PER_CHUNK, Engine)
+from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
+                                  PER_CHUNK, Engine)
 from planner.engines.validation import validation_of
-
-# CUDA context (~0.5 GiB), NCCL communicator buffers (~1 GiB for a few communicators at the default
-# NCCL_BUFFSIZE of 4 MiB per channel and peer) and cuBLAS workspaces: a documented allowance,
-# the figure the planner has always reserved.
-CONTEXT_GIB = 2.0
-# PyTorch's caching allocator rounds large blocks up to 2 MiB segments and keeps freed blocks
-# cached; the reserve at peak is taken as 5% of the bytes allocated (checked against the
-# max_memory_reserved figures torchtitan publishes, benchmarks/results fidelity table).
-ALLOCATOR_RESERVE = 0.05
 
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",

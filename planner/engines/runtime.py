@@ -13,9 +13,9 @@ How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profi
 it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradients, AdamW's m
 and v (8 B).
 """
-from planner.engines.megatron import ALLOCATOR_RESERVE, CONTEXT_GIB
-from planner.engines.spec import ANY_SPLIT, PER_STAGE, Engine
-from planner.engines.torchtitan import TORCHTITAN
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ANY_SPLIT, PER_STAGE, Engine
+from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
+                                    EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
 
 RUNTIME = Engine(
@@ -26,10 +26,9 @@ RUNTIME = Engine(
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
     overlap_grad_reduce=False, overlap_param_gather=False,
     zero2_gathers_every_microbatch=True, short_1f1b_as_gpipe=True,
-    gemm_scale=TORCHTITAN.gemm_scale, attn_scale=TORCHTITAN.attn_scale,
-    elementwise_traffic=TORCHTITAN.elementwise_traffic,
-    layer_overhead_s=TORCHTITAN.layer_overhead_s,
+    gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
+    elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("runtime"),
 )

@@ -20,6 +20,24 @@ ANY_SPLIT = "any"         # any contiguous split (Megatron's layout, torchtitan'
 EQUAL_SPLIT = "equal"     # the same count on every rank (DeepSpeed PipelineModule)
 
 
+# ---- figures every PyTorch-based engine shares --------------------------------------------
+# CUDA context (~0.5 GiB), NCCL communicator buffers (~1 GiB for a few communicators at the default
+# NCCL_BUFFSIZE of 4 MiB per channel and peer) and cuBLAS workspaces: a documented allowance,
+# the figure the planner has always reserved.
+CONTEXT_GIB = 2.0
+# PyTorch's caching allocator rounds large blocks up to 2 MiB segments and keeps freed blocks
+# cached; the reserve at peak is taken as 5% of the bytes allocated (checked against the
+# max_memory_reserved figures torchtitan publishes, benchmarks/results fidelity table).
+ALLOCATOR_RESERVE = 0.05
+# Eager PyTorch cross entropy over bf16 logits (torchtitan, FSDP stacks, our runtime): bytes per
+# logit at the loss's peak (planner.engines.spec.Engine.loss_bytes_per_logit)
+EAGER_LOSS_BYTES_PER_LOGIT = 10.0
+# A fused cross entropy (Megatron's vocabulary-parallel one; flash-attn's
+# flash_attn.losses.cross_entropy, llm-foundry's default `loss_fn: fused_crossentropy`) keeps
+# one fp32 softmax-sized buffer: 4 bytes per logit.
+FUSED_LOSS_BYTES_PER_LOGIT = 4.0
+
+
 @dataclass(frozen=True)
 class Validation:
     """How well the engine's predictions matched its published runs (benchmarks/fidelity)."""
@@ -71,6 +89,11 @@ class Engine:
     # bf16 unsharded copy of the parameters held while computing, where the persistent weights
     # are fp32 (FSDP mixed precision): per parameter of the unsharded layers it keeps
     compute_copy_bytes: float = 0.0
+    # peak bytes per logit while the loss runs: Megatron's fused vocabulary-parallel cross
+    # entropy keeps the fp32 softmax (4, megatron/core/tensor_parallel/cross_entropy.py);
+    # eager PyTorch holds the bf16 logits (2), their fp32 copy (4) and the fp32 log-softmax it
+    # saves (4) in forward, the saved log-softmax, its fp32 and bf16 gradients in backward: 10
+    loss_bytes_per_logit: float = 4.0
     context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
     # caching-allocator reserve at peak, as a fraction of the bytes allocated: what
     # torch.cuda.max_memory_reserved shows beyond max_memory_allocated

@@ -13,24 +13,18 @@ What it runs (torchtitan/config/job_config.py, torchtitan/distributed/parallel_d
 - FSDP2 reduce-scatters gradients in backward and prefetches the next all-gather.
 
 How fast: eager PyTorch kernels (no torch.compile in the planner's figures): cuBLAS GEMMs,
-SDPA flash attention, one kernel per element-wise op. The scale factors are fitted on the
-torchtitan H100 rows of the validation set (benchmarks/fidelity.py --fit; rows and held-out
-error in benchmarks/results); see ENGINE_FIT below.
+SDPA flash attention, one kernel per element-wise op: the eager figures of
+planner.engines.eager, fitted on FSDP rows only; every torchtitan row is held out.
 
 Memory: FSDP2 mixed precision (param bf16, reduce fp32): the sharded fp32 parameter is the
 master (4 B), Adam's m and v (8 B), fp32 sharded gradients (4 B); bf16 unsharded parameters
 (2 B) while a layer computes, for every layer between forward and backward under ZeRO-2.
 """
-from planner.engines.megatron import ALLOCATOR_RESERVE, CONTEXT_GIB
-from planner.engines.spec import ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
+                                    EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
 
-# Eager-PyTorch speed figures, least-squares fitted (benchmarks/fidelity.py --fit) on the
-# torchtitan rows of published-runs-2.json measured on H100; the A100 rows are held out.
-EAGER_GEMM_SCALE = 1.0
-EAGER_ATTN_SCALE = 1.0
-EAGER_ELEMENTWISE_TRAFFIC = 1.0
-EAGER_LAYER_OVERHEAD_S = 0.0
 
 TORCHTITAN = Engine(
     name="torchtitan", title="torchtitan (FSDP2, DTensor TP, pipelining)",
@@ -43,6 +37,6 @@ TORCHTITAN = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("torchtitan"),
 )
