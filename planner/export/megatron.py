@@ -121,7 +121,9 @@ def _zero(plan: Plan, args: list, notes: list) -> bool:
     if p.pp == 1:
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", FSDP_STRATEGY[p.zero_stage]),
-                 ("--use-distributed-optimizer", None),
+                 ("--use-distributed-optimizer", None), ("--overlap-param-gather", None),
+                 # Megatron-FSDP's user guide requires it (no fused wgrad accumulation)
+                 ("--no-gradient-accumulation-fusion", None),
                  ("--ckpt-format", "fsdp_dtensor")]
         notes.append(f"ZeRO-{p.zero_stage} is Megatron-FSDP "
                      f"({FSDP_STRATEGY[p.zero_stage]}); it wants CUDA_DEVICE_MAX_CONNECTIONS "
