@@ -364,6 +364,7 @@ def megatron_parser():
     a("--use-distributed-optimizer", action="store_true")
     a("--overlap-grad-reduce", action="store_true")
     a("--overlap-param-gather", action="store_true")
+    a("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
     a("--use-megatron-fsdp", action="store_true")
     a("--data-parallel-sharding-strategy", type=str, default="no_shard",
       choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
