@@ -39,6 +39,7 @@ MAX_BYTES = {"model config": 4 << 20, "cluster file": 1 << 20, "plan": 16 << 20,
              "profile": 64 << 20, "checkpoint metadata": 4 << 20}
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_NAME = 200
+MAX_PATH = 4096
 MAX_STR = 100_000
 
 
@@ -196,14 +197,14 @@ class Str(Checker):
         return v
 
 
-def bad_name_reason(s) -> str | None:
+def bad_name_reason(s, max_len: int = MAX_NAME) -> str | None:
     """Why `s` cannot be a name that reaches shell or config text, or None if it can."""
     if not isinstance(s, str):
         return f"must be a string, got {show(s)}"
     if not s.strip():
         return "must not be empty"
-    if len(s) > MAX_NAME:
-        return f"must be at most {MAX_NAME} characters, got {len(s)}"
+    if len(s) > max_len:
+        return f"must be at most {max_len} characters, got {len(s)}"
     for ch in s:
         o = ord(ch)
         # C0 and C1 controls, DEL, and the Unicode line / paragraph separators
@@ -225,11 +226,12 @@ class Name(Checker):
         return v
 
 
-def check_name(s, what: str = "name") -> str:
+def check_name(s, what: str = "name", max_len: int = MAX_NAME) -> str:
     """`s` if it is a safe name; else BadInput "<what> must not contain control characters".
     For names a user typed that reach shell lines or config files (model, cluster and GPU
-    names, job names, paths): call it, then quote (`shlex.quote`, `toml_string`)."""
-    why = bad_name_reason(s)
+    names, job names; paths with max_len=MAX_PATH): call it, then quote (`shlex.quote`,
+    `toml_string`)."""
+    why = bad_name_reason(s, max_len)
     if why:
         raise BadInput(f"{what} {why}")
     return s
@@ -469,9 +471,9 @@ def read_text(path, what: str, max_bytes: int | None = None) -> str:
     except (OSError, ValueError) as e:          # ValueError: an embedded NUL
         raise BadInput(f"{where}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{where}: is a directory")
+        raise BadInput(f"{where}: cannot read (is a directory)")
     if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{where}: not a regular file")
+        raise BadInput(f"{where}: cannot read (not a regular file)")
     if st.st_size > limit:
         raise BadInput(f"{where}: {st.st_size} bytes, more than the {limit} a {what} may have")
     try:

@@ -332,6 +332,9 @@ def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Mode
     if not isinstance(cfg, dict):
         raise BadInput(f"{where}: not a config (expected a JSON object)")
     mt = cfg.get("model_type")
+    if mt is None:
+        raise BadInput(f"{where}: neither a Hugging Face config.json (no model_type) nor a "
+                       f"planner model spec (no num_layers)")
     if not isinstance(mt, str) or mt not in HF_MODEL_TYPES:
         raise BadInput(f"{where}: model_type {S.show(mt)} is not supported "
                        f"(supported: {', '.join(HF_MODEL_TYPES)})")
