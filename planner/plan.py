@@ -131,6 +131,12 @@ class Plan:
             raise BadInput(f"plan schema_version {S.show(v)} is not supported "
                            f"(this version reads {SCHEMA_VERSION})")
         d = S.check(PLAN_SCHEMA, d, "not a valid plan")
+        est = d.get("estimate", {})
+        if est.get("step_time_s") is not None:      # shown as saved: then all of it
+            missing = [k for k in ESTIMATE_SHOWN if k not in est]
+            if missing:
+                raise BadInput(f"not a valid plan: estimate has step_time_s but is missing "
+                               f"{', '.join(missing)} (remove the estimate to recompute it)")
         try:
             model = Model(**d["model"]["spec"])
         except BadInput as e:
@@ -253,6 +259,8 @@ ESTIMATE = S.Obj({
     "capacity_gib": (S.Num(ge=-1e9, le=1e9), None),
     "time_breakdown_s": (S.Map(S.Num(ge=-1e9, le=1e9), S.Str(100), max_len=100), None)},
     extra=True)
+ESTIMATE_SHOWN = ("fits", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                  "peak_memory_gib")
 SEARCH = S.Obj({
     "solver_status": (S.Str(100), None), "gap": (S.Num(ge=0.0), None),
     "candidates": (S.Int(0), None), "solved": (S.Int(0), None),
