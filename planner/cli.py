@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.bounds import MAX_INT_ARG
 from planner.catalog import get_cluster, get_model
 from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
@@ -35,6 +36,8 @@ def _positive(name):
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
         if v <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
+        if v > MAX_INT_ARG:   # planner.bounds: the cost model's floats never overflow
+            raise argparse.ArgumentTypeError(f"{name} is too large (at most {MAX_INT_ARG})")
         return v
     return conv
 
@@ -254,7 +257,7 @@ def run_show(argv) -> int:
     p.add_argument("--plot")
     a = p.parse_args(argv)
     _check_plot_path(a)
-    plan = ensure_estimate(Plan.load(a.plan))
+    plan = ensure_estimate(Plan.load(a.plan, whole_cluster=True))
     a.out = None
     _emit(a, plan, [])
     return 0

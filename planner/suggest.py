@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from planner.bounds import MAX_GPUS
 from planner.errors import BadInput
 from planner.explain import describe_candidate
 from planner.search import Fixed, search
@@ -41,6 +42,8 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         n = cluster.num_gpus
         for _ in range(MAX_DOUBLINGS):
             n *= 2
+            if n > MAX_GPUS:            # planner.bounds: no cluster beyond it is planned
+                break
             bigger = dataclasses.replace(cluster, name=f"{cluster.gpu.name}x{n}", num_gpus=n,
                                          gpus_per_node=max(cluster.gpus_per_node, min(8, n)))
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
