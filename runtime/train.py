@@ -234,8 +234,14 @@ class Trainer:
                 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                                   MASTER_ADDR="127.0.0.1",
                                   MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
-            dist.init_process_group(backend,
-                                    timeout=datetime.timedelta(seconds=self.args.timeout))
+            timeout = datetime.timedelta(seconds=self.args.timeout)
+            store = _restart_safe_store(timeout)
+            if store is None:
+                dist.init_process_group(backend, timeout=timeout)
+            else:
+                dist.init_process_group(backend, timeout=timeout, store=store,
+                                        rank=int(os.environ["RANK"]),
+                                        world_size=int(os.environ["WORLD_SIZE"]))
         self.rank = dist.get_rank()
         self._build()
 
@@ -397,6 +403,19 @@ class Trainer:
     def train_state(self):
         from runtime.checkpoint import TrainState
         return TrainState(self.parts, self.optims, self.tied)
+
+
+def _restart_safe_store(timeout):
+    """Under torchrun, the workers share the launcher's TCPStore, which outlives a restart of
+    the worker group: a restarted group would read the dead group's gloo/NCCL addresses. Give
+    each attempt (TORCHELASTIC_RESTART_COUNT) its own key prefix. None: the default env://."""
+    import torch.distributed as dist
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"runtime/attempt_{attempt}/", store)
 
 
 def _free_port() -> int:
