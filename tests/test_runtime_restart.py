@@ -76,15 +76,15 @@ def wait_for(cond, timeout, what):
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
-def kill_after_checkpoint(d, proc) -> float:
-    """SIGKILL rank 1 once a checkpoint exists and training went on past it; the time."""
+def kill_after_checkpoint(d, proc, sig=signal.SIGKILL) -> float:
+    """`sig` to rank 1 once a checkpoint exists and training went on past it; the time."""
     def past_checkpoint():
         m = d / "m.jsonl"
         return (d / "ck" / f"step-{EVERY:08d}").is_dir() and m.exists() and \
             len(m.read_text().splitlines()) >= EVERY + 1
     wait_for(past_checkpoint, 120, "a checkpoint and a step after it")
     victim = worker_of_rank(proc.pid, "1")
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, sig)
     return time.monotonic()
 
 
@@ -142,3 +142,26 @@ def test_killed_rank_without_restarts_ends_the_job_then_resume_continues(tmp_pat
     assert p.wait(timeout=240) == 0, (tmp_path / "stderr").read_text()[-3000:]
     assert "resumed from" in (tmp_path / "stdout").read_text()
     assert_same_curve(steps_of(tmp_path / "m.jsonl"), want)
+
+
+def test_stalled_rank_fails_the_job_after_timeout(tmp_path, uninterrupted):
+    """A rank that stops (SIGSTOP) mid-run: the others give up after --timeout seconds, not
+    after minutes."""
+    plan, _ = uninterrupted
+    p = torchrun(tmp_path, plan, 0, "--timeout", "5")      # the last --timeout counts
+    err = tmp_path / "stderr"
+    try:
+        kill_after_checkpoint(tmp_path, p, signal.SIGSTOP)
+        took = wait_for(lambda: "[rank0]" in err.read_text() and "Error" in err.read_text(), 60,
+                        "rank 0 failing while rank 1 is stopped")
+    finally:
+        victim = worker_of_rank(p.pid, "1") if p.poll() is None else None
+        p.kill()
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+    assert 4 <= took < 30, took
+    assert "Timed out waiting 5000ms" in err.read_text()      # gloo got our --timeout
