@@ -26,6 +26,7 @@ from planner.errors import BadInput
 
 
 DEFAULT_TIMEOUT_S = 300.0
+LONG_STEP_S = 60.0        # a predicted step longer than this gets a warning before any work
 
 
 class Refused(Exception):
@@ -207,6 +208,71 @@ def check_writable(args) -> None:
         _probe_dir(m.parent, "the directory of --metrics")
         if m.exists() and not os.access(m, os.W_OK):
             raise Refused(f"runtime: --metrics {m} is not writable")
+
+
+def warn_long_steps(args, plan) -> None:
+    """One warning line when the plan predicts long steps on the hardware this runs on (or
+    was made for other hardware, where its prediction says little)."""
+    import torch
+    pred = (plan.estimate or {}).get("step_time_s")
+    kind = plan.cluster.gpu.name
+    here_gpu = torch.cuda.is_available()
+    if (kind == "cpu") == here_gpu:
+        _say(f"runtime: warning: the plan was made for {plan.cluster.name} ({kind}); on this "
+             f"{'GPU' if here_gpu else 'CPU'} machine its predicted step time "
+             f"({_duration(pred) if pred else 'none'}) does not apply")
+    elif pred and pred > LONG_STEP_S:
+        _say(f"runtime: warning: the plan predicts {_duration(pred)} per step on "
+             f"{plan.cluster.name}, {_duration(pred * args.steps)} for --steps {args.steps}; "
+             f"a smaller --global-batch (plan ...) gives quicker steps")
+
+
+def _duration(s: float) -> str:
+    s = float(s)
+    if s < 1:
+        return f"{s:.2f} s"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+class Progress:
+    """Rank 0, stderr a terminal: one line rewritten after every step (step, loss, tokens/s,
+    ETA from the mean step time after the first)."""
+
+    def __init__(self, first: int, last: int, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.on = self.stream.isatty()
+        self.first, self.last, self.times, self.line = first, last, [], ""
+        if self.on and first <= last:
+            self._write(f"step {first - 1}/{last}  first step running...")
+
+    def _write(self, text: str, end: str = "") -> None:
+        self.stream.write("\r\x1b[2K" + text + end)
+        self.stream.flush()
+
+    def redraw(self) -> None:
+        if self.on and self.line:
+            self._write(self.line)
+
+    def clear(self) -> None:
+        """Before a line on stdout (the same terminal, most likely)."""
+        if self.on:
+            self._write("")
+
+    def step(self, step: int, loss: float, tokens_per_s: float, dt: float) -> None:
+        self.times.append(dt)
+        if not self.on:
+            return
+        steady = self.times[1:] or self.times
+        eta = (self.last - step) * sum(steady) / len(steady)
+        self.line = (f"step {step}/{self.last}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
+                     f"ETA {_duration(eta)}")
+        self._write(self.line, end="\n" if step == self.last else "")
+        if step == self.last:
+            self.line = ""
 
 
 def _peak_memory_gib(on_gpu: bool) -> float:
@@ -508,6 +574,7 @@ def run(args, plan, source) -> int:
         print(f"runtime: checkpoint is at step {start}, nothing left of --steps {args.steps}",
               flush=True)
     tokens = plan.batch.global_batch_size * plan.batch.seq_len
+    progress = Progress(start + 1, args.steps) if rank == 0 else None
     times = []
     last_saved = start if args.resume and start else None
     for step0 in range(start, args.steps):
@@ -528,12 +595,14 @@ def run(args, plan, source) -> int:
         rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
                "peak_memory_gib": float(peak), "grad_norm": gnorm}
         if rank == 0:
+            progress.clear()
             print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "
                   f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
                   flush=True)
             if metrics is not None:
                 with metrics.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
+            progress.step(rec["step"], loss, rec["tokens_per_s"], dt)
         done = step0 + 1
         if args.checkpoint_dir and (
                 (args.checkpoint_every and done % args.checkpoint_every == 0)
@@ -541,7 +610,9 @@ def run(args, plan, source) -> int:
             path = ckpt.save(args.checkpoint_dir, done, tr.train_state(), meta)
             last_saved = done
             if rank == 0:
+                progress.clear()
                 print(f"runtime: checkpoint {path}", flush=True)
+                progress.redraw()
 
     if rank == 0:
         steady = times[1:] if len(times) > 1 else times
@@ -575,4 +646,5 @@ def main(argv=None) -> int:
         if not quiet:
             print(str(e), file=sys.stderr, flush=True)
         return 2
+    warn_long_steps(args, plan)
     return run(args, plan, source)
