@@ -1,13 +1,23 @@
-"""Distributed checkpoints that reshard across plans of the same model.
+"""Distributed checkpoints that reshard across plans of the same model, and never lose the last
+good one.
 
 Layout of `--checkpoint-dir`:
 
     step-00000004/            a complete checkpoint (never renamed into place before complete)
         .metadata, *.distcp   torch.distributed.checkpoint: model + optimizer state
         rng/rank<r>.pt        each rank's RNG state (restored when the world size matches)
-        meta.json             {step, model spec, parallelism}
+        meta.json             {step, world_size, model spec, parallelism, batch, seed, data,
+                              files: {relative path: {bytes, sha256}} of every other file}
         COMPLETE              marker, written last before the rename
     step-00000006.tmp/        a checkpoint being written (ignored)
+    step-00000004.old/        the previous copy of step 4 while it is being replaced (a
+                              fallback only if the rename of the new copy was interrupted)
+
+Writing is atomic: everything goes into `step-N.tmp`, every file and the directory are fsynced,
+the marker is written last, then the directory is renamed into place; an existing `step-N` is
+moved aside first and deleted only after the new one is in place. Reading (`choose`) takes the
+newest checkpoint whose marker, metadata and file checksums are all intact, and says in one line
+why it skipped any newer one.
 
 Keys are the whole model's fully-qualified parameter names (`get_model_state_dict`) and the
 flattened optimizer state (`state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`, ...), so any plan of
@@ -16,6 +26,7 @@ the same model loads any other plan's checkpoint. A tied output weight is stored
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)(\.old)?$")
 MARKER = "COMPLETE"
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -82,10 +93,32 @@ def _step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _payload(d: Path) -> list:
+    """Every file of a checkpoint directory but meta.json and the marker, sorted."""
+    return sorted(f for f in d.rglob("*") if f.is_file() and f.name not in ("meta.json", MARKER))
+
+
 def save(root: str, step: int, state: TrainState, meta: dict) -> Path:
     root = Path(root)
     final = _step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
+    old = final.with_name(final.name + ".old")
     rank = dist.get_rank()
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -94,37 +127,89 @@ def save(root: str, step: int, state: TrainState, meta: dict) -> Path:
         (tmp / "rng").mkdir(parents=True)
     dist.barrier()
     dcp.save(state.state_dict(), checkpoint_id=str(tmp))
+    rng = tmp / "rng" / f"rank{rank}.pt"
     torch.save({"cpu": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
-               tmp / "rng" / f"rank{rank}.pt")
+                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}, rng)
+    _fsync_path(rng)
     dist.barrier()
     if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size":
-                                                   dist.get_world_size()}, indent=2) + "\n")
-        with open(tmp / MARKER, "w") as f:
-            f.write("ok\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        files = {}
+        for f in _payload(tmp):
+            _fsync_path(f)
+            files[str(f.relative_to(tmp))] = {"bytes": f.stat().st_size, "sha256": _hash_file(f)}
+        body = json.dumps({**meta, "step": step, "world_size": dist.get_world_size(),
+                           "files": files}, indent=2) + "\n"
+        for name, text in (("meta.json", body), (MARKER, "ok\n")):
+            with open(tmp / name, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for d in (tmp / "rng", tmp):
+            _fsync_path(d)
+        if final.exists():                 # the same step again: keep it until the new one is in
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(final, old)
         os.rename(tmp, final)
+        _fsync_path(root)
+        if old.exists():
+            shutil.rmtree(old)
     dist.barrier()
     return final
 
 
-def latest(root: str):
-    """(step, path) of the newest complete checkpoint under `root`, or None."""
-    best = None
+def candidates(root) -> list:
+    """(step, path) of the checkpoints under `root` that carry the marker, newest first (a
+    `step-N.old` copy after its `step-N`)."""
     p = Path(root)
     if not p.is_dir():
-        return None
+        return []
+    found = []
     for d in p.iterdir():
         m = STEP_DIR.match(d.name)
-        if m and d.is_dir() and (d / MARKER).is_file() and (d / "meta.json").is_file():
-            s = int(m.group(1))
-            if best is None or s > best[0]:
-                best = (s, d)
-    return best
+        if m and d.is_dir() and (d / MARKER).is_file():
+            found.append((int(m.group(1)), m.group(2) is not None, d))
+    return [(s, d) for s, _, d in sorted(found, key=lambda t: (-t[0], t[1]))]
+
+
+def verify(path, checksums: bool = True):
+    """None if the checkpoint at `path` is intact, else why not (a few words)."""
+    path = Path(path)
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError):
+        return "meta.json is missing or unreadable"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "meta.json lists no files (written by an older runtime?)"
+    for rel, want in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != want.get("bytes"):
+            return f"{rel} has {f.stat().st_size} bytes, meta.json says {want.get('bytes')}"
+        if checksums and _hash_file(f) != want.get("sha256"):
+            return f"{rel} fails its sha256 checksum"
+    return None
+
+
+def choose(root, warn=None):
+    """(step, path) of the newest intact checkpoint under `root`, or None; `warn(line)` is
+    called for every newer one skipped."""
+    for step, d in candidates(root):
+        why = verify(d)
+        if why is None:
+            return step, d
+        if warn is not None:
+            warn(f"checkpoint {d} is damaged ({why}); falling back to an older one")
+    return None
+
+
+def latest(root: str):
+    """(step, path) of the newest checkpoint under `root` that carries the marker, or None
+    (no checksum verification: see `choose`)."""
+    c = candidates(root)
+    return c[0] if c else None
 
 
 def read_meta(path) -> dict:

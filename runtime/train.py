@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import resource
 import sys
@@ -22,6 +23,10 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from planner.errors import BadInput
+
+
+DEFAULT_TIMEOUT_S = 300.0
+LONG_STEP_S = 60.0        # a predicted step longer than this gets a warning before any work
 
 
 class Refused(Exception):
@@ -47,20 +52,34 @@ def parse_args(argv):
                     help="also checkpoint every K steps (needs --checkpoint-dir); "
                          "a checkpoint is always written at the end when a directory is given")
     ap.add_argument("--resume", action="store_true",
-                    help="continue from the newest complete checkpoint in --checkpoint-dir")
+                    help="continue from the newest intact checkpoint in --checkpoint-dir (start "
+                         "fresh if it holds none): the form to give `torchrun --max-restarts N`")
+    ap.add_argument("--overwrite-checkpoints", action="store_true",
+                    help="a fresh run deletes the checkpoints already in --checkpoint-dir "
+                         "(otherwise it refuses to start)")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (constant)")
     ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                    help="seconds a collective may wait for the other ranks before the job "
+                         f"fails (default {DEFAULT_TIMEOUT_S:.0f})")
     a = ap.parse_args(argv)
     if a.steps < 1:
         raise Refused(f"runtime: --steps must be at least 1, got {a.steps}")
     if a.checkpoint_every < 0:
         raise Refused(f"runtime: --checkpoint-every must be >= 0, got {a.checkpoint_every}")
-    if not a.lr > 0:
-        raise Refused(f"runtime: --lr must be positive, got {a.lr}")
-    if a.weight_decay < 0:
-        raise Refused(f"runtime: --weight-decay must be >= 0, got {a.weight_decay}")
-    if (a.resume or a.checkpoint_every) and not a.checkpoint_dir:
-        raise Refused("runtime: --resume and --checkpoint-every need --checkpoint-dir")
+    if not (math.isfinite(a.lr) and a.lr > 0):
+        raise Refused(f"runtime: --lr must be a positive finite number, got {a.lr}")
+    if not (math.isfinite(a.weight_decay) and a.weight_decay >= 0):
+        raise Refused(f"runtime: --weight-decay must be a finite number >= 0, got "
+                      f"{a.weight_decay}")
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        raise Refused(f"runtime: --timeout must be a positive number of seconds, got {a.timeout}")
+    if (a.resume or a.checkpoint_every or a.overwrite_checkpoints) and not a.checkpoint_dir:
+        raise Refused("runtime: --resume, --checkpoint-every and --overwrite-checkpoints need "
+                      "--checkpoint-dir")
+    if a.resume and a.overwrite_checkpoints:
+        raise Refused("runtime: --resume continues the checkpoints that --overwrite-checkpoints "
+                      "would delete: give one of them")
     return a
 
 
@@ -104,18 +123,156 @@ def prepare(argv):
         source = make_source(args.data, plan.model.vocab_size, plan.batch.seq_len, args.seed)
     except (UnsupportedModel, LayoutError, DataError) as e:
         raise Refused(f"runtime: {e}") from None
-    if args.checkpoint_dir and Path(args.checkpoint_dir).exists() \
-            and not Path(args.checkpoint_dir).is_dir():
-        raise Refused(f"runtime: --checkpoint-dir {args.checkpoint_dir} is not a directory")
-    if args.resume:
-        from runtime.checkpoint import latest, read_meta
-        found = latest(args.checkpoint_dir)
-        if found is not None:
-            saved = read_meta(found[1]).get("model")
-            if saved != plan.model.to_dict():
-                raise Refused(f"runtime: checkpoint {found[1]} is of a different model than the "
-                              f"plan's {plan.model.name}")
+    args.resume_from = None
+    if args.checkpoint_dir:
+        args.resume_from = check_checkpoint_dir(args, plan)
+    check_writable(args)
     return args, plan, source
+
+
+def _say(line: str) -> None:
+    """A warning on stderr, from rank 0 only."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def run_identity(args, plan) -> dict:
+    """What a checkpoint must share with the run that resumes it (the layout may differ)."""
+    data = args.data
+    if data != "synthetic":
+        data = f"{Path(data).name} ({Path(data).stat().st_size} bytes)"
+    return {"model": plan.model.to_dict(), "seed": args.seed, "data": data,
+            "global_batch_size": plan.batch.global_batch_size, "seq_len": plan.batch.seq_len}
+
+
+def _differences(saved: dict, now: dict) -> list:
+    out = []
+    for k, v in now.items():
+        w = saved.get(k)
+        if k == "model" and isinstance(w, dict) and isinstance(v, dict):
+            fields = [f for f in v if w.get(f) != v[f]] + [f for f in w if f not in v]
+            out += [f"model {f} {w.get(f)!r} vs {v.get(f)!r}" for f in fields]
+        elif w != v:
+            out.append(f"{k} {w!r} vs {v!r}")
+    return out
+
+
+def check_checkpoint_dir(args, plan):
+    """Refuse a checkpoint directory this run must not touch; on --resume, the (step, path) to
+    resume from (or None: start fresh), after checksums and run identity are checked."""
+    from runtime import checkpoint as ckpt
+    root = Path(args.checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        raise Refused(f"runtime: --checkpoint-dir {root} is not a directory")
+    found = ckpt.candidates(root)
+    if not args.resume:
+        held = sorted(d.name for d in root.iterdir() if ckpt.STEP_DIR.match(d.name)) \
+            if root.is_dir() else []
+        if held and not args.overwrite_checkpoints:
+            raise Refused(f"runtime: --checkpoint-dir {root} already holds checkpoints "
+                          f"({held[-1]} newest); --resume continues them, "
+                          f"--overwrite-checkpoints deletes them")
+        return None
+    if not found:
+        return None
+    chosen = ckpt.choose(root, warn=lambda line: _say(f"runtime: warning: {line}"))
+    if chosen is None:
+        raise Refused(f"runtime: no intact checkpoint in {root}: all {len(found)} fail their "
+                      f"checks (newest: {found[0][1].name}, {ckpt.verify(found[0][1])})")
+    diff = _differences(ckpt.read_meta(chosen[1]), run_identity(args, plan))
+    if diff:
+        raise Refused(f"runtime: cannot resume {chosen[1]}: it was written by another run ("
+                      + "; ".join(diff) + "; checkpoint's vs this run's)")
+    return chosen
+
+
+def _probe_dir(d: Path, what: str) -> None:
+    import tempfile
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=d, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        raise Refused(f"runtime: {what} {d} is not writable ({e.strerror or e})") from None
+
+
+def check_writable(args) -> None:
+    """Every output path is writable, before any work."""
+    if args.checkpoint_dir:
+        _probe_dir(Path(args.checkpoint_dir), "--checkpoint-dir")
+    if args.metrics:
+        m = Path(args.metrics)
+        if m.is_dir():
+            raise Refused(f"runtime: --metrics {m} is a directory")
+        _probe_dir(m.parent, "the directory of --metrics")
+        if m.exists() and not os.access(m, os.W_OK):
+            raise Refused(f"runtime: --metrics {m} is not writable")
+
+
+def warn_long_steps(args, plan) -> None:
+    """One warning line when the plan predicts long steps on the hardware this runs on (or
+    was made for other hardware, where its prediction says little)."""
+    import torch
+    pred = (plan.estimate or {}).get("step_time_s")
+    kind = plan.cluster.gpu.name
+    here_gpu = torch.cuda.is_available()
+    if (kind == "cpu") == here_gpu:
+        _say(f"runtime: warning: the plan was made for {plan.cluster.name} ({kind}); on this "
+             f"{'GPU' if here_gpu else 'CPU'} machine its predicted step time "
+             f"({_duration(pred) if pred else 'none'}) does not apply")
+    elif pred and pred > LONG_STEP_S:
+        _say(f"runtime: warning: the plan predicts {_duration(pred)} per step on "
+             f"{plan.cluster.name}, {_duration(pred * args.steps)} for --steps {args.steps}; "
+             f"a smaller --global-batch (plan ...) gives quicker steps")
+
+
+def _duration(s: float) -> str:
+    s = float(s)
+    if s < 1:
+        return f"{s:.2f} s"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+class Progress:
+    """Rank 0, stderr a terminal: one line rewritten after every step (step, loss, tokens/s,
+    ETA from the mean step time after the first)."""
+
+    def __init__(self, first: int, last: int, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.on = self.stream.isatty()
+        self.first, self.last, self.times, self.line = first, last, [], ""
+        if self.on and first <= last:
+            self._write(f"step {first - 1}/{last}  first step running...")
+
+    def _write(self, text: str, end: str = "") -> None:
+        self.stream.write("\r\x1b[2K" + text + end)
+        self.stream.flush()
+
+    def redraw(self) -> None:
+        if self.on and self.line:
+            self._write(self.line)
+
+    def clear(self) -> None:
+        """Before a line on stdout (the same terminal, most likely)."""
+        if self.on:
+            self._write("")
+
+    def step(self, step: int, loss: float, tokens_per_s: float, dt: float) -> None:
+        self.times.append(dt)
+        if not self.on:
+            return
+        steady = self.times[1:] or self.times
+        eta = (self.last - step) * sum(steady) / len(steady)
+        self.line = (f"step {step}/{self.last}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
+                     f"ETA {_duration(eta)}")
+        self._write(self.line, end="\n" if step == self.last else "")
+        if step == self.last:
+            self.line = ""
 
 
 def _peak_memory_gib(on_gpu: bool) -> float:
@@ -143,7 +300,14 @@ class Trainer:
                 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                                   MASTER_ADDR="127.0.0.1",
                                   MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
-            dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+            timeout = datetime.timedelta(seconds=self.args.timeout)
+            store = _restart_safe_store(timeout)
+            if store is None:
+                dist.init_process_group(backend, timeout=timeout)
+            else:
+                dist.init_process_group(backend, timeout=timeout, store=store,
+                                        rank=int(os.environ["RANK"]),
+                                        world_size=int(os.environ["WORLD_SIZE"]))
         self.rank = dist.get_rank()
         self._build()
 
@@ -307,6 +471,19 @@ class Trainer:
         return TrainState(self.parts, self.optims, self.tied)
 
 
+def _restart_safe_store(timeout):
+    """Under torchrun, the workers share the launcher's TCPStore, which outlives a restart of
+    the worker group: a restarted group would read the dead group's gloo/NCCL addresses. Give
+    each attempt (TORCHELASTIC_RESTART_COUNT) its own key prefix. None: the default env://."""
+    import torch.distributed as dist
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"runtime/attempt_{attempt}/", store)
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -329,6 +506,28 @@ def _trim_metrics(path: Path, keep_upto: int):
     path.write_text("".join(l + "\n" for l in kept))
 
 
+def _clear_checkpoint_dir(root: Path, args) -> None:
+    """Rank 0, after every check: --overwrite-checkpoints deletes the directory's checkpoints;
+    --resume moves aside (`step-N.damaged`) those newer than the one it resumes, which failed
+    their checks, so that new checkpoints of those steps are not mixed up with them."""
+    import shutil
+    from runtime import checkpoint as ckpt
+    if not root.is_dir():
+        return
+    for d in sorted(root.iterdir()):
+        m = ckpt.STEP_DIR.match(d.name) or (d.name.endswith(".tmp") and d.name.startswith("step-"))
+        if not m or not d.is_dir():
+            continue
+        if args.overwrite_checkpoints:
+            shutil.rmtree(d)
+        elif args.resume and args.resume_from is not None and m is not True \
+                and int(m.group(1)) > args.resume_from[0]:
+            dst = d.with_name(d.name.replace(".old", "") + ".damaged")
+            if dst.exists():
+                shutil.rmtree(dst)
+            os.rename(d, dst)
+
+
 def run(args, plan, source) -> int:
     import torch
     import torch.distributed as dist
@@ -339,14 +538,16 @@ def run(args, plan, source) -> int:
     tr = Trainer(args, plan, source)
     rank = tr.rank
     start = 0
+    if args.checkpoint_dir and rank == 0:
+        _clear_checkpoint_dir(Path(args.checkpoint_dir), args)
+    dist.barrier()
     if args.resume:
-        found = ckpt.latest(args.checkpoint_dir)
-        if found is None:
+        if args.resume_from is None:
             if rank == 0:
                 print(f"runtime: no complete checkpoint in {args.checkpoint_dir}; starting fresh",
                       flush=True)
         else:
-            start, path = found
+            start, path = args.resume_from
             tr.train_state().load_from(str(path))
             for opt in tr.optims:       # this run's --lr / --weight-decay, not the saved ones
                 for g in (opt.param_groups if opt is not None else ()):
@@ -361,8 +562,7 @@ def run(args, plan, source) -> int:
             _trim_metrics(metrics, start)
         else:
             metrics.write_text("")
-    meta = {"model": plan.model.to_dict(), "parallelism": plan.to_dict()["parallelism"],
-            "seed": args.seed, "data": args.data}
+    meta = {**run_identity(args, plan), "parallelism": plan.to_dict()["parallelism"]}
     p = plan.parallelism
     if rank == 0:
         print(f"runtime: {plan.model.name} tp={p.tp} pp={p.pp} dp={p.dp} zero={p.zero_stage} "
@@ -374,6 +574,7 @@ def run(args, plan, source) -> int:
         print(f"runtime: checkpoint is at step {start}, nothing left of --steps {args.steps}",
               flush=True)
     tokens = plan.batch.global_batch_size * plan.batch.seq_len
+    progress = Progress(start + 1, args.steps) if rank == 0 else None
     times = []
     last_saved = start if args.resume and start else None
     for step0 in range(start, args.steps):
@@ -394,12 +595,14 @@ def run(args, plan, source) -> int:
         rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
                "peak_memory_gib": float(peak), "grad_norm": gnorm}
         if rank == 0:
+            progress.clear()
             print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "
                   f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
                   flush=True)
             if metrics is not None:
                 with metrics.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
+            progress.step(rec["step"], loss, rec["tokens_per_s"], dt)
         done = step0 + 1
         if args.checkpoint_dir and (
                 (args.checkpoint_every and done % args.checkpoint_every == 0)
@@ -407,7 +610,9 @@ def run(args, plan, source) -> int:
             path = ckpt.save(args.checkpoint_dir, done, tr.train_state(), meta)
             last_saved = done
             if rank == 0:
+                progress.clear()
                 print(f"runtime: checkpoint {path}", flush=True)
+                progress.redraw()
 
     if rank == 0:
         steady = times[1:] if len(times) > 1 else times
@@ -441,4 +646,5 @@ def main(argv=None) -> int:
         if not quiet:
             print(str(e), file=sys.stderr, flush=True)
         return 2
+    warn_long_steps(args, plan)
     return run(args, plan, source)

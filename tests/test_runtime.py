@@ -244,7 +244,15 @@ def test_refuses_world_mismatch(tmp_path):
     (["--steps", "0"], "--steps"),
     (["--steps", "x"], "invalid int"),
     (["--lr", "-1"], "--lr"),
+    (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
+    (["--lr", "inf"], "--lr must be a positive finite number, got inf"),
+    (["--weight-decay", "-0.1"], "--weight-decay must be a finite number >= 0"),
+    (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["--timeout", "inf"], "--timeout must be a positive number of seconds"),
     (["--resume"], "--checkpoint-dir"),
+    (["--overwrite-checkpoints"], "--checkpoint-dir"),
+    (["--resume", "--overwrite-checkpoints", "--checkpoint-dir", "x"], "give one of them"),
     (["--bogus"], "unrecognized"),
     (["--data", "/nonexistent/tokens.bin"], "no such file"),
 ])
@@ -275,8 +283,9 @@ def test_file_data_and_resume_refuses_other_model(tmp_path):
     assert _metrics(tmp_path / "m")[0]["loss"] > 0
     assert (ck / "step-00000001" / "COMPLETE").is_file()
     other = make_plan(tmp_path / "o.json", model=LLAMA.scaled(hidden=128, ffn_hidden=256))
-    _refused(run_runtime("--plan", other, "--steps", 2, "--checkpoint-dir", ck, "--resume"),
-             "different model")
+    _refused(run_runtime("--plan", other, "--steps", 2, "--checkpoint-dir", ck, "--resume",
+                         "--data", tmp_path / "toks.npy"),
+             "written by another run (model hidden 64 vs 128; model ffn_hidden 128 vs 256;")
 
 
 # ---- layout checks -------------------------------------------------------------------------

@@ -1,0 +1,126 @@
+"""The README's runtime example runs as written, on 2 cores in under a minute; the terminal
+progress line and the long-step warning."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from test_runtime import make_plan, run_runtime  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_runtime_example() -> list:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Train a plan — `runtime/`", 1)[1]
+    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
+    return [l for l in block.splitlines() if l.strip()]
+
+
+@pytest.mark.slow
+def test_readme_example_runs_as_written(tmp_path):
+    lines = readme_runtime_example()
+    assert lines[0].startswith("plan ") and lines[1].startswith("torchrun ")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "OMP_NUM_THREADS"):
+        env.pop(k, None)
+    shims = tmp_path / "bin"             # where `plan` / `torchrun` are not installed
+    shims.mkdir()
+    for name, module in (("plan", "planner.cli"), ("torchrun", "torch.distributed.run")):
+        if shutil.which(name) is None:
+            (shims / name).write_text(f"#!/bin/sh\nexec {sys.executable} -m {module} \"$@\"\n")
+            (shims / name).chmod(0o755)
+    env["PATH"] = f"{shims}:{env['PATH']}"
+    t0 = time.monotonic()
+    for line in lines:
+        r = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, (line, r.stderr[-3000:])
+    took = time.monotonic() - t0
+    assert took < 60, took
+    m = [json.loads(l) for l in (tmp_path / "m.jsonl").read_text().splitlines()]
+    steps = [d for d in m if "step" in d]
+    assert [d["step"] for d in steps] == list(range(1, 21))
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.5, (steps[0]["loss"], steps[-1]["loss"])
+    assert "warning" not in r.stderr
+    assert m[-1]["summary"]["predicted_step_time_s"] > 0
+
+
+def test_progress_line_on_a_terminal(tmp_path):
+    """stderr a terminal: a line per step with step/total, loss, tokens/s and ETA; the same
+    loss as the step's metrics line."""
+    import pty
+    plan = make_plan(tmp_path / "p.json")
+    master, slave = pty.openpty()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    p = subprocess.Popen([sys.executable, "-m", "runtime", "--plan", str(plan), "--steps", "3",
+                          "--metrics", str(tmp_path / "m")], cwd=ROOT, env=env,
+                         stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert p.wait(timeout=60) == 0
+    os.close(master)
+    text = out.decode()
+    shown = re.findall(r"step (\d+)/3  loss ([0-9.]+)  ([0-9,]+) tok/s  ETA ([0-9.]+ (?:s|min|h))", text)
+    assert [int(s) for s, *_ in shown] == [1, 2, 3], text
+    m = [json.loads(l) for l in (tmp_path / "m").read_text().splitlines() if '"step"' in l]
+    for (s, loss, _, _), rec in zip(shown, m):
+        assert float(loss) == pytest.approx(rec["loss"], abs=1e-4)
+    assert shown[-1][3] == "0.00 s"
+
+
+def test_no_progress_line_off_a_terminal(tmp_path):
+    r = run_runtime("--plan", make_plan(tmp_path / "p.json"), "--steps", 2)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_warns_when_the_plan_predicts_long_steps(tmp_path):
+    plan = make_plan(tmp_path / "p.json")
+    d = json.loads(Path(plan).read_text())
+    d["estimate"] = {"step_time_s": 900.0}
+    Path(plan).write_text(json.dumps(d))
+    r = run_runtime("--plan", plan, "--steps", 2)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        "runtime: warning: the plan predicts 15.0 min per step on cpux8, 30.0 min for "
+        "--steps 2; a smaller --global-batch (plan ...) gives quicker steps"]
+    d["estimate"] = {"step_time_s": 50.0}
+    Path(plan).write_text(json.dumps(d))
+    r = run_runtime("--plan", plan, "--steps", 2)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CPU machine")
+def test_warns_when_the_plan_is_for_other_hardware(tmp_path):
+    from planner.catalog import get_gpu
+    from planner.plan import Plan
+    from planner.specs import Cluster
+    plan = Plan.load(make_plan(tmp_path / "p.json"))
+    plan.cluster = Cluster("h100x1", get_gpu("h100"), 1, 8)
+    plan.estimate = {"step_time_s": 0.01}
+    plan.save(tmp_path / "h.json")
+    r = run_runtime("--plan", tmp_path / "h.json", "--steps", 1)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        "runtime: warning: the plan was made for h100x1 (h100); on this CPU machine its "
+        "predicted step time (0.01 s) does not apply"]

@@ -1,0 +1,222 @@
+"""Runtime: nothing is lost (single process, fast).
+
+A fresh run never touches another run's checkpoints; `--resume` continues only the run that
+wrote the checkpoint; a damaged newest checkpoint falls back to the previous intact one and the
+resumed curve equals the uninterrupted run's; an interrupted save keeps the previous copy;
+unwritable outputs are refused before any work.
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_runtime import LLAMA, _refused, make_plan, run_runtime  # noqa: E402
+
+
+def _steps(path):
+    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
+            if "step" in d}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 3-step run checkpointing every step: (plan, metrics, checkpoint dir)."""
+    d = tmp_path_factory.mktemp("ref")
+    plan = make_plan(d / "p.json")
+    r = run_runtime("--plan", plan, "--steps", 3, "--metrics", d / "m.jsonl",
+                    "--checkpoint-dir", d / "ck", "--checkpoint-every", 1)
+    assert r.returncode == 0, r.stderr
+    m = _steps(d / "m.jsonl")
+    assert sorted(m) == [1, 2, 3] and len({v["loss"] for v in m.values()}) == 3
+    return plan, m, d / "ck"
+
+
+def _copy_ckpts(src, dst):
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _shard(step_dir):
+    shards = sorted(step_dir.glob("*.distcp"))
+    assert shards, list(step_dir.iterdir())
+    return shards[0]
+
+
+def test_meta_lists_checksums_of_every_file(reference):
+    from runtime.checkpoint import _hash_file, read_meta, verify
+    _, _, ck = reference
+    d = ck / "step-00000003"
+    files = read_meta(d)["files"]
+    on_disk = sorted(str(f.relative_to(d)) for f in d.rglob("*") if f.is_file()
+                     and f.name not in ("meta.json", "COMPLETE"))
+    assert sorted(files) == on_disk and ".metadata" in files and "rng/rank0.pt" in files
+    for rel, want in files.items():
+        assert want["sha256"] == _hash_file(d / rel)
+    assert verify(d) is None
+
+
+def test_fresh_run_refuses_a_used_checkpoint_dir(reference, tmp_path):
+    plan, _, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    before = sorted(p.name for p in ck.iterdir())
+    r = run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck, "--seed", 5)
+    _refused(r, f"--checkpoint-dir {ck} already holds checkpoints (step-00000003 newest)")
+    assert sorted(p.name for p in ck.iterdir()) == before
+    # with the flag the old run's checkpoints go and only the new run's remain
+    r = run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck, "--seed", 5,
+                    "--overwrite-checkpoints")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000001"]
+    assert json.loads((ck / "step-00000001" / "meta.json").read_text())["seed"] == 5
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--seed", "1"], "seed 0 vs 1"),
+    (["--data", "DATA"], "data 'synthetic' vs 't.npy (1128 bytes)'"),
+])
+def test_resume_checks_the_run_identity(reference, tmp_path, extra, match):
+    """(Another layout of the same run resumes: tests/test_runtime_dist.py reshards.)"""
+    import numpy as np
+    plan, want, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    np.save(tmp_path / "t.npy", (np.arange(250) % 128).astype(np.int32))
+    extra = [str(tmp_path / "t.npy") if a == "DATA" else a for a in extra]
+    r = run_runtime("--plan", plan, "--steps", 4, "--checkpoint-dir", ck, "--resume", *extra)
+    _refused(r, f"cannot resume {ck / 'step-00000003'}: it was written by another run ({match};"
+                f" checkpoint's vs this run's)")
+
+
+def test_resume_refuses_another_global_batch(reference, tmp_path):
+    from planner.plan import Batch
+    plan, _, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    from planner.plan import Plan
+    p = Plan.load(plan)
+    p.batch = Batch(seq_len=16, global_batch_size=16, micro_batch_size=1, num_microbatches=16)
+    p.validate()
+    p.save(tmp_path / "p16.json")
+    r = run_runtime("--plan", tmp_path / "p16.json", "--steps", 4, "--checkpoint-dir", ck,
+                    "--resume")
+    _refused(r, "written by another run (global_batch_size 8 vs 16; checkpoint's vs this run's)")
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "drop_rng", "meta"])
+def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
+    """The newest checkpoint is damaged: one warning line, resume from the one before, and
+    the re-run step's loss equals the uninterrupted run's."""
+    plan, want, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    newest = ck / "step-00000003"
+    f = _shard(newest)
+    data = bytearray(f.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    elif damage == "truncate":
+        f.write_bytes(bytes(data[:-7]))
+    elif damage == "drop_rng":
+        (newest / "rng" / "rank0.pt").unlink()
+    else:
+        (newest / "meta.json").write_text("{\"step\": 3")
+    r = run_runtime("--plan", plan, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                    "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(f"runtime: warning: checkpoint {newest} is damaged ("), lines[0]
+    assert lines[0].endswith("falling back to an older one"), lines[0]
+    assert f"resumed from {ck / 'step-00000002'} (step 2)" in r.stdout
+    got = _steps(tmp_path / "m.jsonl")
+    assert sorted(got) == [3]
+    assert got[3]["loss"] == pytest.approx(want[3]["loss"], rel=1e-6)
+    assert got[3]["grad_norm"] == pytest.approx(want[3]["grad_norm"], rel=1e-6)
+    # the damaged copy was moved aside and step 3 written again, intact
+    from runtime.checkpoint import verify
+    assert (ck / "step-00000003.damaged").is_dir() and verify(ck / "step-00000003") is None
+
+
+def test_all_checkpoints_damaged_is_refused(reference, tmp_path):
+    plan, _, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    for d in ck.iterdir():
+        f = _shard(d)
+        b = bytearray(f.read_bytes())
+        b[100] ^= 0x01
+        f.write_bytes(bytes(b))
+    r = run_runtime("--plan", plan, "--steps", 4, "--checkpoint-dir", ck, "--resume")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 4 and "Traceback" not in r.stderr, r.stderr   # 3 warnings + refusal
+    assert lines[-1].startswith(f"runtime: no intact checkpoint in {ck}: all 3 fail their checks")
+
+
+def test_interrupted_replacement_keeps_the_previous_copy(tmp_path, monkeypatch):
+    """A save of a step that already exists is killed after moving the old copy aside and
+    before renaming the new one in: the old copy is still found, intact, and loads."""
+    import torch.distributed as dist
+
+    from runtime import checkpoint as ckpt
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        ckpt.save(tmp_path, 1, ckpt.TrainState([model], [opt], False), {"seed": 0})
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        real = os.rename
+
+        def rename(src, dst):
+            if Path(src).name == "step-00000001.tmp":      # the new copy, renamed in
+                raise KeyboardInterrupt("killed")
+            real(src, dst)
+        monkeypatch.setattr(ckpt.os, "rename", rename)
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.save(tmp_path, 1, ckpt.TrainState([model], [opt], False), {"seed": 0})
+        monkeypatch.setattr(ckpt.os, "rename", real)
+        assert not (tmp_path / "step-00000001").exists()
+        step, path = ckpt.choose(tmp_path)
+        assert (step, path.name) == (1, "step-00000001.old")
+        fresh = torch.nn.Linear(4, 3)
+        ckpt.TrainState([fresh], [torch.optim.AdamW(fresh.parameters())], False).load_from(
+            str(path))
+        for k, v in fresh.state_dict().items():
+            assert torch.equal(v, saved[k]), k
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("which", ["ckpt_under_file", "metrics_under_file", "metrics_is_dir"])
+def test_unwritable_outputs_are_refused_before_work(tmp_path, which):
+    plan = make_plan(tmp_path / "p.json")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    args = {"ckpt_under_file": ["--checkpoint-dir", blocker / "ck"],
+            "metrics_under_file": ["--metrics", blocker / "m.jsonl"],
+            "metrics_is_dir": ["--metrics", tmp_path / "a-dir"]}[which]
+    match = {"ckpt_under_file": f"--checkpoint-dir {blocker / 'ck'} is not writable",
+             "metrics_under_file": f"the directory of --metrics {blocker} is not writable",
+             "metrics_is_dir": f"--metrics {tmp_path / 'a-dir'} is a directory"}[which]
+    r = run_runtime("--plan", plan, "--steps", 1000, *args)
+    _refused(r, match)
+    assert "step" not in r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_read_only_checkpoint_dir_refused(tmp_path):
+    plan = make_plan(tmp_path / "p.json")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        _refused(run_runtime("--plan", plan, "--checkpoint-dir", ro), "is not writable")
+    finally:
+        ro.chmod(0o700)

@@ -1,0 +1,167 @@
+"""Runtime under torchrun: a rank killed mid-run loses nothing.
+
+`torchrun --max-restarts 1 ... --resume` is started, one worker is killed with SIGKILL once a
+checkpoint exists; torchrun must restart the job within a minute, the restarted workers continue
+from the last complete checkpoint, and the whole per-step curve equals an uninterrupted run's.
+Without restarts the job must end (non-zero) within a minute, and a later `--resume` continues.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from planner.catalog import get_gpu  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.specs import Cluster, Model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 30
+EVERY = 4
+MODEL = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
+              vocab_size=128, max_seq_len=64)
+
+
+def make_plan(path):
+    plan = Plan(model=MODEL, cluster=Cluster("cpux2", get_gpu("cpu"), 2, 2),
+                parallelism=Parallelism(tp=1, pp=2, dp=1, schedule="1f1b"),
+                batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=2,
+                            num_microbatches=8), stages=make_stages(4, 2))
+    plan.validate()
+    plan.save(path)
+    return path
+
+
+def torchrun(d, plan, max_restarts, *extra):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    out = open(d / "stdout", "w")
+    err = open(d / "stderr", "w")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", str(max_restarts), "--monitor-interval", "0.5", "-m", "runtime",
+           "--plan", str(plan), "--steps", str(STEPS), "--checkpoint-dir", str(d / "ck"),
+           "--checkpoint-every", str(EVERY), "--metrics", str(d / "m.jsonl"), "--resume",
+           "--timeout", "60", *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+
+
+def steps_of(path):
+    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
+            if "step" in d}
+
+
+def worker_of_rank(agent_pid: int, rank: str) -> int:
+    for child in Path(f"/proc/{agent_pid}/task/{agent_pid}/children").read_text().split():
+        env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in env:
+            return int(child)
+    raise AssertionError(f"no worker of rank {rank} under torchrun {agent_pid}")
+
+
+def wait_for(cond, timeout, what):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def kill_after_checkpoint(d, proc, sig=signal.SIGKILL) -> float:
+    """`sig` to rank 1 once a checkpoint exists and training went on past it; the time."""
+    def past_checkpoint():
+        m = d / "m.jsonl"
+        return (d / "ck" / f"step-{EVERY:08d}").is_dir() and m.exists() and \
+            len(m.read_text().splitlines()) >= EVERY + 1
+    wait_for(past_checkpoint, 120, "a checkpoint and a step after it")
+    victim = worker_of_rank(proc.pid, "1")
+    os.kill(victim, sig)
+    return time.monotonic()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("whole")
+    plan = make_plan(d / "plan.json")
+    p = torchrun(d, plan, 0)
+    assert p.wait(timeout=240) == 0, (d / "stderr").read_text()[-3000:]
+    m = steps_of(d / "m.jsonl")
+    assert sorted(m) == list(range(1, STEPS + 1))
+    return plan, m
+
+
+def assert_same_curve(got, want):
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for s in got:       # same layout, same checkpointed state and RNG: identical numbers
+        assert got[s]["loss"] == want[s]["loss"], (s, got[s]["loss"], want[s]["loss"])
+        assert got[s]["grad_norm"] == want[s]["grad_norm"], s
+
+
+def test_killed_rank_restarts_and_continues_exactly(tmp_path, uninterrupted):
+    plan, want = uninterrupted
+    p = torchrun(tmp_path, plan, 1)
+    try:
+        killed_at = kill_after_checkpoint(tmp_path, p)
+        out = tmp_path / "stdout"
+        took = wait_for(lambda: "resumed from" in out.read_text(), 60,
+                        "torchrun restarting the job after SIGKILL of rank 1")
+        assert p.wait(timeout=240) == 0, (tmp_path / "stderr").read_text()[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = out.read_text()
+    resumed = int(text.split("resumed from")[1].split("(step ")[1].split(")")[0])
+    assert resumed >= EVERY and resumed % EVERY == 0, text
+    assert took < 60 and time.monotonic() - killed_at > took
+    assert_same_curve(steps_of(tmp_path / "m.jsonl"), want)
+
+
+def test_killed_rank_without_restarts_ends_the_job_then_resume_continues(tmp_path,
+                                                                         uninterrupted):
+    plan, want = uninterrupted
+    p = torchrun(tmp_path, plan, 0)
+    try:
+        killed_at = kill_after_checkpoint(tmp_path, p)
+        rc = p.wait(timeout=60)
+        took = time.monotonic() - killed_at
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc != 0 and took < 60, (rc, took)
+    # the same command again continues from the last complete checkpoint
+    p = torchrun(tmp_path, plan, 0)
+    assert p.wait(timeout=240) == 0, (tmp_path / "stderr").read_text()[-3000:]
+    assert "resumed from" in (tmp_path / "stdout").read_text()
+    assert_same_curve(steps_of(tmp_path / "m.jsonl"), want)
+
+
+def test_stalled_rank_fails_the_job_after_timeout(tmp_path, uninterrupted):
+    """A rank that stops (SIGSTOP) mid-run: the others give up after --timeout seconds, not
+    after minutes."""
+    plan, _ = uninterrupted
+    p = torchrun(tmp_path, plan, 0, "--timeout", "5")      # the last --timeout counts
+    err = tmp_path / "stderr"
+    try:
+        kill_after_checkpoint(tmp_path, p, signal.SIGSTOP)
+        took = wait_for(lambda: "[rank0]" in err.read_text() and "Error" in err.read_text(), 60,
+                        "rank 0 failing while rank 1 is stopped")
+    finally:
+        victim = worker_of_rank(p.pid, "1") if p.poll() is None else None
+        p.kill()
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+    assert 4 <= took < 30, took
+    assert "Timed out waiting 5000ms" in err.read_text()      # gloo got our --timeout
