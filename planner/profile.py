@@ -125,7 +125,7 @@ ENTRY = S.Obj({
     "model": MODEL_SCHEMA, "profiled_spec": MODEL_SCHEMA, "seq_len": S.Int(1, B.MAX_SEQ_LEN),
     "scaled": (S.Bool(), False), "micro_batches": (S.List(_MBS), None),
     "tp_degrees": (S.List(_TP), None),
-    "layer": S.Obj({"points": S.List(LAYER_POINT, 1), "fit": (FITS, None)}, extra=True),
+    "layer": S.Obj({"points": S.List(LAYER_POINT, 1), "fit": FITS}, extra=True),
     "comm_elem_bytes": (S.Nullable(S.Enum(1, 2, 4, 8)), None),
     "recompute": (RECOMPUTE, None), "attention_core": (S.List(ATTENTION_POINT), None),
     "embedding": S.List(PART_POINT, 1), "embedding_fit": (FITS, None),
@@ -472,7 +472,7 @@ class Measured:
 
     def optimizer_time(self, params: float) -> float:
         opt = self.entry["optimizer"]
-        if self.stat != "median" and "step_s" in opt:
+        if self.stat != "median" and "step_s" in opt and "params" in opt:
             return opt["step_s"][self.stat] / opt["params"] * params
         return opt["s_per_param"] * params
 

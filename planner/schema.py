@@ -484,7 +484,7 @@ def read_text(path, what: str, max_bytes: int | None = None) -> str:
     if len(data) > limit:
         raise BadInput(f"{where}: more than the {limit} bytes a {what} may have")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")          # a byte-order mark, as some editors write
     except UnicodeDecodeError as e:
         raise BadInput(f"{where}: not UTF-8 text (byte {e.start})") from None
 
@@ -520,7 +520,7 @@ def checkpoint_meta_schema():
     from planner.plan import PARALLELISM
     from planner.specs import MODEL_SCHEMA
     return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM,
-                "seed": Int(0, 2 ** 64), "data": (Nullable(Str(4096)), None),
+                "seed": Int(-2 ** 63, 2 ** 64), "data": (Nullable(Str(4096)), None),
                 "step": Int(0, 2 ** 62), "world_size": Int(1, MAX_GPUS)}, extra=False)
 
 

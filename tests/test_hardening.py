@@ -489,3 +489,13 @@ def test_schema_import_is_cheap():
                                     capture_output=True, env={**os.environ, "PYTHONPATH": ROOT}
                                     ).stdout) for _ in range(3))
     assert best < 0.05
+
+
+def test_suggestions_never_build_a_cluster_beyond_the_cap(capsys, tmp_path):
+    """Nothing fits anywhere on 2^20 GPUs: exit 3 with the closest candidate, not a refusal of
+    the 2^21-GPU cluster the suggestions would try next."""
+    f = write(tmp_path, "c.json", {"base": "h100", "num_gpus": MAX_GPUS, "memory_gib": 0.01})
+    code, _, err = run(capsys, "--model", "llama8b", "--cluster", f, "--tp", "8", "--pp", "4",
+                       "--zero", "3", "--micro-batch", "1", "--recompute", "full",
+                       "--seq-len", "512", limit_s=30.0)
+    one_line(code, err, expect=3, needle="nothing fits")
