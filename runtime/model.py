@@ -78,12 +78,10 @@ class AttentionCore(nn.Module):
     checkpoints exactly this module."""
 
     def forward(self, q, k, v):
-        # q: [b, hq, s, hd], k/v: [b, hkv, s, hd]
-        n_rep = q.shape[1] // k.shape[1]
-        if n_rep > 1:
-            k = k.repeat_interleave(n_rep, dim=1)
-            v = v.repeat_interleave(n_rep, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # q: [b, hq, s, hd], k/v: [b, hkv, s, hd]; grouped-query attention inside SDPA, so no
+        # repeated copy of k/v is made (or saved for backward) outside the kernel
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=q.shape[1] != k.shape[1])
 
 
 class Attention(nn.Module):

@@ -100,11 +100,50 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
 
 
+def _sharded_grad_stage():
+    """A `PipelineStage` whose FSDP2 module reduce-scatters every micro-batch's gradients.
+
+    torch's stage turns gradient sync and resharding off for all but the last micro-batch, so
+    a ZeRO 2/3 rank would accumulate unsharded gradients (dp times the sharded ones the plan
+    counts) and keep unsharded parameters through the step. Here each backward reduce-scatters
+    into the sharded gradient (FSDP accumulates it there); parameters are resharded after each
+    backward under ZeRO 3 and after the last under ZeRO 2 (whose plan counts them whole). The
+    schedule's own final reduce (`perform_reduce_grad`) then finds nothing left to reduce."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining._backward import stage_backward
+
+    class ShardedGradStage(PipelineStage):
+        def __init__(self, *a, zero_stage: int, **kw):
+            super().__init__(*a, **kw)
+            self.zero_stage = zero_stage
+
+        after_backward = None        # called after every micro-batch's backward (memory)
+
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            if backward_type != "full" or not isinstance(self.submod, FSDPModule):
+                out = super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
+                                                         last_backward)
+            else:
+                m = self.submod
+                m.set_is_last_backward(True)
+                m.set_requires_gradient_sync(True)
+                m.set_reshard_after_backward(self.zero_stage >= 3 or last_backward)
+                out = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                     bwd_kwargs["input_values"]), None
+            if self.after_backward is not None:
+                self.after_backward()
+            return out
+
+    return ShardedGradStage
+
+
 def build_schedule(plan, stage_parts: list, pp_group, device):
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     n = len(plan.stages)
-    stages = [PipelineStage(part, st.index, n, device, group=pp_group)
+    Stage = _sharded_grad_stage()
+    zero = plan.parallelism.zero_stage
+    stages = [Stage(part, st.index, n, device, group=pp_group, zero_stage=zero)
               for st, part in stage_parts]
     nmb = plan.batch.num_microbatches
     kind = plan.parallelism.schedule

@@ -398,9 +398,10 @@ class Trainer:
         dist.barrier()
 
     # -- one step -----------------------------------------------------------------------------
-    def train_step(self, step0: int):
+    def train_step(self, step0: int, memory=None):
         """0-based step; returns (mean token loss of the global batch, global gradient norm
-        before the update), the same on every rank."""
+        before the update), the same on every rank. `memory`: a `runtime.memory.StepMemory`
+        sampled after every micro-batch's backward and after the update."""
         import torch
         import torch.distributed as dist
         from runtime.data import local_batch
@@ -419,20 +420,27 @@ class Trainer:
             part.zero_grad(set_to_none=True)
 
         local_loss = torch.zeros((), device=self.device)
-        with self.autocast:
+        sample = memory.sample if memory is not None else (lambda: None)
+        for st in (self.stages if self.schedule is not None else ()):
+            st.after_backward = memory.sample if memory is not None else None
+        with self.autocast, (memory.hooks() if memory is not None else nullcontext()):
             if self.schedule is None:
                 nmb = b.num_microbatches
                 part = self.parts[0]
-                fsdp = hasattr(part, "set_requires_gradient_sync")
+                fsdp = hasattr(part, "set_reshard_after_backward")
                 for i, (x, y) in enumerate(zip(inputs.chunk(nmb), targets.chunk(nmb))):
-                    if fsdp:
-                        part.set_requires_gradient_sync(i == nmb - 1)
+                    if fsdp:   # gradients reduce-scattered every micro-batch (sharded, as
+                        # planned); ZeRO 2 keeps the parameters whole until the last one
+                        part.set_reshard_after_backward(plan.parallelism.zero_stage >= 3
+                                                        or i == nmb - 1)
                     loss = loss_fn(part(x), y)
                     (loss / nmb).backward()
                     local_loss += loss.detach() / nmb
+                    sample()
             else:
                 losses = []
                 kwargs = {"target": targets, "losses": losses} if self.last_stage else {}
+                kwargs["return_outputs"] = False    # no micro-batch's logits kept
                 if self.first_stage:
                     self.schedule.step(inputs, **kwargs)
                 else:
@@ -457,6 +465,7 @@ class Trainer:
                 opt.step()
         if self.param_sync is not None:
             self.param_sync()
+        sample()
 
         # mean over the dp replicas of the last stage (tp rank 0 speaks for its group)
         speaks = self.last_stage and self.tp_rank == 0
@@ -580,8 +589,12 @@ def run(args, plan, source) -> int:
     for step0 in range(start, args.steps):
         if tr.on_gpu:
             torch.cuda.synchronize()
+        memory = None
+        if step0 == start:       # the first step of this run is measured
+            from runtime.memory import StepMemory
+            memory = StepMemory(tr.parts, tr.optims, tr.on_gpu)
         t0 = time.perf_counter()
-        loss, gnorm = tr.train_step(step0)
+        loss, gnorm = tr.train_step(step0, memory)
         if tr.on_gpu:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -594,6 +607,11 @@ def run(args, plan, source) -> int:
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
                "peak_memory_gib": float(peak), "grad_norm": gnorm}
+        if memory is not None:
+            mine = memory.result(tr.pp_rank)
+            every = [None] * dist.get_world_size()
+            dist.all_gather_object(every, mine)
+            rec["measured_memory_gib"] = every
         if rank == 0:
             progress.clear()
             print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "

@@ -397,3 +397,30 @@ def test_vocab_parallel_cross_entropy(tmp_path):
     mp.start_processes(_vocab_parallel_worker, args=(3, port, str(out)), nprocs=3,
                        start_method="spawn", join=True)
     assert out.read_text() == "ok"
+
+
+def test_gqa_attention_core_matches_reference_and_saves_no_repeated_kv():
+    """Grouped-query attention through SDPA's enable_gqa: the explicit softmax(q k^T/sqrt d) v
+    with each kv head serving its query heads, and only q, k, v, the output and the row
+    log-sum-exp saved for backward (no repeated k/v)."""
+    import math
+
+    from runtime.memory import StepMemory
+    from runtime.model import AttentionCore
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 12, 16, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 12, 16, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 12, 16, generator=g, requires_grad=True)
+    mem = StepMemory([], [], on_gpu=False)
+    with mem.hooks():
+        out = AttentionCore()(q, k, v)
+    kr, vr = k.detach().repeat_interleave(4, 1), v.detach().repeat_interleave(4, 1)
+    scores = q.detach() @ kr.transpose(-1, -2) / math.sqrt(16)
+    scores = scores.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf"))
+    ref = scores.softmax(-1) @ vr
+    assert torch.allclose(out, ref, atol=1e-5)
+    nbytes = lambda *ts: sum(t.numel() * t.element_size() for t in ts)
+    lse = 2 * 8 * 12 * 4
+    assert mem.act_peak <= nbytes(q, k, v, out) + lse, (mem.act_peak, nbytes(q, k, v, out))
+    out.sum().backward()
+    assert k.grad.shape == k.shape
