@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 from planner import bounds as B
 from planner import schema as S

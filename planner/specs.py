@@ -6,7 +6,6 @@ also reads a Hugging Face `config.json` and a cluster JSON into these types.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,11 @@ MODEL_FIELDS = {
 }
 
 
+def _who(kind: str, name) -> str:
+    """"model llama3-8b" for messages, whatever `name` holds (escaped, shortened)."""
+    return f"{kind} {S.show_path(name) if isinstance(name, str) else S.show(name)}"
+
+
 @dataclass(frozen=True)
 class Model:
     """A decoder-only transformer, as much of it as cost and runtime need."""
@@ -70,7 +74,7 @@ class Model:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        who = f"model {S.show_path(self.name) if isinstance(self.name, str) else S.show(self.name)}"
+        who = _who("model", self.name)
         for f, checker in MODEL_FIELDS.items():
             try:
                 checker(getattr(self, f), f)
@@ -183,7 +187,7 @@ class Gpu:
     overlap_slowdown: float = 0.15
 
     def __post_init__(self):
-        who = f"gpu {S.show_path(self.name) if isinstance(self.name, str) else S.show(self.name)}"
+        who = _who("gpu", self.name)
         for f, checker in GPU_FIELDS.items():
             try:
                 checker(getattr(self, f), f)
@@ -249,7 +253,7 @@ class Cluster:
     measured: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        who = f"cluster {S.show_path(self.name) if isinstance(self.name, str) else S.show(self.name)}"
+        who = _who("cluster", self.name)
         try:
             S.Name()(self.name, "name")
             S.Int(1, B.MAX_GPUS)(self.num_gpus, "num_gpus")
