@@ -106,7 +106,12 @@ class StepMemory:
     def _pack(self, t):
         if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
             return t
-        ptr, n = _storage(t)
+        try:
+            ptr, n = _storage(t)
+        except RuntimeError:
+            # no accessible storage (seen: DTensor views of the tied output weight while
+            # torch.distributed.pipelining infers shapes before the first step): not counted
+            return t
         if ptr in self.param_ptrs or not n:
             return t
         entry = self.live.setdefault(ptr, [0, n])
