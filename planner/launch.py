@@ -71,6 +71,13 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     (one task per node, each running torchrun for all that node's GPUs).
     """
     plan.validate(whole_cluster=True)
+    if plan.engine != "runtime":
+        raise BadInput(f"plan launch starts our runtime, but the plan was priced for "
+                       f"{plan.engine}: plan it with --engine runtime, or run it on {plan.engine} "
+                       f"(plan show PLAN --export {plan.engine})"
+                       if plan.engine in ("megatron", "deepspeed", "torchtitan") else
+                       f"plan launch starts our runtime, but the plan was priced for "
+                       f"{plan.engine}: plan it with --engine runtime")
     check_name(str(plan_path), "the plan path", MAX_PATH)
     for what, v in (("model name", plan.model.name), ("cluster name", plan.cluster.name)):
         check_name(v, f"the plan's {what}")

@@ -182,7 +182,7 @@ def plan_dict(tmp_path_factory):
     p = tmp_path_factory.mktemp("plan") / "p.json"
     code = main(["--model", "llama8b", "--cluster", "h100x8", "--tp", "2", "--pp", "2",
                  "--dp", "2", "--seq-len", "1024", "--global-batch", "16", "--out", str(p),
-                 "--json"])
+                 "--engine", "runtime", "--json"])
     assert code == 0
     return json.loads(p.read_text())
 
@@ -495,7 +495,7 @@ def test_suggestions_never_build_a_cluster_beyond_the_cap(capsys, tmp_path):
     """Nothing fits anywhere on 2^20 GPUs: exit 3 with the closest candidate, not a refusal of
     the 2^21-GPU cluster the suggestions would try next."""
     f = write(tmp_path, "c.json", {"base": "h100", "num_gpus": MAX_GPUS, "memory_gib": 0.01})
-    code, _, err = run(capsys, "--model", "llama8b", "--cluster", f, "--tp", "8", "--pp", "4",
-                       "--zero", "3", "--micro-batch", "1", "--recompute", "full",
+    code, _, err = run(capsys, "--model", "llama8b", "--cluster", f, "--engine", "runtime",
+                       "--tp", "8", "--pp", "4", "--zero", "3", "--micro-batch", "1", "--recompute", "full",
                        "--seq-len", "512", limit_s=30.0)
     one_line(code, err, expect=3, needle="nothing fits")

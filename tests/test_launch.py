@@ -21,9 +21,16 @@ def mkplan(cluster="h100x32", tp=8, pp=4, dp=1):
                                         sequence_parallel=True),
                 batch=Batch(seq_len=4096, global_batch_size=16 * dp, micro_batch_size=1,
                             num_microbatches=16),
-                stages=make_stages(m.num_layers, pp))
+                stages=make_stages(m.num_layers, pp), engine="runtime")
     plan.validate()
     return plan
+
+
+def test_plan_priced_for_another_engine_is_not_launched(tmp_path):
+    import dataclasses
+    plan = dataclasses.replace(mkplan(), engine="megatron")
+    with pytest.raises(BadInput, match="priced for megatron.*--engine runtime"):
+        launch_commands(plan, tmp_path / "p.json", 4)
 
 
 def torchrun_parser():

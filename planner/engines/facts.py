@@ -9,6 +9,7 @@ measured / modelled at the nearest one (planner.profile.Measured).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
 from planner.cost.memory import activation_bytes, logits_bytes
@@ -89,4 +90,11 @@ class MeasuredFacts(CatalogFacts):
 def facts_for(engine: Engine, gpu: Gpu) -> CatalogFacts:
     if engine.measured is not None:
         return MeasuredFacts(engine, gpu, engine.measured)
+    return _catalog_facts(engine, gpu)
+
+
+@functools.lru_cache(maxsize=64)
+def _catalog_facts(engine: Engine, gpu: Gpu) -> CatalogFacts:
+    # keyed on the frozen specs; a measured engine (whose measurements do not enter its hash)
+    # is never cached
     return CatalogFacts(engine, gpu)
