@@ -3,7 +3,8 @@
 Layout of `schema_version` 1:
 
     model       {name, num_layers, num_params, spec: {...Model fields...}}
-    cluster     {name, num_gpus, gpus_per_node, gpu, gpu_memory_gib, gpu_spec: {...}}
+    cluster     {name, num_gpus, gpus_per_node, nvlink_domain, gpu, gpu_memory_gib,
+                 gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, zero_stage, sequence_parallel, vpp, schedule, recompute,
                  rank_order}
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}

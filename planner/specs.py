@@ -243,10 +243,18 @@ def gpu_from_json(v, where: str, path: str = "gpu") -> "Gpu":
 
 @dataclass(frozen=True)
 class Cluster:
+    """`num_gpus` GPUs, `gpus_per_node` to a host (what torchrun's --nproc-per-node launches),
+    `nvlink_domain` of them sharing one NVLink (or xGMI) fabric: the host by default; a whole
+    GB200/GB300 NVL72 rack (72 GPUs over 18 trays of 4) where NVLink switches join the hosts.
+    Ranks are laid out in order over hosts and domains (rank r on host r // gpus_per_node, in
+    domain r // nvlink_domain), as torchrun's node ranks are when a scheduler hands out a
+    rack's hosts together (e.g. Slurm's topology/block plugin)."""
     name: str
     gpu: Gpu
     num_gpus: int
     gpus_per_node: int = 8
+    # GPUs sharing NVLink; None: gpus_per_node. A multiple of gpus_per_node that divides num_gpus.
+    nvlink_domain: int | None = None
     # Figures measured by `python -m profiler` (a planner.profile.Measured, set by
     # planner.profile.apply_profile); the cost model uses them in place of catalog formulas.
     # Not part of the plan JSON.
@@ -266,6 +274,11 @@ class Cluster:
         if self.gpus_per_node > self.num_gpus:
             raise BadInput(f"{who}: gpus_per_node {self.gpus_per_node} is more than num_gpus "
                            f"{self.num_gpus}")
+        if self.nvlink_domain is None:
+            object.__setattr__(self, "nvlink_domain", self.gpus_per_node)
+        why = nvlink_domain_problem(self.nvlink_domain, self.gpus_per_node, self.num_gpus)
+        if why:
+            raise BadInput(f"{who}: {why}")
         if not isinstance(self.gpu, Gpu):
             raise BadInput(f"{who}: gpu must be a Gpu, got {S.show(self.gpu)}")
 
@@ -273,10 +286,15 @@ class Cluster:
     def num_nodes(self) -> int:
         return math.ceil(self.num_gpus / self.gpus_per_node)
 
+    @property
+    def tp_domain(self) -> int:
+        """The most GPUs a tensor-parallel group may span and still talk over NVLink."""
+        return self.nvlink_domain
+
     def to_dict(self) -> dict:
         return {"name": self.name, "num_gpus": self.num_gpus, "gpus_per_node": self.gpus_per_node,
-                "gpu": self.gpu.name, "gpu_memory_gib": self.gpu.memory_gib,
-                "gpu_spec": dataclasses.asdict(self.gpu)}
+                "nvlink_domain": self.nvlink_domain, "gpu": self.gpu.name,
+                "gpu_memory_gib": self.gpu.memory_gib, "gpu_spec": dataclasses.asdict(self.gpu)}
 
     @classmethod
     def from_dict(cls, d: dict, what: str = "cluster") -> "Cluster":
@@ -298,15 +316,35 @@ class Cluster:
                            f"{gpu.memory_gib:g}; edit gpu_spec, the figures the planner uses")
         n = d["num_gpus"]
         gpn = d.get("gpus_per_node")
-        try:
+        try:       # plans written before nvlink_domain: the node is the NVLink domain
             return cls(name=d["name"], gpu=gpu, num_gpus=n,
-                       gpus_per_node=min(8, n) if gpn is None else gpn)
+                       gpus_per_node=min(8, n) if gpn is None else gpn,
+                       nvlink_domain=d.get("nvlink_domain"))
         except BadInput as e:
             raise BadInput(f"{what}: {e}") from None
 
 
+def nvlink_domain_problem(domain, gpus_per_node: int, num_gpus: int) -> str | None:
+    """Why `domain` cannot be the NVLink domain of a cluster of `num_gpus` GPUs,
+    `gpus_per_node` to a host (None when it can): whole hosts, whole domains."""
+    try:
+        S.Int(1, B.MAX_GPUS)(domain, "nvlink_domain")
+    except S.Invalid as e:
+        return str(e)
+    if domain > num_gpus:
+        return f"nvlink_domain {domain} is more than num_gpus {num_gpus}"
+    if domain % gpus_per_node:
+        return (f"nvlink_domain {domain} is not a multiple of gpus_per_node {gpus_per_node} "
+                f"(an NVLink domain holds whole hosts)")
+    if domain != gpus_per_node and num_gpus % domain:
+        return (f"num_gpus {num_gpus} is not a multiple of nvlink_domain {domain} (the cluster "
+                f"is whole NVLink domains)")
+    return None
+
+
 PLAN_CLUSTER = S.Obj({"name": S.Name(), "num_gpus": S.Int(1, None),
-                      "gpus_per_node": (S.Int(1, None), None), "gpu": (S.Name(), None),
+                      "gpus_per_node": (S.Int(1, None), None),
+                      "nvlink_domain": (S.Int(1, None), None), "gpu": (S.Name(), None),
                       "gpu_memory_gib": (S.Num(), None), "gpu_spec": (S.Anything(), None)})
 
 
@@ -461,7 +499,8 @@ def load_model_file(path: str) -> Model:
 # A cluster file: a catalog GPU ("gpu": "h100" or "base": "h100") with the figures that differ
 # at the top level, or "gpu": {all the figures} / {"base": ..., figures}.
 CLUSTER_FILE = S.Obj({"name": (S.Name(), None), "num_gpus": S.Int(1, None),
-                      "gpus_per_node": (S.Int(1, None), None), "gpu": (S.Anything(), None),
+                      "gpus_per_node": (S.Int(1, None), None),
+                      "nvlink_domain": (S.Int(1, None), None), "gpu": (S.Anything(), None),
                       "base": (S.Name(), None),
                       **{k: (GPU_FIELDS[k], None) for k in GPU_OVERRIDES}})
 
@@ -490,8 +529,19 @@ def load_cluster_file(path: str) -> Cluster:
         raise BadInput(f"{where}: {S.show(n)} GPUs is more than this planner plans for "
                        f"(at most {B.MAX_GPUS})")
     name = d.get("name") or Path(path).stem
+    domain = d.get("nvlink_domain")
+    # what is not given comes from the GPU's catalog system (planner.catalog.SYSTEMS: 8 to a
+    # host and an NVLink domain; GB200/GB300 NVL72: 4 to a host, 72 to a domain); a given
+    # gpus_per_node alone is also the NVLink domain
+    from planner.catalog import host_size, system_layout
+    if gpn is None and domain is None:
+        try:
+            gpn, domain = system_layout(gpu.name, n)
+        except BadInput as e:
+            raise BadInput(f"{where}: {e}; or give gpus_per_node and nvlink_domain") from None
+    elif gpn is None:
+        gpn = host_size(gpu.name, n)
     try:
-        return Cluster(name=name, gpu=gpu, num_gpus=n, gpus_per_node=min(8, n) if gpn is None
-                       else gpn)
+        return Cluster(name=name, gpu=gpu, num_gpus=n, gpus_per_node=gpn, nvlink_domain=domain)
     except BadInput as e:
         raise BadInput(f"{where}: {e}") from None

@@ -21,6 +21,17 @@ def _fits(model, cluster, fixed, seq_len, gbs, engine, margin_gib):
     return r.best
 
 
+def _more_gpus(cluster: Cluster, n: int) -> Cluster:
+    """The cluster with n GPUs (a multiple of its count): hosts joined by NVLink (an NVL72
+    rack) stay as they are, more of them; otherwise hosts of up to 8, each its NVLink domain."""
+    if cluster.nvlink_domain > cluster.gpus_per_node:
+        gpn, domain = cluster.gpus_per_node, cluster.nvlink_domain
+    else:
+        gpn = domain = max(cluster.gpus_per_node, min(8, n))
+    return dataclasses.replace(cluster, name=f"{cluster.gpu.name}x{n}", num_gpus=n,
+                               gpus_per_node=gpn, nvlink_domain=domain)
+
+
 def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 engine=None, margin_gib=None) -> list:
     tips = []
@@ -44,8 +55,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
             n *= 2
             if n > MAX_GPUS:            # planner.bounds: no cluster beyond it is planned
                 break
-            bigger = dataclasses.replace(cluster, name=f"{cluster.gpu.name}x{n}", num_gpus=n,
-                                         gpus_per_node=max(cluster.gpus_per_node, min(8, n)))
+            bigger = _more_gpus(cluster, n)
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
             best = fits(bigger, Fixed(recompute=fixed.recompute, flash=fixed.flash), seq_len, g)
             if best is not None:

@@ -1,7 +1,9 @@
 """Catalog GPUs and their nodes. Each figure names its source.
 
 Conventions: bandwidths in GB/s (1e9 bytes/s), one direction; memory in GiB as `nvidia-smi`
-reports the total; `peak_tflops` is dense bf16 without sparsity.
+(rocm-smi) reports the total; `peak_tflops` is dense bf16 without sparsity; the `nvlink_*`
+figures are the GPU's scale-up fabric (NVLink; AMD's xGMI), which groups inside one
+`Cluster.nvlink_domain` use.
 
 Efficiency figures (`gemm_efficiency`, `attn_efficiency`) are the fraction of the datasheet peak
 that a large, well-shaped kernel reaches. `overlap_slowdown` (default 0.15 on every GPU) is the
@@ -40,8 +42,11 @@ GPUS = {
                 gemm_efficiency=0.70, attn_efficiency=0.40,
                 nvlink_busbw_gbps=370.0, nvlink_p2p_gbps=400.0, nvlink_latency_us=8.0,
                 internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
-    # H200 SXM: 141 GB HBM3e (143771 MiB in nvidia-smi), 4800 GB/s; compute and NVLink as H100
-    # (NVIDIA H200 datasheet).
+    # H200 SXM: 141 GB HBM3e (143771 MiB = 140.4 GiB in nvidia-smi), 4800 GB/s; 989 TFLOP/s
+    # bf16 dense and NVLink4 900 GB/s as H100 (NVIDIA H200 datasheet; reviewed for issue 12: the
+    # figures stand). Inter-node as DGX H100: DGX H200 has the same 8x400 Gb/s ConnectX-7
+    # (NVIDIA DGX H200 datasheet). Efficiencies: H100's (same SMs and clocks; the extra HBM
+    # bandwidth helps memory-bound kernels, which the cost model prices with hbm_gbps).
     "h200": Gpu("h200", peak_tflops=989.0, memory_gib=140.4, hbm_gbps=4800.0,
                 gemm_efficiency=0.70, attn_efficiency=0.40,
                 nvlink_busbw_gbps=370.0, nvlink_p2p_gbps=400.0, nvlink_latency_us=8.0,
@@ -54,6 +59,63 @@ GPUS = {
                 gemm_efficiency=0.70, attn_efficiency=0.40,
                 nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                 internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
+    # ---- Blackwell (Ultra) and GB200/GB300 NVL72 (issue 12) --------------------------------
+    # Memory: NVIDIA gives usable HBM per GPU as B200 180 GB (HGX B200, 1.4 TB / 8), GB200 186 GB
+    # (GB200 NVL72, 13.4 TB / 72), B300 270 GB (HGX B300, 2.1 TB / 8; 288 GB of HBM3e raw),
+    # GB300 279 GB (GB300 NVL72, 20 TB / 72; Verda, "NVIDIA GB300 NVL72: GPU Architecture &
+    # Performance", per-GPU table). B200 reads 183359 MiB = 179.06 GiB in nvidia-smi, 0.995 of
+    # its 180; the others are their figure x 0.995 in GiB, estimates until a driver reports them.
+    # Inter-node: H100's measured 46 of 50 GB/s per 400 Gb/s NIC (92%) applied to each system's
+    # NIC per GPU, an estimate. Latencies and efficiencies: H100's, an assumption (no published
+    # measurement yet); a profile (`plan --profile`) replaces them.
+    #
+    # B300 (HGX B300, Blackwell Ultra): 2250 TFLOP/s bf16 dense (HGX B300: 36 PFLOP/s FP16/BF16
+    # with sparsity over 8 GPUs; as B200, Blackwell Ultra adds FP4, not bf16), 8000 GB/s HBM3e,
+    # NVLink5 1.8 TB/s total per GPU through the NVLink 5 switch as HGX B200 (NVIDIA HGX
+    # platform page, HGX B300 / B200 table) so B200's NVLink figures. ConnectX-8 800 Gb/s per
+    # GPU (HGX B300 "networking bandwidth 1.6 TB/s" = 8 x 200 GB/s bidirectional): 92 GB/s.
+    "b300": Gpu("b300", peak_tflops=2250.0, memory_gib=268.6, hbm_gbps=8000.0,
+                gemm_efficiency=0.70, attn_efficiency=0.40,
+                nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
+                internode_gbps_per_gpu=92.0, internode_latency_us=15.0),
+    # GB200 (one GPU of GB200 NVL72; catalog clusters gb200xN: 4 GPUs to a host, 72 to an
+    # NVLink domain, planner.catalog.SYSTEMS): 2500 TFLOP/s bf16 dense (GB200 NVL72: 360
+    # PFLOP/s FP16/BF16 with sparsity over 72 GPUs; 1200 W part), 8000 GB/s (576 TB/s / 72),
+    # NVLink5 1.8 TB/s total to the rack's NVLink switches. Bus bandwidth: nccl-tests all-reduce
+    # over multi-node NVLink on 2 trays (8 GPUs) reaches 811 GB/s (lixueduan.com, "GB200 MNNVL
+    # NCCL test"); 800 taken for groups up to the whole rack, an estimate there. ConnectX-7
+    # 400 Gb/s per GPU (4 per compute tray): 46 GB/s as DGX H100.
+    "gb200": Gpu("gb200", peak_tflops=2500.0, memory_gib=185.0, hbm_gbps=8000.0,
+                 gemm_efficiency=0.70, attn_efficiency=0.40,
+                 nvlink_busbw_gbps=800.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
+                 internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
+    # GB300 (one GPU of GB300 NVL72; clusters gb300xN as gb200xN): 2500 TFLOP/s bf16 dense
+    # (GB300 NVL72: 180 PFLOP/s FP16/BF16 dense over 72 GPUs, Verda rack table; NVIDIA's 360
+    # with sparsity), 8000 GB/s (576 TB/s / 72), 288 GB HBM3e raw, NVLink5 as GB200 (130 TB/s
+    # over 72 GPUs = 1.8 TB/s each), so GB200's NVLink figures. 72 ConnectX-8 800 Gb/s, one per
+    # GPU (GB300 NVL72 product page): 92 GB/s.
+    "gb300": Gpu("gb300", peak_tflops=2500.0, memory_gib=277.5, hbm_gbps=8000.0,
+                 gemm_efficiency=0.70, attn_efficiency=0.40,
+                 nvlink_busbw_gbps=800.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
+                 internode_gbps_per_gpu=92.0, internode_latency_us=15.0),
+    # ---- AMD --------------------------------------------------------------------------------
+    # MI300X (OAM, 8-GPU platform; xGMI): 1307.4 TFLOP/s bf16 dense (2614.9 with sparsity),
+    # 192 GB HBM3 in 8 stacks of 24 GiB, 5300 GB/s (AMD Instinct MI300X datasheet). Memory:
+    # 191.7 GiB, the 205822885888 bytes rocm-smi reports as VRAM total on MI300X systems (192
+    # GiB less a driver reserve), not checked on hardware here. xGMI: each GPU has one link to
+    # each of its 7 peers, 64 GB/s per direction, ~48 GB/s usable after CRC and protocol
+    # overhead (AMD ROCm blog, "Understanding RCCL Bandwidth and xGMI Performance on AMD
+    # Instinct MI300X", 2025): p2p between two GPUs uses one link, 48 GB/s; a collective over
+    # all 8 drives all 7, at most 7 x 48 = 336 GB/s; busbw 300 taken, an estimate. Inter-node:
+    # 8x400 Gb/s NICs per node as DGX H100 (the MI300X platform's reference design), 46 GB/s.
+    # Latency 10 us, RCCL's small-message all-reduce being slower than NCCL's, an estimate.
+    # GEMM: bf16 reaches ~45-50% of the datasheet peak on large shapes (SemiAnalysis, "MI300X
+    # vs H100 vs H200 Benchmark Part 1: Training", Dec 2024), 0.47 taken; attention: H100's
+    # 0.40 x (0.47 / 0.70) = 0.27, an estimate until profiled.
+    "mi300x": Gpu("mi300x", peak_tflops=1307.4, memory_gib=191.7, hbm_gbps=5300.0,
+                  gemm_efficiency=0.47, attn_efficiency=0.27,
+                  nvlink_busbw_gbps=300.0, nvlink_p2p_gbps=48.0, nvlink_latency_us=10.0,
+                  internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # cpu: one process of the CPU runtime (gloo) on a small x86 machine. Rough order-of-magnitude
     # figures for a 2-core VM (fp32 AVX2 ~ 50 GFLOP/s a core, DDR ~ 10 GB/s, loopback TCP ~ 2 GB/s,
     # gloo latency ~ 50 us); meant to be replaced by `python -m profiler` measurements.
@@ -63,4 +125,6 @@ GPUS = {
                internode_gbps_per_gpu=1.0, internode_latency_us=100.0),
 }
 
-GPU_ALIASES = {"a100-80g": "a100", "h100-80g": "h100", "h100-sxm": "h100", "a100-sxm": "a100"}
+# "mi300": what `mi300x16` names (catalog cluster names split at the last x before the count)
+GPU_ALIASES = {"a100-80g": "a100", "h100-80g": "h100", "h100-sxm": "h100", "a100-sxm": "a100",
+               "h200-sxm": "h200", "b300-sxm": "b300", "mi300": "mi300x"}

@@ -5,8 +5,10 @@ collective over n ranks moving S bytes takes  S * factor / busbw  with factor 2(
 all-reduce and (n-1)/n for all-gather and reduce-scatter (S = the full, unsharded size).
 
 Rank placement is topology-aware: ranks are laid out with tp innermost, then dp, then pp
-(planner.plan.RANK_ORDER), so a group of `size` ranks `stride` apart sits inside one node when
-size * stride <= gpus_per_node.
+(planner.plan.RANK_ORDER), so a group of `size` ranks `stride` apart spans a block of
+size * stride consecutive ranks, and these blocks tile the ranks. Every group sits inside one
+NVLink domain (`Cluster.nvlink_domain`: a host, or an NVL72 rack of 18 four-GPU hosts) when
+its block does and the blocks do not straddle domains: size * stride divides the domain.
 """
 from __future__ import annotations
 
@@ -25,16 +27,20 @@ class Link:
 
 def group_link(cluster: Cluster, size: int, stride: int) -> Link:
     """The link class a group of `size` ranks, `stride` apart, communicates over."""
-    gpu, g = cluster.gpu, cluster.gpus_per_node
+    gpu, d = cluster.gpu, cluster.nvlink_domain
     intra = Link(gpu.nvlink_busbw_gbps, gpu.nvlink_p2p_gbps, gpu.nvlink_latency_us * 1e-6)
-    if size <= 1 or size * stride <= g:
-        return intra
-    # Across nodes: with one NIC per GPU (rail-optimised fabric) the k group members of a node
-    # drive k NICs at once, so the ring's inter-node hop carries k NICs' worth of bandwidth
-    # (hierarchical/ring NCCL algorithms; Jeaugey, "Massively Scale Your Deep Learning Training
-    # with NCCL 2.4", 2019). The node's NVLink caps it.
-    per_node = max(1, min(size, g // stride)) if stride < g else 1
-    bw = min(gpu.nvlink_busbw_gbps, per_node * gpu.internode_gbps_per_gpu)
+    span = size * stride
+    if size <= 1 or (span <= d and d % span == 0):
+        return intra        # NVLink, across the hosts of an NVL72 rack too
+    # Across domains: with one NIC per GPU (rail-optimised fabric) the k group members of a
+    # domain drive k NICs at once, so the ring's inter-domain hop carries k NICs' worth of
+    # bandwidth (hierarchical/ring NCCL algorithms; Jeaugey, "Massively Scale Your Deep Learning
+    # Training with NCCL 2.4", 2019). NVLink caps it. A domain holds at least gcd(span, d)
+    # consecutive ranks of a group's block (all d when blocks are whole domains; fewer where a
+    # block straddles two, e.g. 16-rank blocks on 72-GPU domains), so k is that many ranks'
+    # members: the fewest, which the slowest group has.
+    per_domain = max(1, min(size, math.gcd(span, d) // stride))
+    bw = min(gpu.nvlink_busbw_gbps, per_domain * gpu.internode_gbps_per_gpu)
     return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6)
 
 
