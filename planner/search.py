@@ -197,7 +197,7 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
     engine = get_engine(engine)
     n, L = cluster.num_gpus, model.num_layers
     tps = [f.tp] if f.tp else [t for t in divisors(n)
-                                if t <= engine.tp_limit(cluster.gpus_per_node)
+                                if t <= engine.tp_limit(cluster)
                                 and _tp_ok(model, t)]
     out = []
     for tp in tps:

@@ -302,17 +302,15 @@ def test_more_gpus_keeps_hosts_and_domains():
     assert (c.gpus_per_node, c.nvlink_domain) == (8, 8)
 
 
-# ---- needs the search to cap tp at the NVLink domain -------------------------------------------
-# planner/search.py enumerate_candidates: engine.tp_limit(cluster.gpus_per_node) must become
-# engine.tp_limit(cluster.nvlink_domain). Remove this marker with that change (strict: it then
-# fails as XPASS until the marker goes).
+# ---- the search caps tp at the NVLink domain (or the host, where the engine needs it) ---------
 
-@pytest.mark.xfail(strict=True, reason="search.py caps tp at gpus_per_node; needs "
-                   "tp_limit(cluster.nvlink_domain)")
 def test_tp_may_span_trays_inside_an_nvl72_rack():
     model, cluster = get_model("llama70b"), get_cluster("gb200x72")
     tps = {c.tp for c in enumerate_candidates(model, cluster, Fixed(), 8192, 576)}
     assert 8 in tps and max(tps) <= cluster.nvlink_domain
+    # our runtime places TP groups inside a host (4 GPUs on a GB200 tray)
+    tps = {c.tp for c in enumerate_candidates(model, cluster, Fixed(), 8192, 576, "runtime")}
+    assert max(tps) <= cluster.gpus_per_node
 
 
 def test_tp_stays_inside_a_host_where_the_host_is_the_domain():

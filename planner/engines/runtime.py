@@ -6,7 +6,7 @@ reshard_after_forward False / True); TP with or without SP; GPipe, 1F1B (as GPip
 fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
-Not overlapped: the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
+TP groups sit inside one host (its world check), also inside an NVL72 rack. Not overlapped: the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
 parameter broadcast after the step.
 
 How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profiler` measures
@@ -26,6 +26,7 @@ RUNTIME = Engine(
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
     overlap_grad_reduce=False, overlap_param_gather=False,
     zero2_gathers_every_microbatch=True, short_1f1b_as_gpipe=True,
+    tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

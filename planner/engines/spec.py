@@ -71,6 +71,8 @@ class Engine:
     # ZeRO-2 as FSDP SHARD_GRAD_OP: parameters all-gathered again in every micro-batch's
     # forward (kept unsharded to its backward) instead of once after the step
     zero2_gathers_every_microbatch: bool
+    # TP groups must sit inside one host (torchrun's local ranks), not just one NVLink domain
+    tp_within_host: bool = False
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # ---- how fast ----------------------------------------------------------------------
@@ -113,8 +115,11 @@ class Engine:
             return False
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
 
-    def tp_limit(self, gpus_per_node: int) -> int:
-        return gpus_per_node if self.max_tp is None else min(self.max_tp, gpus_per_node)
+    def tp_limit(self, cluster) -> int:
+        """The largest tensor-parallel group: inside the NVLink domain (NVL72 trays share one),
+        or inside a host where the engine places TP groups per host."""
+        room = cluster.gpus_per_node if self.tp_within_host else cluster.nvlink_domain
+        return room if self.max_tp is None else min(self.max_tp, room)
 
     @property
     def pipelines(self) -> bool:
