@@ -26,9 +26,10 @@ from benchmarks._common import RESULTS, describe, machine, markdown_table, out_p
 from benchmarks.fidelity import _best_over_zero_stages, fixed_of, load_runs
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
-from planner.search import (Fixed, _tp_ok, default_global_batch, default_seq_len, divisors,
-                            search)
+from planner.bounds import divisors
+from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.specs import model_from_hf_config
+from planner.validity import tp_ok
 
 # Catalog models on clusters a user would typically give them.
 CATALOG = [
@@ -90,7 +91,7 @@ def fsdp(model, cluster, seq, gbs, flash) -> Outcome:
 
 def megatron(model, cluster, seq, gbs, flash) -> Outcome:
     tp = min(cluster.gpus_per_node, cluster.num_gpus)
-    if not _tp_ok(model, tp):
+    if not tp_ok(model, tp):
         return Outcome(why=f"not divisible: tp={tp} (GPUs per node) does not divide the heads "
                            f"({model.num_heads}/{model.num_kv_heads} KV), FFN or vocabulary")
     if cluster.num_gpus % tp:

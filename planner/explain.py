@@ -11,6 +11,8 @@ import io
 from rich.console import Console
 from rich.table import Table
 
+from planner import validity as V
+from planner.bounds import divisors
 from planner.errors import BadInput
 from planner.plan import Plan
 
@@ -165,27 +167,22 @@ def _oom(model, cluster, c, coeffs, rules, engine, margin_gib) -> tuple:
                      f"{h.estimate.capacity_gib:.1f} GiB{', ' + how if how else ''})")
 
 
-def _tp_blockers(model, tp: int) -> list:
-    dims = [("heads", model.num_heads), ("KV heads", model.num_kv_heads),
-            ("FFN", model.ffn_hidden), ("vocabulary", model.vocab_size)]
-    return [f"{name} ({v})" for name, v in dims if v % tp]
-
-
 def not_divisible(model, cluster, fixed, global_batch: int) -> list:
-    """[(configuration, reason)] for natural degrees the model or batch cannot be split by."""
-    n, gpn = cluster.num_gpus, cluster.gpus_per_node
+    """[(configuration, reason)] for natural degrees the model or batch cannot be split by
+    (the rules of planner.validity)."""
+    n, gpn = cluster.num_gpus, cluster.nvlink_domain
     rows = []
     if fixed is None or fixed.tp is None:
         by_reason = {}
-        for tp in (t for t in range(2, gpn + 1) if n % t == 0):
-            blockers = _tp_blockers(model, tp)
+        for tp in (t for t in divisors(n) if 2 <= t <= gpn and V.tp_in_node(t, gpn)):
+            blockers = V.tp_blockers(model, tp)
             if blockers:
                 by_reason.setdefault(", ".join(blockers), []).append(tp)
         for reason, tps in by_reason.items():
             rows.append(("tp=" + ",".join(map(str, tps)),
                          f"not divisible: {reason} by tp={'/'.join(map(str, tps))}"))
     if fixed is None or fixed.dp is None:
-        bad = sorted({n // d for d in range(1, n + 1) if n % d == 0 and global_batch % (n // d)})
+        bad = sorted(d for d in divisors(n) if not V.batch_ok(global_batch, d))
         if bad:
             shown = ",".join(str(d) for d in bad[:4]) + (",..." if len(bad) > 4 else "")
             rows.append((f"dp={shown}", f"not divisible: global batch {global_batch} by dp "
@@ -238,8 +235,8 @@ def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int,
         v = getattr(fixed, name)
         if name == "mbs":
             rest = n // ((fixed.tp or 1) * (fixed.pp or 1))      # GPUs left for dp (x free)
-            dps = [fixed.dp] if fixed.dp else [d for d in range(1, rest + 1) if rest % d == 0]
-            ok = [d for d in dps if global_batch % d == 0]
+            dps = [fixed.dp] if fixed.dp else divisors(rest)
+            ok = [d for d in dps if V.batch_ok(global_batch, d)]
             reasons.append(f"--micro-batch {v}: not divisible: the sequences per data-parallel "
                            f"rank ({', '.join(f'{global_batch // d} at dp={d}' for d in ok[:4])}) "
                            f"by {v}")

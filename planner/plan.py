@@ -35,6 +35,7 @@ from planner import schema as S
 from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.errors import BadInput
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model, read_json_object
+from planner.validity import plan_problems
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -181,9 +182,10 @@ class Plan:
 
     # ---- validation -----------------------------------------------------
     def validate(self, whole_cluster: bool = False) -> None:
-        """Raise BadInput unless the plan is internally consistent (and, with `whole_cluster`,
-        uses every GPU of its cluster)."""
-        p, m, b = self.parallelism, self.model, self.batch
+        """Raise BadInput unless the plan is internally consistent and valid
+        (planner.validity.plan_problems: the rules the search and the runtime share; with
+        `whole_cluster`, it also uses every GPU of its cluster)."""
+        p, b = self.parallelism, self.batch
 
         def bad(msg):
             raise BadInput(f"invalid plan: {msg}")
@@ -216,36 +218,9 @@ class Plan:
             bad(f"attention {self.attention!r} not in ('flash', 'eager')")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
-        if p.cp != 1:
-            bad("context parallel (cp > 1) is not supported yet")
-        if p.vpp > 1 and p.schedule != "interleaved":
-            bad("vpp > 1 needs the interleaved schedule")
-        if p.world_size > self.cluster.num_gpus:
-            bad(f"tp*pp*dp = {p.world_size} exceeds the cluster's {self.cluster.num_gpus} GPUs")
-        if whole_cluster and p.world_size != self.cluster.num_gpus:
-            bad(f"tp*pp*dp = {p.world_size} GPUs but the plan's cluster {self.cluster.name} has "
-                f"{self.cluster.num_gpus}; plan for this cluster again (plan --cluster ...)")
-        if m.num_heads % p.tp or m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
-            bad(f"tp {p.tp} does not divide the attention heads ({m.num_heads}/{m.num_kv_heads})")
-        for k in ("seq_len", "global_batch_size", "micro_batch_size", "num_microbatches"):
-            if getattr(b, k) < 1:
-                bad(f"batch.{k} must be positive")
-        if b.micro_batch_size * b.num_microbatches * p.dp != b.global_batch_size:
-            bad(f"micro_batch_size {b.micro_batch_size} x num_microbatches {b.num_microbatches} "
-                f"x dp {p.dp} != global_batch_size {b.global_batch_size}")
-        if len(self.stages) != p.pp * p.vpp:
-            bad(f"{len(self.stages)} stages, expected pp*vpp = {p.pp * p.vpp}")
-        end = 0
-        for i, s in enumerate(self.stages):
-            if s.index != i or s.pp_rank != i % p.pp or s.chunk != i // p.pp:
-                bad(f"stage {i}: index/pp_rank/chunk out of order")
-            if s.layers[0] != end or s.layers[1] < s.layers[0]:
-                bad(f"stage {i}: layers {list(s.layers)} do not continue from layer {end}")
-            if not 0 <= s.recompute_layers <= s.num_layers:
-                bad(f"stage {i}: recompute_layers {s.recompute_layers} outside 0..{s.num_layers}")
-            end = s.layers[1]
-        if end != m.num_layers:
-            bad(f"stages cover {end} layers, the model has {m.num_layers}")
+        problems = plan_problems(self, whole_cluster)
+        if problems:
+            bad(problems[0])
 
 
 _MEM = S.Num(ge=0.0, le=1e9)       # GiB

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner import validity as V
+from planner.bounds import divisors
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
 from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
@@ -89,11 +91,6 @@ class SearchReport:
     margin_gib: float | None = None  # --memory-margin (None: the default)
 
 
-def divisors(n: int) -> list:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
 def default_seq_len(model: Model) -> int:
     return min(model.max_seq_len, DEFAULT_MAX_SEQ_LEN)
 
@@ -103,11 +100,6 @@ def default_global_batch(seq_len: int, num_gpus: int) -> int:
     batches of 8K sequences on 16K GPUs: Dubey et al. 2024, Sec. 3.3.2 and 3.4.1)."""
     tokens = 2 ** round(math.log2(DEFAULT_TOKENS_PER_STEP / seq_len))
     return max(1, tokens, 2 ** math.ceil(math.log2(max(1, num_gpus // 8))))
-
-
-def _tp_ok(model: Model, tp: int) -> bool:
-    return model.num_heads % tp == 0 and model.num_kv_heads % tp == 0 \
-        and model.ffn_hidden % tp == 0 and model.vocab_size % tp == 0
 
 
 def check_engine(engine: Engine, f: Fixed) -> None:
@@ -148,11 +140,14 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         v = getattr(f, name)
         if v is not None and n % v:
             raise BadInput(f"--{name} {v} does not divide the cluster's {n} GPUs")
-    if f.tp is not None and not _tp_ok(model, f.tp):
-        raise BadInput(f"--tp {f.tp} does not divide the model's heads ({model.num_heads}), "
-                       f"KV heads ({model.num_kv_heads}), FFN ({model.ffn_hidden}) and "
-                       f"vocabulary ({model.vocab_size})")
-    if f.pp is not None and f.pp > model.num_layers:
+    if f.tp is not None and not V.tp_ok(model, f.tp):
+        raise BadInput(f"--tp {f.tp} does not divide the model's "
+                       f"{V.and_list(V.tp_blockers(model, f.tp))}")
+    domain = get_engine(engine).tp_domain(cluster)
+    if f.tp is not None and not V.tp_in_node(f.tp, domain):
+        raise BadInput(f"--tp {f.tp} would split tensor-parallel groups over nodes of "
+                       f"{domain} GPUs (tp must divide the GPUs per node)")
+    if f.pp is not None and not V.pp_ok(model, f.pp):
         raise BadInput(f"--pp {f.pp} exceeds the model's {model.num_layers} layers")
     prod = 1
     for v in (f.tp, f.pp, f.dp):
@@ -163,21 +158,25 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         raise BadInput(f"tp*pp*dp = {prod} but the cluster has {n} GPUs; use them all "
                        f"(e.g. --dp {n // (f.tp * f.pp)})" if n % (f.tp * f.pp) == 0 else
                        f"tp*pp*dp = {prod} but the cluster has {n} GPUs")
-    if f.dp is not None and gbs % f.dp:
+    if f.dp is not None and not V.batch_ok(gbs, f.dp):
         raise BadInput(f"--global-batch {gbs} is not divisible by --dp {f.dp}")
-    if f.mbs is not None and f.dp is not None and gbs % (f.dp * f.mbs):
+    if f.mbs is not None and f.dp is not None and not V.batch_ok(gbs, f.dp, f.mbs):
         raise BadInput(f"--global-batch {gbs} is not divisible by dp*micro-batch = {f.dp * f.mbs}")
     if f.vpp is not None and f.vpp > 1:
         if f.schedule not in (None, "interleaved"):
             raise BadInput("--vpp > 1 needs --schedule interleaved")
-        if f.pp is not None and f.pp * f.vpp > model.num_layers:
+        if f.pp is not None and not V.pp_ok(model, f.pp, f.vpp):
             raise BadInput(f"pp*vpp = {f.pp * f.vpp} exceeds the model's {model.num_layers} layers")
     if f.schedule == "interleaved" and f.pp == 1:
         raise BadInput("--schedule interleaved needs --pp > 1")
     if f.sp and f.tp == 1:
         raise BadInput("--sp needs --tp > 1")
-    if seq_len > model.max_seq_len and model.position == "learned":
-        raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} learned positions")
+    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len):
+        raise BadInput(f"--sp shards the sequence over --tp {f.tp}: --seq-len {seq_len} is not "
+                       f"divisible by {f.tp}")
+    if not V.has_positions(model, seq_len):
+        raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} "
+                       f"{model.position} positions (max_seq_len)")
 
 
 def searched_recompute(engine: Engine, f: Fixed) -> list:
@@ -196,15 +195,17 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
     n, L = cluster.num_gpus, model.num_layers
+    gpn = cluster.gpus_per_node
     tps = [f.tp] if f.tp else [t for t in divisors(n)
                                 if t <= engine.tp_limit(cluster)
-                                and _tp_ok(model, t)]
+                                and V.tp_in_node(t, engine.tp_domain(cluster))
+                                and V.tp_ok(model, t)]
     out = []
     for tp in tps:
         if not engine.pipelines:
             pps = [1]
         else:
-            pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if p <= L]
+            pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if V.pp_ok(model, p)]
         if engine.stage_layers == EQUAL_SPLIT:
             pps = [p for p in pps if L % p == 0]
         for pp in pps:
@@ -213,14 +214,15 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
             dp = n // (tp * pp)
             if f.dp and dp != f.dp:
                 continue
-            if gbs % dp:
+            if not V.batch_ok(gbs, dp):
                 continue
             per_dp = gbs // dp
             mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
             zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
                      if engine.zero_ok(z, tp, pp, dp)]
             sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
-                    if s in engine.sp_choices] if tp > 1 else [False])
+                    if s in engine.sp_choices and (not s or V.sp_ok(tp, seq_len))]
+                   if tp > 1 else [False])
             if pp == 1:
                 scheds = [("1f1b", 1)]
             else:
@@ -228,7 +230,7 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                 for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
                     if sch == "interleaved":
                         vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
-                        scheds += [(sch, v) for v in vpps if pp * v <= L]
+                        scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)]
                     elif f.vpp in (None, 1):
                         scheds.append((sch, 1))
             recs = searched_recompute(engine, f)
@@ -237,8 +239,8 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                     continue
                 m = per_dp // mbs
                 for sch, v in scheds:
-                    if sch == "interleaved" and m % pp:
-                        continue   # Megatron's interleaved schedule needs m divisible by pp
+                    if sch == "interleaved" and not V.interleaved_ok(m, pp):
+                        continue
                     for zero in zeros:
                         if zero and dp == 1:
                             continue

@@ -14,7 +14,9 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
+from planner.bounds import divisors  # noqa: F401  (profiler.run reads it from here)
 from planner.specs import Model
+from planner.validity import tp_ok
 from profiler.timing import Timer, summarize, time_fn
 
 RECOMPUTE_MODES = ("selective", "full")
@@ -369,13 +371,8 @@ def default_mbs(quick: bool, device) -> tuple:
 
 
 def is_valid_tp(spec: Model, tp: int) -> bool:
-    return (spec.num_heads % tp == 0 and spec.num_kv_heads % tp == 0
-            and spec.ffn_hidden % tp == 0 and spec.vocab_size % tp == 0
-            and spec.hidden % tp == 0)
-
-
-def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """A tp the search may choose (planner.validity.tp_ok) that also splits the hidden size."""
+    return tp_ok(spec, tp) and spec.hidden % tp == 0
 
 
 # ---- the runtime's own tensor parallelism (DTensor), collectives included ----------------------

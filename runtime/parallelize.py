@@ -22,25 +22,12 @@ class LayoutError(ValueError):
 
 
 def check_layout(plan) -> None:
-    p, m, b = plan.parallelism, plan.model, plan.batch
-    if p.tp > 1 and m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
-        raise LayoutError(f"tp {p.tp} and num_kv_heads {m.num_kv_heads}: one must divide the "
-                          f"other")
-    if p.tp > 1 and (m.ffn_hidden % p.tp or m.vocab_size % p.tp):
-        raise LayoutError(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden} and vocab_size "
-                          f"{m.vocab_size}")
-    if p.sequence_parallel and p.tp > 1 and b.seq_len % p.tp:
-        raise LayoutError(f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}")
-    if b.seq_len > m.max_seq_len:
-        raise LayoutError(f"seq_len {b.seq_len} exceeds the model's max_seq_len {m.max_seq_len}")
-    if p.vpp > 1 and p.pp == 1:
-        raise LayoutError("vpp > 1 needs pp > 1")
-    nmb = b.num_microbatches
-    if p.pp > 1 and (p.schedule == "interleaved" or p.vpp > 1):
-        rounds = max(1, nmb // p.pp)
-        if nmb % rounds:
-            raise LayoutError(f"interleaved 1F1B needs num_microbatches {nmb} to be a multiple "
-                              f"of {rounds} (rounds of pp = {p.pp})")
+    """Refuse a plan this runtime cannot lay out: the rules of planner.validity, which the
+    search and Plan.validate share (so a plan the search emits is never refused here)."""
+    from planner.validity import plan_problems
+    problems = plan_problems(plan)
+    if problems:
+        raise LayoutError(problems[0])
 
 
 def build_mesh(plan, device_type: str):

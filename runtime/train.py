@@ -83,23 +83,33 @@ def parse_args(argv):
     return a
 
 
-def check_world(plan, world_size: int, local_world_size: int, on_gpu: bool) -> None:
-    p = plan.parallelism
-    if p.world_size != world_size:
-        raise Refused(f"runtime: plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.world_size} "
-                      f"processes, launched with {world_size}")
-    if on_gpu:
+def check_world(plan, world_size: int, local_world_size: int, on_gpu: bool,
+                visible_gpus: int | None = None) -> None:
+    """Refuse a plan for the processes launched (planner.validity.launch_problems): the world
+    must be the plan's; on GPUs, at most a node's GPUs and the visible ones per node, tp groups
+    inside a node. `visible_gpus` defaults to torch.cuda.device_count() on GPUs."""
+    from planner.validity import launch_problems
+    if on_gpu and visible_gpus is None:
         import torch
-        gpn = plan.cluster.gpus_per_node
-        if local_world_size > gpn:
-            raise Refused(f"runtime: plan's cluster has {gpn} GPUs per node, launched "
-                          f"{local_world_size} processes per node")
-        if p.rank_order[-1] == "tp" and local_world_size % p.tp and world_size > local_world_size:
-            raise Refused(f"runtime: tp {p.tp} groups would span nodes of {local_world_size} "
-                          f"processes; launch a multiple of tp processes per node")
-        if torch.cuda.device_count() < local_world_size:
-            raise Refused(f"runtime: {local_world_size} processes per node but only "
-                          f"{torch.cuda.device_count()} GPUs visible")
+        visible_gpus = torch.cuda.device_count()
+    problems = launch_problems(plan, world_size, local_world_size, on_gpu, visible_gpus)
+    if problems:
+        raise Refused(f"runtime: {problems[0]}")
+
+
+def preflight(plan, world_size: int, local_world_size: int, on_gpu: bool,
+              visible_gpus: int | None = None) -> None:
+    """Every check of a plan before torch.distributed starts (Refused, one line): the launched
+    world, the model (runtime.model.check_supported) and the layout
+    (runtime.parallelize.check_layout: planner.validity's rules)."""
+    from runtime.model import UnsupportedModel, check_supported
+    from runtime.parallelize import LayoutError, check_layout
+    check_world(plan, world_size, local_world_size, on_gpu, visible_gpus)
+    try:
+        check_supported(plan.model)
+        check_layout(plan)
+    except (UnsupportedModel, LayoutError) as e:
+        raise Refused(f"runtime: {e}") from None
 
 
 def prepare(argv):
@@ -112,16 +122,12 @@ def prepare(argv):
         raise Refused(f"runtime: {e}") from None
     import torch
     from runtime.data import DataError, make_source
-    from runtime.model import UnsupportedModel, check_supported
-    from runtime.parallelize import LayoutError, check_layout
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    check_world(plan, world, local_world, torch.cuda.is_available())
+    preflight(plan, world, local_world, torch.cuda.is_available())
     try:
-        check_supported(plan.model)
-        check_layout(plan)
         source = make_source(args.data, plan.model.vocab_size, plan.batch.seq_len, args.seed)
-    except (UnsupportedModel, LayoutError, DataError) as e:
+    except DataError as e:
         raise Refused(f"runtime: {e}") from None
     args.resume_from = None
     if args.checkpoint_dir:

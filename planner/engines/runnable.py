@@ -2,6 +2,8 @@
 
 The search only emits what `Engine` allows (planner.search reads the same predicates), the
 exporters refuse a plan with any problem listed here, and `plan show --export` says why.
+What no engine can run (divisibility, positions, chunks without pipelining) is
+planner.validity's, checked first by Plan.validate.
 """
 from __future__ import annotations
 
@@ -24,8 +26,6 @@ def problems(plan, engine: Engine) -> list:
             out.append(f"{e} has no pipeline parallelism (pp={p.pp})")
         elif p.schedule not in engine.schedules:
             out.append(f"{e} has no {p.schedule} schedule")
-    elif p.vpp > 1:
-        out.append(f"{p.vpp} model chunks on a single pipeline rank")
     if not engine.zero_ok(p.zero_stage, p.tp, p.pp, p.dp):
         out.append(f"{e} has no ZeRO-{p.zero_stage} with tp={p.tp} pp={p.pp} dp={p.dp}")
     if engine.stage_layers == EQUAL_SPLIT and len(set(plan.layer_counts())) > 1:

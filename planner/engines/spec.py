@@ -115,10 +115,14 @@ class Engine:
             return False
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
 
+    def tp_domain(self, cluster) -> int:
+        """GPUs a tensor-parallel group may span: the NVLink domain (NVL72 trays share one), or
+        the host where the engine places TP groups per host."""
+        return cluster.gpus_per_node if self.tp_within_host else cluster.nvlink_domain
+
     def tp_limit(self, cluster) -> int:
-        """The largest tensor-parallel group: inside the NVLink domain (NVL72 trays share one),
-        or inside a host where the engine places TP groups per host."""
-        room = cluster.gpus_per_node if self.tp_within_host else cluster.nvlink_domain
+        """The largest tensor-parallel group the engine runs on this cluster."""
+        room = self.tp_domain(cluster)
         return room if self.max_tp is None else min(self.max_tp, room)
 
     @property

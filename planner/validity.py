@@ -1,0 +1,219 @@
+"""The validity rules of a parallel configuration: one home, shared by the search, plan
+validation, explain and the runtime.
+
+A configuration is valid when the model, the batch and the cluster can be split by its degrees
+the way every consumer of a plan lays them out:
+
+* tensor parallelism splits the attention heads, the FFN and the vocabulary; the KV heads are
+  split too, or (the runtime's grouped-query layout) replicated when they divide tp. The
+  search keeps to splitting them (`tp_ok`), which every engine runs;
+* a tp group sits inside one node (ranks are laid out tp innermost): tp divides the GPUs of a
+  node whenever the job spans more than one;
+* sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0;
+* the model has a position for every token: seq_len <= max_seq_len with learned positions and
+  with rope (the runtime's rule; ALiBi extrapolates);
+* every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers;
+* the global batch splits over data parallelism and micro-batches: dp * mbs * m == global batch;
+* interleaved 1F1B: torch's ScheduleInterleaved1F1B runs m micro-batches in rounds of
+  max(1, m // pp), so m is a multiple of the rounds (`torch_interleaved_ok`); the search offers
+  only m % pp == 0 (Megatron's rule, `interleaved_ok`), which implies it.
+
+The predicates are cheap (the search calls them per candidate); `plan_problems` lists every
+problem of a Plan in one line each (Plan.validate raises the first; the runtime refuses with it
+before any work); `launch_problems` adds what depends on how the runtime was launched. Pure
+Python: no torch, no numpy.
+"""
+from __future__ import annotations
+
+# ---- predicates (called per candidate by the search) --------------------------------------
+
+
+def tp_blockers(model, tp: int, replicate_kv: bool = False) -> list:
+    """The model's dimensions tp does not divide, as "heads (32)", "KV heads (8)", "FFN (130)",
+    "vocabulary (128)". `replicate_kv`: KV heads that divide tp are fine (each rank keeps the
+    one KV head its query heads use, as the runtime does)."""
+    if tp <= 1:
+        return []
+    out = []
+    if model.num_heads % tp:
+        out.append(f"heads ({model.num_heads})")
+    kv = model.num_kv_heads
+    if kv % tp and not (replicate_kv and tp % kv == 0):
+        out.append(f"KV heads ({kv})")
+    if model.ffn_hidden % tp:
+        out.append(f"FFN ({model.ffn_hidden})")
+    if model.vocab_size % tp:
+        out.append(f"vocabulary ({model.vocab_size})")
+    return out
+
+
+def tp_ok(model, tp: int, replicate_kv: bool = False) -> bool:
+    """tp splits the heads, the KV heads (or replicates them), the FFN and the vocabulary."""
+    kv = model.num_kv_heads
+    return (model.num_heads % tp == 0
+            and (kv % tp == 0 or replicate_kv and tp % kv == 0)
+            and model.ffn_hidden % tp == 0 and model.vocab_size % tp == 0)
+
+
+def tp_in_node(tp: int, gpus_per_node: int) -> bool:
+    """A tp group of a whole-cluster job sits inside one node: tp divides the node's GPUs."""
+    return gpus_per_node % tp == 0
+
+
+def sp_ok(tp: int, seq_len: int) -> bool:
+    """Sequence parallelism shards the sequence over the tp group."""
+    return tp > 1 and seq_len % tp == 0
+
+
+def has_positions(model, seq_len: int) -> bool:
+    """Learned positions are a table of max_seq_len rows; the runtime also refuses rope beyond
+    max_seq_len. ALiBi has no limit here."""
+    return seq_len <= model.max_seq_len or model.position not in ("learned", "rope")
+
+
+def pp_ok(model, pp: int, vpp: int = 1) -> bool:
+    """Every pipeline rank holds at least one layer of each of its vpp model chunks."""
+    return pp * vpp <= model.num_layers
+
+
+def interleaved_ok(m: int, pp: int) -> bool:
+    """The interleaved schedule the search offers: m divisible by pp (Megatron's rule, and
+    within torch's)."""
+    return m % pp == 0
+
+
+def torch_interleaved_ok(m: int, pp: int) -> bool:
+    """torch's ScheduleInterleaved1F1B: m a multiple of its max(1, m // pp) rounds."""
+    rounds = max(1, m // pp)
+    return m % rounds == 0
+
+
+def batch_ok(global_batch: int, dp: int, mbs: int = 1) -> bool:
+    """The global batch splits into dp ranks of micro-batches of mbs sequences."""
+    return global_batch % (dp * mbs) == 0
+
+
+# ---- messages of the rules (one line each, no "invalid plan:" prefix) --------------------
+
+def positions_problem(model, seq_len: int) -> str | None:
+    if has_positions(model, seq_len):
+        return None
+    return (f"seq_len {seq_len} exceeds the model's max_seq_len {model.max_seq_len} "
+            f"({model.position} positions)")
+
+
+def tp_problem(model, tp: int, replicate_kv: bool = True) -> str | None:
+    blockers = tp_blockers(model, tp, replicate_kv)
+    if not blockers:
+        return None
+    return f"tp {tp} does not divide the model's {and_list(blockers)}"
+
+
+def node_problem(tp: int, world_size: int, gpus_per_node: int,
+                 rank_order=("pp", "dp", "tp")) -> str | None:
+    """tp groups that would span nodes when the job runs on nodes of gpus_per_node GPUs."""
+    if rank_order[-1] == "tp" and world_size > gpus_per_node and gpus_per_node % tp:
+        return (f"tp {tp} groups would span nodes of {gpus_per_node} GPUs "
+                f"(tp must divide the GPUs per node)")
+    return None
+
+
+def and_list(items: list) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# ---- a whole plan -------------------------------------------------------------------------
+
+def plan_problems(plan, whole_cluster: bool = False) -> list:
+    """Every validity problem of a plan whose fields have the right types (Plan.validate checks
+    those first), one line each; empty: the search, the exporters and the runtime can all lay
+    it out. `whole_cluster`: its tp*pp*dp*cp must be its cluster's GPU count."""
+    p, m, b, c = plan.parallelism, plan.model, plan.batch, plan.cluster
+    out = []
+    if p.cp != 1:
+        out.append("context parallel (cp > 1) is not supported yet")
+    if p.vpp > 1 and p.schedule != "interleaved":
+        out.append("vpp > 1 needs the interleaved schedule")
+    if p.vpp > 1 and p.pp == 1:
+        out.append(f"{p.vpp} model chunks on a single pipeline rank (vpp > 1 needs pp > 1)")
+    if p.world_size > c.num_gpus:
+        out.append(f"tp*pp*dp = {p.world_size} exceeds the cluster's {c.num_gpus} GPUs")
+    if whole_cluster and p.world_size != c.num_gpus:
+        out.append(f"tp*pp*dp = {p.world_size} GPUs but the plan's cluster {c.name} has "
+                   f"{c.num_gpus}; plan for this cluster again (plan --cluster ...)")
+    problem = tp_problem(m, p.tp, replicate_kv=True)
+    if problem:
+        out.append(problem)
+    from planner.engines import ENGINES
+    engine = ENGINES.get(plan.engine)
+    domain = engine.tp_domain(c) if engine is not None else c.gpus_per_node
+    problem = node_problem(p.tp, p.world_size, domain, p.rank_order)
+    if problem:
+        out.append(problem)
+    if p.sequence_parallel and p.tp > 1 and b.seq_len % p.tp:
+        out.append(f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}")
+    bad_batch = [k for k in ("seq_len", "global_batch_size", "micro_batch_size",
+                             "num_microbatches") if getattr(b, k) < 1]
+    for k in bad_batch:
+        out.append(f"batch.{k} must be positive")
+    if not bad_batch:
+        problem = positions_problem(m, b.seq_len)
+        if problem:
+            out.append(problem)
+        if b.micro_batch_size * b.num_microbatches * p.dp != b.global_batch_size:
+            out.append(f"micro_batch_size {b.micro_batch_size} x num_microbatches "
+                       f"{b.num_microbatches} x dp {p.dp} != global_batch_size "
+                       f"{b.global_batch_size}")
+        if p.pp > 1 and (p.schedule == "interleaved" or p.vpp > 1) \
+                and not torch_interleaved_ok(b.num_microbatches, p.pp):
+            rounds = max(1, b.num_microbatches // p.pp)
+            out.append(f"interleaved 1F1B needs num_microbatches {b.num_microbatches} to be a "
+                       f"multiple of {rounds} (rounds of pp = {p.pp})")
+    if not pp_ok(m, p.pp, p.vpp):
+        out.append(f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
+    out += stage_problems(plan)
+    return out
+
+
+def stage_problems(plan) -> list:
+    """The stages: pp*vpp of them in model order, contiguous, covering every layer."""
+    p, m = plan.parallelism, plan.model
+    if len(plan.stages) != p.pp * p.vpp:
+        return [f"{len(plan.stages)} stages, expected pp*vpp = {p.pp * p.vpp}"]
+    end = 0
+    for i, s in enumerate(plan.stages):
+        if s.index != i or s.pp_rank != i % p.pp or s.chunk != i // p.pp:
+            return [f"stage {i}: index/pp_rank/chunk out of order"]
+        if s.layers[0] != end or s.layers[1] < s.layers[0]:
+            return [f"stage {i}: layers {list(s.layers)} do not continue from layer {end}"]
+        if not 0 <= s.recompute_layers <= s.num_layers:
+            return [f"stage {i}: recompute_layers {s.recompute_layers} outside "
+                    f"0..{s.num_layers}"]
+        end = s.layers[1]
+    if end != m.num_layers:
+        return [f"stages cover {end} layers, the model has {m.num_layers}"]
+    return []
+
+
+def launch_problems(plan, world_size: int, local_world_size: int, on_gpu: bool,
+                    visible_gpus: int | None = None) -> list:
+    """What refuses a valid plan for the processes it was launched with: the world must be the
+    plan's tp*pp*dp; on GPUs, at most a node's GPUs (and the visible ones) per node, and tp
+    groups inside a node."""
+    p = plan.parallelism
+    out = []
+    if p.world_size != world_size:
+        out.append(f"plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.world_size} processes, "
+                   f"launched with {world_size}")
+    if on_gpu:
+        gpn = plan.cluster.gpus_per_node
+        if local_world_size > gpn:
+            out.append(f"plan's cluster has {gpn} GPUs per node, launched {local_world_size} "
+                       f"processes per node")
+        if p.rank_order[-1] == "tp" and local_world_size % p.tp and world_size > local_world_size:
+            out.append(f"tp {p.tp} groups would span nodes of {local_world_size} processes; "
+                       f"launch a multiple of tp processes per node")
+        if visible_gpus is not None and visible_gpus < local_world_size:
+            out.append(f"{local_world_size} processes per node but only {visible_gpus} GPUs "
+                       f"visible")
+    return out
