@@ -26,10 +26,19 @@ GIB = 2 ** 30
 
 
 def _storage(t):
+    """(key, bytes) of the memory behind `t`: its storage, or for a wrapper tensor without one
+    (a DTensor's local part may be such a wrapper, e.g. an async collective's result) the
+    wrapped tensor's."""
     if isinstance(t, DTensor):
         t = t.to_local()
-    s = t.untyped_storage()
-    return s.data_ptr(), s.nbytes()
+    inner = getattr(t, "elem", None)          # funcol's AsyncCollectiveTensor
+    if isinstance(inner, torch.Tensor):
+        t = inner
+    try:
+        s = t.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return ("tensor", id(t)), t.numel() * t.element_size()
 
 
 def _sum(tensors) -> int:
