@@ -70,15 +70,15 @@ def describe(plan) -> str:
     return s
 
 
-def choose_plans(model, cluster, seq, gbs, n_alt: int):
+def choose_plans(model, cluster, seq, gbs, n_alt: int, engine):
     """The best plan, then the best of each other family, in predicted order."""
-    best = search(model, cluster, Fixed(), seq, gbs, top=5)
+    best = search(model, cluster, Fixed(), seq, gbs, top=5, engine=engine)
     plans = [to_plan(model, cluster, best.best, best)]
     seen = {describe(plans[0])}
     for fam in FAMILIES:
         f = Fixed(**fam)
         try:
-            rep = search(model, cluster, f, seq, gbs, top=1)
+            rep = search(model, cluster, f, seq, gbs, top=1, engine=engine)
         except Exception:     # noqa: BLE001 - a family that cannot be laid out is skipped
             continue
         if rep.best is None:
@@ -163,10 +163,10 @@ def main(argv=None) -> int:
 
     # 2. plan
     catalog = get_cluster("cpux2")
-    cluster, notes = apply_profile(profile, catalog, model, a.statistic)
+    cluster, engine, notes = apply_profile(profile, catalog, model, a.statistic)
     other = "median" if a.statistic == "min" else "min"
-    cluster_other, _ = apply_profile(profile, catalog, model, other)
-    plans = choose_plans(model, cluster, SEQ_LEN, GLOBAL_BATCH, a.alternatives)
+    cluster_other, engine_other, _ = apply_profile(profile, catalog, model, other)
+    plans = choose_plans(model, cluster, SEQ_LEN, GLOBAL_BATCH, a.alternatives, engine)
     print(f"[2/3] planned {len(plans)} layouts with the profile ({len(notes)} measured figures)",
           flush=True)
 
@@ -199,8 +199,9 @@ def main(argv=None) -> int:
         c = candidate_of(plan)
         layers = [sum(s.num_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
         rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
-        cat = evaluate(model, catalog, c, layers, rec).step_time_s
-        pred_other = evaluate(model, cluster_other, c, layers, rec).step_time_s
+        cat = evaluate(model, catalog, c, layers, rec, engine="runtime").step_time_s
+        pred_other = evaluate(model, cluster_other, c, layers, rec,
+                              engine=engine_other).step_time_s
         pred = plan.estimate["step_time_s"]
         rows.append({"plan": describe(plan), "predicted": pred, "catalog": cat,
                      "measured": measured, "spread": (min(steps), max(steps)),

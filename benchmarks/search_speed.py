@@ -42,6 +42,10 @@ from planner.catalog import get_cluster, get_model
 from planner.cost.stage import capacity_bytes, evaluate, stage_coefficients
 import planner.search as S
 
+# The brute force enumerates any recompute count per rank: the space of our runtime's engine
+# (Megatron's one count per chunk is a subset), so the optimum check plans for it.
+ENGINE = "runtime"
+
 INSTANCES = [
     ("llama3-8b", "h100x8"),
     ("llama2-13b", "a100x64"),
@@ -116,12 +120,12 @@ class SolverLog:
 
 
 def time_search(model, cluster, repeat: int) -> dict:
-    S.search(model, cluster)                      # warm caches (imports, numpy)
+    S.search(model, cluster, engine=ENGINE)       # warm caches (imports, numpy)
     best = None
     for _ in range(repeat):
         with SolverLog() as log:
             w0, c0 = time.perf_counter(), time.process_time()
-            rep = S.search(model, cluster)
+            rep = S.search(model, cluster, engine=ENGINE)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         if best is None or wall < best[0]:
             best = (wall, cpu, rep, log)
@@ -194,8 +198,8 @@ def brute_force_candidate(model, cluster, c, fixed_all=False):
     K = L - p * (v - 1)            # n = k + v - 1 with k >= 1 and sum(k) = K
     if K < p:
         return None
-    coeffs = stage_coefficients(model, cluster, c)
-    cap = capacity_bytes(cluster)
+    coeffs = stage_coefficients(model, cluster, c, ENGINE)
+    cap = capacity_bytes(cluster, ENGINE)
     # per rank, per k = 1..K (n = k + v - 1 layers): time with least recompute, tail, recompute
     T = np.full((p, K + 1), np.inf)
     tail = np.full((p, K + 1), np.inf)
@@ -229,7 +233,7 @@ def brute_force_candidate(model, cluster, c, fixed_all=False):
         return None
     layers = [int(x) + v - 1 for x in best[1]]
     rec = [int(R[s, x]) for s, x in enumerate(best[1])]
-    est = evaluate(model, cluster, c, layers, rec, coeffs)
+    est = evaluate(model, cluster, c, layers, rec, coeffs, ENGINE)
     assert est.fits and abs(est.step_time_s - best[0]) <= 1e-9 * best[0], (c, est, best)
     return est.step_time_s, layers, rec
 
@@ -240,7 +244,7 @@ def exhaustive(model, cluster, max_splits=MAX_SPLITS, budget_s=EXHAUSTIVE_BUDGET
     t0 = time.perf_counter()
     seq = seq or S.default_seq_len(model)
     gbs = gbs or S.default_global_batch(seq, cluster.num_gpus)
-    cands = S.enumerate_candidates(model, cluster, S.Fixed(), seq, gbs)
+    cands = S.enumerate_candidates(model, cluster, S.Fixed(), seq, gbs, ENGINE)
     L = model.num_layers
     done = skipped = over_budget = splits = 0
     skipped_pp, skipped_cands = set(), []
@@ -274,7 +278,7 @@ def no_pruning(model, cluster, cands, budget_s=NO_PRUNING_BUDGET_S) -> dict:
         for c in cands:
             if time.perf_counter() - t0 > budget_s:
                 break
-            res, fits = S.solve_candidate(model, cluster, c)
+            res, fits = S.solve_candidate(model, cluster, c, engine=ENGINE)
             done += 1
             if fits and (best is None or res.estimate.step_time_s < best.estimate.step_time_s):
                 best = res
@@ -287,7 +291,8 @@ def no_pruning(model, cluster, cands, budget_s=NO_PRUNING_BUDGET_S) -> dict:
 def run_instance(model_name, cluster_name, repeat, do_exhaustive, max_splits) -> dict:
     model, cluster = get_model(model_name), get_cluster(cluster_name)
     wall, cpu, out = time_process(_plan_cmd() + ["--model", model_name, "--cluster",
-                                                 cluster_name, "--json"], repeat)
+                                                 cluster_name, "--engine", ENGINE, "--json"],
+                                  repeat)
     plan = json.loads(out) if out.strip().startswith("{") else None
     ins = time_search(model, cluster, repeat)
     rep = ins["report"]

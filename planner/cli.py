@@ -1,6 +1,6 @@
 """The `plan` command.
 
-    plan --model llama70b --cluster h100x32 [--tp 8 ...] [--json] [--out plan.json]
+    plan --model llama70b --cluster h100x32 [--engine E] [--tp 8 ...] [--json] [--out plan.json]
     plan show plan.json [--export FMT]
     plan sweep --model M --clusters h100x8,h100x16 [--csv FILE] [--plot FILE]
     plan launch plan.json --nnodes N [--slurm]
@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.bounds import MAX_INT_ARG
 from planner.catalog import get_cluster, get_model
+from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
 from planner.explain import alternatives, describe_candidate, ensure_estimate, render
 from planner.plan import Plan
@@ -34,12 +36,27 @@ def _positive(name):
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
         if v <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
+        if v > MAX_INT_ARG:   # planner.bounds: the cost model's floats never overflow
+            raise argparse.ArgumentTypeError(f"{name} is too large (at most {MAX_INT_ARG})")
         return v
     return conv
 
 
+def _non_negative_gib(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--memory-margin must be a number, got {s!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"--memory-margin must be a finite number >= 0, got {s}")
+    return v
+
+
 def plan_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="plan", description="Plan how to split a model over a cluster.")
+    p = _Parser(prog="plan", description="Plan how to split a model over a cluster.",
+                epilog="subcommands: plan show PLAN.json [--export E]; plan sweep --model M "
+                       "--clusters C1,C2; plan launch PLAN.json --nnodes N [--slurm] "
+                       "(each with --help)")
     p.add_argument("--model", required=True, help="catalog name (llama70b, ...) or config.json")
     p.add_argument("--cluster", required=True, help="<gpu>x<count> (h100x32) or cluster JSON")
     p.add_argument("--seq-len", type=_positive("--seq-len"),
@@ -52,7 +69,8 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro-batch", type=_positive("--micro-batch"))
     p.add_argument("--vpp", type=_positive("--vpp"))
-    p.add_argument("--recompute", choices=("none", "selective", "full"))
+    p.add_argument("--recompute", choices=("none", "selective", "full", "op"),
+                   help="op: torchtitan's per-op selective checkpointing")
     p.add_argument("--sp", dest="sp", action="store_true", default=None)
     p.add_argument("--no-sp", dest="sp", action="store_false")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"))
@@ -60,7 +78,17 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan JSON")
     p.add_argument("--out", help="write the plan JSON to this file")
     p.add_argument("--profile", help="measured profile JSON (python -m profiler)")
-    p.add_argument("--export", choices=EXPORT_FORMATS, help="print the engine's configuration")
+    p.add_argument("--engine", choices=tuple(ENGINES),
+                   help=f"the training stack that will run the plan: searched within what it "
+                        f"can run, priced as it runs (default: {DEFAULT_ENGINE}; --export E "
+                        f"implies --engine E)")
+    p.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                   help="attention kernel: flash (default) or eager (materialised scores)")
+    p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
+                   help="GiB per GPU kept free below what the allocator may reserve "
+                        "(default: 3%% of the GPU's memory)")
+    p.add_argument("--export", choices=EXPORT_FORMATS,
+                   help="print the engine's configuration (plans for that engine)")
     p.add_argument("--plot", help="write the schedule and memory picture (PNG)")
     return p
 
@@ -71,7 +99,16 @@ def _fixed(a) -> Fixed:
     if vpp and vpp > 1 and schedule is None:
         schedule = "interleaved"
     return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
-                 recompute=a.recompute, sp=a.sp, schedule=schedule)
+                 recompute=a.recompute, sp=a.sp, schedule=schedule,
+                 flash=a.attention == "flash")
+
+
+def _engine_of(a):
+    """--engine, or the --export target's engine; they must agree."""
+    if a.export and a.engine and a.export != a.engine:
+        raise BadInput(f"--export {a.export} runs on {a.export}, but --engine is {a.engine}: "
+                       f"an export carries exactly the plan priced for its engine")
+    return get_engine(a.export or a.engine)
 
 
 class SearchProgress:
@@ -114,10 +151,10 @@ def _isatty(stream) -> bool:
         return False
 
 
-def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch) -> None:
+def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine) -> None:
     """Raise a precise BadInput when no configuration matches the fixed choices."""
     from planner.explain import diagnose_no_configuration
-    msg = diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch)
+    msg = diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine)
     if msg:
         raise BadInput(msg) from None
 
@@ -131,15 +168,16 @@ def _load_profile(path):
 
 def _nothing_fits_message(model, cluster, fixed, report) -> str:
     from planner.suggest import suggestions
-    msg = f"nothing fits {model.name} on {cluster.name}"
+    msg = f"nothing fits {model.name} on {cluster.name} under {report.engine.name}"
     c = report.closest
     if c is not None:
         over = c.estimate.overflow_gib()
         k = max(range(len(over)), key=lambda i: over[i])
         msg += (f"; closest: {describe_candidate(c.candidate)} overflows stage {k} by "
-                f"{over[k]:.1f} GiB ({c.estimate.stage_memory_gib[k]['total']:.1f} of "
+                f"{over[k]:.1f} GiB ({c.estimate.stage_memory_gib[k]['reserved']:.1f} of "
                 f"{c.estimate.capacity_gib:.1f} GiB)")
-    tips = suggestions(model, cluster, fixed, report.seq_len, report.global_batch)
+    tips = suggestions(model, cluster, fixed, report.seq_len, report.global_batch,
+                       report.engine, report.margin_gib)
     if tips:
         msg += "; would fit: " + "; ".join(tips)
     return msg
@@ -151,16 +189,21 @@ def run_plan(argv) -> int:
     model = get_model(a.model)
     cluster = get_cluster(a.cluster)
     profile = _load_profile(a.profile)
+    if profile is not None and a.engine is None and a.export is None:
+        a.engine = "runtime"           # a profile measures our runtime
+    engine = _engine_of(a)
     if profile is not None:
+        if engine.name != "runtime":
+            raise BadInput(f"--profile measures our runtime; it cannot price {engine.name}")
         from planner.profile import apply_profile
-        cluster, model_notes = apply_profile(profile, cluster, model)
+        cluster, engine, model_notes = apply_profile(profile, cluster, model)
     fixed = _fixed(a)
     with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
         try:
             report = search(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top,
-                            progress=progress)
+                            progress=progress, engine=engine, margin_gib=a.memory_margin)
         except BadInput:
-            _diagnose_no_configuration(model, cluster, fixed, a.seq_len, a.global_batch)
+            _diagnose_no_configuration(model, cluster, fixed, a.seq_len, a.global_batch, engine)
             raise
     best = report.best
     what_if = report.candidates == 1
@@ -208,12 +251,13 @@ def _emit(a, plan: Plan, alts) -> None:
 def run_show(argv) -> int:
     p = _Parser(prog="plan show", description="Explain or export a saved plan.")
     p.add_argument("plan")
-    p.add_argument("--export", choices=EXPORT_FORMATS)
+    p.add_argument("--export", choices=EXPORT_FORMATS,
+                   help="the plan's own engine (plan with --engine E to export to E)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot")
     a = p.parse_args(argv)
     _check_plot_path(a)
-    plan = ensure_estimate(Plan.load(a.plan))
+    plan = ensure_estimate(Plan.load(a.plan, whole_cluster=True))
     a.out = None
     _emit(a, plan, [])
     return 0

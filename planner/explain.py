@@ -74,17 +74,16 @@ def rank_timing(plan: Plan) -> list:
     from planner.search import candidate_of
 
     c = candidate_of(plan)
-    coeffs = stage_coefficients(plan.model, plan.cluster, c)
+    coeffs = stage_coefficients(plan.model, plan.cluster, c, plan.engine)
     layers = plan.layer_counts()
     rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
     out = []
     for k, n, r in zip(coeffs, layers, rec):
         total = k.time(n, r)
-        zexp = k.zero_exposed(n)
         # forward: the non-backward part of the compute and TP comm, half the p2p, a third of
         # the ZeRO exposure; backward: the rest (its compute, TP comm and all recompute)
         fwd = ((k.compute_fixed - k.bwd_fixed) + k.pp_fixed / 2
-               + n * (k.t_layer - k.bwd_layer) + zexp / 3)
+               + n * (k.t_layer - k.bwd_layer) + k.exposed_comm(*k.exposures()[0], n))
         fwd = min(max(fwd, 0.0), total)
         out.append({"rank": k.rank, "layers": n, "recompute": r, "fwd": fwd,
                     "bwd": total - fwd, "total": total, "tail": k.tail(n)})
@@ -102,7 +101,8 @@ def ensure_estimate(plan: Plan) -> Plan:
     c = candidate_of(plan)
     rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
     try:
-        est = evaluate(plan.model, plan.cluster, c, plan.layer_counts(), rec)
+        est = evaluate(plan.model, plan.cluster, c, plan.layer_counts(), rec,
+                       engine=plan.engine, margin_gib=plan.estimate.get("memory_margin_gib"))
     except (ValueError, ZeroDivisionError) as e:
         raise BadInput(f"cannot estimate this plan: {e}") from None
     if not plan.estimate.get("step_time_s"):
@@ -135,32 +135,33 @@ def _even_split(L: int, p: int, v: int) -> list:
     return split
 
 
-def _ideal(model, cluster, c, fixed_all: bool):
+def _ideal(model, cluster, c, rules, engine, margin_gib):
     """(estimate with an even split and no more recompute than fixed, coefficients): the
     candidate's speed if memory allowed."""
     from planner.cost.stage import evaluate, stage_coefficients
 
-    coeffs = stage_coefficients(model, cluster, c)
+    coeffs = stage_coefficients(model, cluster, c, engine)
     split = _even_split(model.num_layers, c.pp, c.vpp)
-    rec0 = list(split) if fixed_all else [0] * c.pp
-    ideal = evaluate(model, cluster, c, split, rec0, coeffs)
+    rec0 = list(split) if rules.all_layers_recomputed else [0] * c.pp
+    ideal = evaluate(model, cluster, c, split, rec0, coeffs, engine, margin_gib)
     return ideal, coeffs
 
 
-def _oom(model, cluster, c, coeffs, fixed_all) -> tuple:
+def _oom(model, cluster, c, coeffs, rules, engine, margin_gib) -> tuple:
     """(GiB over, why) for a candidate that fits on no placement: the worst stage of an even
     split with the least recompute that could help."""
     from planner.cost.stage import capacity_bytes
     from planner.search import heuristic
 
-    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster), fixed_all)
+    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster, engine, margin_gib), rules,
+                  engine=engine, margin_gib=margin_gib)
     over = h.estimate.overflow_gib()
     k = max(range(len(over)), key=lambda i: over[i])
     where = "" if c.pp == 1 else (f" on stage {k}" if c.vpp == 1 else f" on pipeline rank {k}")
     mem = h.estimate.stage_memory_gib[k]
     how = ("recomputing all its layers" if h.recompute[k] == h.layers[k] and h.layers[k]
            and c.recompute != "none" else "")
-    return over[k], (f"out of memory{where} by {over[k]:.1f} GiB ({mem['total']:.1f} of "
+    return over[k], (f"out of memory{where} by {over[k]:.1f} GiB ({mem['reserved']:.1f} of "
                      f"{h.estimate.capacity_gib:.1f} GiB{', ' + how if how else ''})")
 
 
@@ -196,7 +197,7 @@ _FLAG = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "mbs": "--micro-batch", "vpp"
          "zero": "--zero", "sp": "--sp", "schedule": "--schedule", "recompute": "--recompute"}
 
 
-def diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch):
+def diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine=None):
     """The no_configuration message when the fixed choices pass the search's own checks
     (planner.search.check_fixed, whose messages are precise) but match no configuration;
     else None."""
@@ -206,15 +207,16 @@ def diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch):
     s = seq_len or default_seq_len(model)
     g = global_batch or default_global_batch(s, cluster.num_gpus)
     try:
-        check_fixed(model, cluster, fixed, s, g)
-        if enumerate_candidates(model, cluster, fixed, s, g):
+        check_fixed(model, cluster, fixed, s, g, engine)
+        if enumerate_candidates(model, cluster, fixed, s, g, engine):
             return None
     except PlannerError:
         return None
-    return no_configuration(model, cluster, fixed, s, g)
+    return no_configuration(model, cluster, fixed, s, g, engine)
 
 
-def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int) -> str:
+def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int,
+                     engine=None) -> str:
     """Why no configuration matches the fixed choices: the choices that, set free, would
     give some configuration, and the divisibility each one breaks."""
     from dataclasses import replace
@@ -229,7 +231,7 @@ def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int) -> 
         if getattr(fixed, name) is None:
             continue
         if enumerate_candidates(model, cluster, replace(fixed, **{name: None}), seq_len,
-                                global_batch):
+                                global_batch, engine):
             culprits.append(name)
     reasons = []
     for name in culprits:
@@ -268,7 +270,8 @@ def alternatives(model, cluster, report, best, fixed=None, rejected_shown: int =
     that overflows and by how much (even split, the least recompute that could help); ones
     that would be slower anyway are not shown. Then degrees that are not divisible.
     """
-    fixed_all = fixed is not None and fixed.recompute in ("full", "selective")
+    from planner.search import rules_for
+    engine, margin = report.engine, report.margin_gib
     out = []
     base = best.estimate.step_time_s if best is not None else None
     for r in report.ranked[1:]:
@@ -277,14 +280,16 @@ def alternatives(model, cluster, report, best, fixed=None, rejected_shown: int =
     if rejected_shown and report.rejected:
         groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
         for c, _ in report.rejected:
-            ideal, coeffs = _ideal(model, cluster, c, fixed_all)
-            groups.setdefault((c.tp, c.pp, c.dp), []).append((ideal.step_time_s, c, coeffs))
+            rules = rules_for(engine, c, fixed)
+            ideal, coeffs = _ideal(model, cluster, c, rules, engine, margin)
+            groups.setdefault((c.tp, c.pp, c.dp), []).append((ideal.step_time_s, c, coeffs,
+                                                              rules))
         ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
         faster = [g for g in ordered if base and min(x[0] for x in g) < base]
         for group in faster[:rejected_shown]:
             # the variant of the layout that misses by the least
-            rows = [(_oom(model, cluster, c, coeffs, fixed_all), step, c) for step, c, coeffs
-                    in group]
+            rows = [(_oom(model, cluster, c, coeffs, rules, engine, margin), step, c)
+                    for step, c, coeffs, rules in group]
             (over, why), step, c = min(rows, key=lambda x: x[0][0])
             if base:
                 pct = (step / base - 1) * 100
@@ -308,13 +313,18 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     cap = e.get("capacity_gib", c.gpu.memory_gib)
     con.print(f"Plan for {m.name} ({m.num_params() / 1e9:.1f}B params, {m.num_layers} layers) "
               f"on {c.name} ({c.num_gpus} x {c.gpu.name}, {c.gpus_per_node} per node)")
+    from planner.engines import get_engine
+    engine = get_engine(plan.engine)
+    con.print(f"  engine {engine.name} ({engine.title}), {plan.attention} attention; "
+              f"predictions {engine.trust()}")
     con.print(f"  {summary_line(plan)}")
     con.print(f"  seq_len={plan.batch.seq_len} global_batch={plan.batch.global_batch_size} "
               f"sequences")
     if e.get("step_time_s"):
         con.print(f"  step {_fmt_time(e['step_time_s'])}   {e['tokens_per_s']:,.0f} tokens/s   "
                   f"{_fmt_tflops(e['tflops_per_gpu'])} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
-                  f"peak memory {e['peak_memory_gib']:.1f} / {cap:.1f} GiB"
+                  f"peak reserved {e.get('peak_reserved_gib', e['peak_memory_gib']):.1f} / "
+                  f"{cap:.1f} GiB"
                   + ("" if fits else "   DOES NOT FIT"))
     s = plan.search
     if s:
@@ -340,25 +350,31 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
         timing = rank_timing(plan)
     except Exception:   # a plan the cost model cannot price (e.g. an unknown GPU): no times
         timing = None
+    margin = e.get("memory_margin_gib")
     t = Table(title=f"Stages (memory per GPU in GiB; usable capacity {cap:.1f} of "
-                    f"{c.gpu.memory_gib:.0f} GiB)", title_justify="left",
-              caption="time/mb: one micro-batch, forward and backward, through all the layers "
-                      "of the stage's pipeline rank" if timing else None, caption_justify="left")
+                    f"{c.gpu.memory_gib:.1f} GiB"
+                    + (f" after {engine.context_gib:.1f} context and {margin:.1f} margin)"
+                       if margin is not None else ")"), title_justify="left",
+              caption="total: tensors allocated at the peak; reserved: what the caching allocator "
+                      "holds then (max_memory_reserved)"
+                      + ("\ntime/mb: one micro-batch, forward and backward, through all the layers "
+                         "of the stage's pipeline rank" if timing else ""), caption_justify="left")
     for col in ("stage", "rank", "layers", "recomp", "params", "grads", "optim", "activ",
-                "other", "total", "free"):
+                "other", "total", "reserved", "free"):
         t.add_column(col, justify="right", no_wrap=True)
     if timing:
         t.add_column("time/mb", justify="right", no_wrap=True)
     for st in plan.stages:
         mem = st.memory_gib
         total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_PARTS))
+        reserved = mem.get("reserved", total)
         row = [str(st.index), str(st.pp_rank),
                f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})" if st.num_layers
                else "- (0)",
                str(st.recompute_layers),
                *(f"{mem.get(k, 0.0):.1f}" for k in MEMORY_PARTS),
-               f"{total:.1f}",
-               f"{cap - total:.1f}" if total <= cap else f"OOM by {total - cap:.1f}"]
+               f"{total:.1f}", f"{reserved:.1f}",
+               f"{cap - reserved:.1f}" if reserved <= cap else f"OOM by {reserved - cap:.1f}"]
         if timing:
             row.append(_fmt_time(timing[st.pp_rank]["total"]))
         t.add_row(*row)

@@ -3,6 +3,11 @@
 Pure text: a `Plan` and where it is saved in, the commands out. The runtime is started as
 `python -m runtime --plan PLAN` under torchrun, one process per GPU; torchrun's c10d rendezvous
 assigns node ranks, so every node runs the same line.
+
+Nothing a user typed reaches a line unchecked or unquoted: names and paths with control
+characters are refused (planner.schema.check_name), the plan path and extra arguments are
+shlex-quoted, the names in comment lines are printed escaped, the SLURM job name is reduced to
+plain characters.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import shlex
 
 from planner.errors import BadInput
 from planner.plan import Plan
+from planner.schema import MAX_PATH, check_name
 
 RDZV_PORT = 29500
 
@@ -33,10 +39,19 @@ def _check(plan: Plan, nnodes, gpus_per_node) -> int:
     return world
 
 
+def _comment(s: str) -> str:
+    """A name for a `#` comment line: one line whatever it holds (checked names have no
+    control characters; this is the second guard)."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(s))
+
+
 def torchrun_command(nnodes: int, gpus_per_node: int, plan_path: str, endpoint: str,
                      rdzv_id: str = None, extra_args=()) -> str:
     """One torchrun line starting the runtime (`endpoint` is inserted as written, unquoted,
     so that it may hold shell variables)."""
+    check_name(str(plan_path), "the plan path", MAX_PATH)
+    for a in extra_args:
+        check_name(str(a), "a runtime argument", MAX_PATH)
     parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(gpus_per_node)]
     if rdzv_id is not None:
         parts += ["--rdzv-id", rdzv_id]
@@ -55,17 +70,22 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     nnodes * gpus_per_node == tp * pp * dp. With `slurm`, a batch script for `sbatch`
     (one task per node, each running torchrun for all that node's GPUs).
     """
-    plan.validate()
+    plan.validate(whole_cluster=True)
+    check_name(str(plan_path), "the plan path", MAX_PATH)
+    for what, v in (("model name", plan.model.name), ("cluster name", plan.cluster.name)):
+        check_name(v, f"the plan's {what}")
+    if job_name is not None:
+        check_name(job_name, "the job name")
     g = plan.cluster.gpus_per_node if gpus_per_node is None else gpus_per_node
     world = _check(plan, nnodes, g)
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise BadInput(f"rendezvous port must be in 1..65535, got {port!r}")
     p = plan.parallelism
-    summary = (f"# plan {plan.model.name} on {plan.cluster.name}: tp={p.tp} pp={p.pp} dp={p.dp} "
-               f"-> {world} GPUs = {nnodes} node(s) x {g}")
+    summary = (f"# plan {_comment(plan.model.name)} on {_comment(plan.cluster.name)}: tp={p.tp} "
+               f"pp={p.pp} dp={p.dp} -> {world} GPUs = {nnodes} node(s) x {g}")
     if slurm:
         # sbatch reads #SBATCH lines itself, without a shell: keep the name to plain characters
-        name = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name or f"plan-{plan.model.name}")
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name or f"plan-{plan.model.name}")[:100]
         cmd = torchrun_command(nnodes, g, plan_path, f'"$MASTER_ADDR:{port}"',
                                rdzv_id='"$SLURM_JOB_ID"', extra_args=extra_args)
         lines = [

@@ -12,6 +12,9 @@ Layout of `schema_version` 1:
     estimate    {fits, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_gib,
                  time_breakdown_s: {compute, tp_comm, pp_comm, dp_comm_exposed, bubble, optimizer}}
     search      {candidates, solver_status, seconds, ...}
+    engine      the training engine the plan was priced for (planner.engines; "megatron" when
+                absent, as plans before engines were)
+    attention   "flash" or "eager": the attention kernel the plan was priced with
 
 `stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
 `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment). `memory_gib` is
@@ -26,12 +29,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from planner import bounds as B
+from planner import schema as S
+from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.errors import BadInput
-from planner.specs import Cluster, Model, read_json_object
+from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model, read_json_object
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 RANK_ORDER = ("pp", "dp", "tp")
 
 
@@ -84,6 +90,8 @@ class Plan:
     stages: list
     estimate: dict = field(default_factory=dict)
     search: dict = field(default_factory=dict)
+    engine: str = DEFAULT_ENGINE
+    attention: str = "flash"
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived --------------------------------------------------------
@@ -110,6 +118,8 @@ class Plan:
                         "memory_gib": s.memory_gib} for s in self.stages],
             "estimate": self.estimate,
             "search": self.search,
+            "engine": self.engine,
+            "attention": self.attention,
         }
 
     def to_json(self) -> str:
@@ -119,54 +129,90 @@ class Plan:
         Path(path).write_text(self.to_json() + "\n")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict, whole_cluster: bool = False) -> "Plan":
+        """A Plan from its JSON form, checked against PLAN_SCHEMA (types, ranges, required and
+        unknown keys) and then `validate` (consistency); BadInput with one line otherwise."""
         if not isinstance(d, dict) or "schema_version" not in d:
             raise BadInput("not a plan: no schema_version")
-        if d["schema_version"] != SCHEMA_VERSION:
-            raise BadInput(f"plan schema_version {d['schema_version']} is not supported "
+        v = d["schema_version"]
+        if type(v) is not int or v != SCHEMA_VERSION:
+            raise BadInput(f"plan schema_version {S.show(v)} is not supported "
                            f"(this version reads {SCHEMA_VERSION})")
+        d = S.check(PLAN_SCHEMA, d, "not a valid plan")
+        est = d.get("estimate", {})
+        if est.get("step_time_s") is not None:      # shown as saved: then all of it
+            missing = [k for k in ESTIMATE_SHOWN if k not in est]
+            if missing:
+                raise BadInput(f"not a valid plan: estimate has step_time_s but is missing "
+                               f"{', '.join(missing)} (remove the estimate to recompute it)")
         try:
-            model = Model.from_dict(d["model"]["spec"])
-            cluster = Cluster.from_dict(d["cluster"])
-            par = dict(d["parallelism"])
-            par["rank_order"] = tuple(par.get("rank_order", RANK_ORDER))
-            parallelism = Parallelism(**par)
-            batch = Batch(**d["batch"])
-            stages = [Stage(index=s["index"], pp_rank=s["pp_rank"], chunk=s["chunk"],
-                            layers=tuple(s["layers"]), recompute_layers=s["recompute_layers"],
-                            memory_gib=s.get("memory_gib", {})) for s in d["stages"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise BadInput(f"not a valid plan: {type(e).__name__} {e}") from None
+            model = Model(**d["model"]["spec"])
+        except BadInput as e:
+            raise BadInput(f"not a valid plan: model.spec: {e}") from None
+        if d["model"]["name"] != model.name or d["model"]["num_layers"] != model.num_layers:
+            raise BadInput(f"not a valid plan: model.name / model.num_layers "
+                           f"({S.show(d['model']['name'])}, {d['model']['num_layers']}) differ "
+                           f"from model.spec's ({S.show(model.name)}, {model.num_layers})")
+        cluster = Cluster.from_dict(d["cluster"], "not a valid plan: cluster")
+        par = dict(d["parallelism"])
+        par["rank_order"] = tuple(par.get("rank_order", RANK_ORDER))
+        parallelism = Parallelism(**par)
+        batch = Batch(**d["batch"])
+        stages = [Stage(index=s["index"], pp_rank=s["pp_rank"], chunk=s["chunk"],
+                        layers=tuple(s["layers"]), recompute_layers=s["recompute_layers"],
+                        memory_gib=s.get("memory_gib", {})) for s in d["stages"]]
         plan = cls(model=model, cluster=cluster, parallelism=parallelism, batch=batch,
-                   stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}))
-        plan.validate()
+                   stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}),
+                   engine=d.get("engine", DEFAULT_ENGINE), attention=d.get("attention", "flash"))
+        plan.validate(whole_cluster=whole_cluster)
         return plan
 
     @classmethod
-    def load(cls, path) -> "Plan":
+    def load(cls, path, whole_cluster: bool = False) -> "Plan":
+        """Read and check a plan file. `whole_cluster`: refuse a plan whose tp*pp*dp*cp is not
+        its cluster's GPU count (show, launch, export: the estimate and the launch lines are
+        for the whole cluster); the runtime runs such plans on fewer processes."""
         d = read_json_object(path, "plan")
         try:
-            return cls.from_dict(d)
+            return cls.from_dict(d, whole_cluster=whole_cluster)
         except BadInput as e:
-            raise BadInput(f"plan {path}: {e}") from None
+            raise BadInput(f"plan {S.show_path(path)}: {e}") from None
 
     # ---- validation -----------------------------------------------------
-    def validate(self) -> None:
-        """Raise BadInput unless the plan is internally consistent."""
+    def validate(self, whole_cluster: bool = False) -> None:
+        """Raise BadInput unless the plan is internally consistent (and, with `whole_cluster`,
+        uses every GPU of its cluster)."""
         p, m, b = self.parallelism, self.model, self.batch
 
         def bad(msg):
             raise BadInput(f"invalid plan: {msg}")
 
         for k in ("tp", "pp", "dp", "cp", "vpp"):
-            if not isinstance(getattr(p, k), int) or getattr(p, k) < 1:
-                bad(f"parallelism.{k} must be a positive integer")
-        if p.zero_stage not in (0, 1, 2, 3):
-            bad(f"zero_stage {p.zero_stage} not in 0..3")
+            v = getattr(p, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(f"parallelism.{k} must be a positive integer, got {S.show(v)}")
+        if type(p.zero_stage) is not int or p.zero_stage not in (0, 1, 2, 3):
+            bad(f"zero_stage {S.show(p.zero_stage)} not in 0..3")
+        if not isinstance(p.sequence_parallel, bool):
+            bad(f"sequence_parallel must be true or false, got {S.show(p.sequence_parallel)}")
+        for k in ("seq_len", "global_batch_size", "micro_batch_size", "num_microbatches"):
+            v = getattr(b, k)
+            if isinstance(v, bool) or not isinstance(v, int):
+                bad(f"batch.{k} must be an integer, got {S.show(v)}")
+        for i, s in enumerate(self.stages):
+            vals = (s.index, s.pp_rank, s.chunk, s.recompute_layers, *s.layers)
+            if len(s.layers) != 2 or any(isinstance(x, bool) or not isinstance(x, int)
+                                         for x in vals):
+                bad(f"stage {i}: index, pp_rank, chunk, layers [first, end) and "
+                    f"recompute_layers must be integers")
         if p.schedule not in SCHEDULES:
             bad(f"schedule {p.schedule!r} not in {SCHEDULES}")
         if p.recompute not in RECOMPUTE:
             bad(f"recompute {p.recompute!r} not in {RECOMPUTE}")
+        if self.engine not in ENGINES:
+            bad(f"engine {self.engine!r} not in {tuple(ENGINES)}")
+        if self.attention not in ("flash", "eager"):
+            bad(f"attention {self.attention!r} not in ('flash', 'eager')")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
         if p.cp != 1:
@@ -175,6 +221,9 @@ class Plan:
             bad("vpp > 1 needs the interleaved schedule")
         if p.world_size > self.cluster.num_gpus:
             bad(f"tp*pp*dp = {p.world_size} exceeds the cluster's {self.cluster.num_gpus} GPUs")
+        if whole_cluster and p.world_size != self.cluster.num_gpus:
+            bad(f"tp*pp*dp = {p.world_size} GPUs but the plan's cluster {self.cluster.name} has "
+                f"{self.cluster.num_gpus}; plan for this cluster again (plan --cluster ...)")
         if m.num_heads % p.tp or m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
             bad(f"tp {p.tp} does not divide the attention heads ({m.num_heads}/{m.num_kv_heads})")
         for k in ("seq_len", "global_batch_size", "micro_batch_size", "num_microbatches"):
@@ -196,6 +245,51 @@ class Plan:
             end = s.layers[1]
         if end != m.num_layers:
             bad(f"stages cover {end} layers, the model has {m.num_layers}")
+
+
+_MEM = S.Num(ge=0.0, le=1e9)       # GiB
+_POS = S.Num(ge=0.0)
+PARALLELISM = S.Obj({
+    "tp": S.Int(1, B.MAX_GPUS), "pp": S.Int(1, B.MAX_LAYERS), "dp": S.Int(1, B.MAX_GPUS),
+    "zero_stage": (S.Enum(0, 1, 2, 3), 0), "sequence_parallel": (S.Bool(), False),
+    "vpp": (S.Int(1, B.MAX_LAYERS), 1), "schedule": (S.Enum(*SCHEDULES), "1f1b"),
+    "recompute": (S.Enum(*RECOMPUTE), "none"), "cp": (S.Int(1, B.MAX_GPUS), 1),
+    "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 3), list(RANK_ORDER))})
+BATCH = S.Obj({"seq_len": S.Int(1, B.MAX_SEQ_LEN), "global_batch_size": S.Int(1, B.MAX_BATCH),
+               "micro_batch_size": S.Int(1, B.MAX_BATCH),
+               "num_microbatches": S.Int(1, B.MAX_BATCH)})
+STAGE = S.Obj({
+    "index": S.Int(0, B.MAX_LAYERS), "pp_rank": S.Int(0, B.MAX_LAYERS),
+    "chunk": S.Int(0, B.MAX_LAYERS), "layers": S.List(S.Int(0, B.MAX_LAYERS), 2, 2),
+    "recompute_layers": S.Int(0, B.MAX_LAYERS),
+    "memory_gib": (S.Obj({k: (_MEM, None) for k in ("params", "grads", "optimizer",
+                                                     "activations", "other", "total",
+                                                     "reserved")}), {})})
+# estimate and search: what the planner writes is checked; keys a newer planner adds pass
+ESTIMATE = S.Obj({
+    "fits": (S.Bool(), None), "step_time_s": (S.Num(gt=0.0), None),
+    "tokens_per_s": (_POS, None), "tflops_per_gpu": (_POS, None),
+    "mfu": (S.Num(ge=0.0, le=1.0), None), "peak_memory_gib": (_MEM, None),
+    "capacity_gib": (S.Num(ge=-1e9, le=1e9), None),
+    "time_breakdown_s": (S.Map(S.Num(ge=-1e9, le=1e9), S.Str(100), max_len=100), None)},
+    extra=True)
+ESTIMATE_SHOWN = ("fits", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                  "peak_memory_gib")
+SEARCH = S.Obj({
+    "solver_status": (S.Str(100), None), "gap": (S.Num(ge=0.0), None),
+    "candidates": (S.Int(0), None), "solved": (S.Int(0), None),
+    "pruned_memory": (S.Int(0), None), "pruned_bound": (S.Int(0), None),
+    "seconds": (_POS, None), "profile": (S.Str(4096), None),
+    "profile_used": (S.List(S.Str(4096)), None), "estimate": (S.Str(4096), None)}, extra=True)
+PLAN_SCHEMA = S.Obj({
+    "schema_version": S.Enum(SCHEMA_VERSION),
+    "model": S.Obj({"name": S.Name(), "num_layers": S.Int(1, B.MAX_LAYERS),
+                    "num_params": S.Int(0), "spec": MODEL_SCHEMA}),
+    "cluster": PLAN_CLUSTER, "parallelism": PARALLELISM, "batch": BATCH,
+    "stages": S.List(STAGE, 1, B.MAX_LAYERS),
+    "estimate": (ESTIMATE, {}), "search": (SEARCH, {}),
+    "engine": (S.Enum(*ENGINES), DEFAULT_ENGINE),
+    "attention": (S.Enum("flash", "eager"), "flash")})
 
 
 def even_split(total: int, parts: int) -> list:

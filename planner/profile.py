@@ -40,10 +40,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
+from planner import bounds as B
+from planner import schema as S
 from planner.errors import BadInput
-from planner.specs import Cluster, Model
+from planner.specs import GPU_FIELDS, MODEL_SCHEMA, Cluster, Model
 
 FORMAT = "planner-profile"
 VERSION = 1
@@ -93,12 +94,98 @@ class Profile:
                        gpus_per_node=int(hw.get("procs_per_node") or hw["world_size"]))
 
 
-def _need(d, key, kind, where):
-    if not isinstance(d, dict) or key not in d:
-        raise BadInput(f"{where}: missing {key!r}")
-    if not isinstance(d[key], kind):
-        raise BadInput(f"{where}: {key!r} should be {kind.__name__ if isinstance(kind, type) else 'valid'}")
-    return d[key]
+# ---- the schema: every figure apply_profile, Measured and merge_profiles read ----------------
+# Measurement records keep the profiler's other fields (extra=True); what is read is checked.
+
+_SECONDS = S.Num(gt=0.0, le=1e6)
+TIME = S.Obj({"median": _SECONDS, "min": _SECONDS,
+              "samples": (S.List(S.Num(ge=0.0, le=1e6), max_len=100_000), None)}, extra=True)
+_TP = S.Int(1, B.MAX_GPUS)
+_MBS = S.Int(1, B.MAX_BATCH)
+_BYTES = S.Num(ge=0.0, le=1e18)
+_LINE = S.Obj({"intercept": S.Num(), "slope": S.Num()}, extra=True)
+LAYER_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "fwd_s": TIME, "bwd_s": TIME,
+                     "saved_bytes": _BYTES}, extra=True)
+PART_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "fwd_s": TIME, "bwd_s": TIME,
+                    "saved_bytes": (_BYTES, None)}, extra=True)
+RUNTIME_TP_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "sp": (S.Bool(), False), "fwd_s": TIME,
+                          "bwd_s": TIME}, extra=True)
+FITS = S.Map(S.Obj({"fwd_s": (_LINE, None), "bwd_s": (_LINE, None),
+                    "saved_bytes": (_LINE, None)}, extra=True), key=S.IntKey(1, B.MAX_GPUS))
+_MODE = S.Obj({"saved_bytes": _BYTES, "extra_over_fwd": S.Num(ge=0.0, le=1e3)}, extra=True)
+RECOMPUTE = S.Map(S.Obj({"none": S.Obj({"saved_bytes": _BYTES}, extra=True),
+                         "selective": (_MODE, None), "full": (_MODE, None)}, extra=True),
+                  key=S.IntKey(1, B.MAX_GPUS))
+ATTENTION_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "fwd_s": TIME,
+                         "flops": (S.Num(ge=0.0, le=1e30), None)}, extra=True)
+OPTIMIZER = S.Obj({"s_per_param": S.Num(ge=0.0, le=1.0), "step_s": (TIME, None),
+                   "params": (S.Num(gt=0.0, le=1e15), None)}, extra=True)
+ENTRY = S.Obj({
+    "model": MODEL_SCHEMA, "profiled_spec": MODEL_SCHEMA, "seq_len": S.Int(1, B.MAX_SEQ_LEN),
+    "scaled": (S.Bool(), False), "micro_batches": (S.List(_MBS), None),
+    "tp_degrees": (S.List(_TP), None),
+    "layer": S.Obj({"points": S.List(LAYER_POINT, 1), "fit": FITS}, extra=True),
+    "comm_elem_bytes": (S.Nullable(S.Enum(1, 2, 4, 8)), None),
+    "recompute": (RECOMPUTE, None), "attention_core": (S.List(ATTENTION_POINT), None),
+    "embedding": S.List(PART_POINT, 1), "embedding_fit": (FITS, None),
+    "head": S.List(PART_POINT, 1), "head_fit": (FITS, None),
+    "layer_runtime_tp": (S.List(RUNTIME_TP_POINT), None), "optimizer": OPTIMIZER},
+    extra=True)
+LINK_FIT = S.Nullable(S.Obj({"alpha_s": S.Num(ge=0.0, le=10.0),
+                             "busbw_gbps": GPU_FIELDS["nvlink_busbw_gbps"]}, extra=True))
+LINKS = S.Map(S.Obj({"size": S.Int(1, B.MAX_GPUS),
+                     "ops": S.Map(S.Obj({"fit": (LINK_FIT, None)}, extra=True))}, extra=True),
+              key=S.IntKey(1, B.MAX_GPUS))
+HARDWARE = S.Obj({
+    "device_type": S.Str(100, 1), "world_size": S.Int(1, B.MAX_GPUS),
+    "procs_per_node": (S.Nullable(S.Int(1, B.MAX_GPUS)), None),
+    "nodes": (S.Int(1, B.MAX_GPUS), None), "hosts": (S.List(S.Str(1000)), None),
+    "device_name": (S.Nullable(S.Str(1000)), None),
+    "memory_gib": (S.Nullable(GPU_FIELDS["memory_gib"]), None),
+    "catalog_gpu": (S.Nullable(S.Name()), None)}, extra=True)
+_RATE = S.Obj({"tflops": GPU_FIELDS["peak_tflops"]}, extra=True)
+PROFILE_SCHEMA = S.Obj({
+    "format": S.Enum(FORMAT), "version": S.Enum(VERSION),
+    "created_utc": (S.Nullable(S.Str(100)), None), "hardware": HARDWARE,
+    "software": (S.Map(S.Anything()), None),
+    "settings": (S.Obj({"statistic": (S.Nullable(S.Enum("median", "min")), None)},
+                       extra=True), None),
+    "device": (S.Obj({"gemm": (S.Nullable(_RATE), None),
+                      "memory_bandwidth": (S.Nullable(S.Obj({"gbps": GPU_FIELDS["hbm_gbps"]},
+                                                            extra=True)), None)},
+                     extra=True), None),
+    "models": S.List(ENTRY, 1, 1000),
+    "links": S.Obj({"intra": (LINKS, None), "inter": (LINKS, None)}, extra=True),
+    "overlap": (S.Nullable(S.Obj({"overlap_slowdown": GPU_FIELDS["overlap_slowdown"],
+                                  "compute_slowdown": S.Num(ge=0.0, le=1e3),
+                                  "overlap_efficiency": S.Num(ge=-1e3, le=1e3)},
+                                 extra=True)), None),
+    "notes": (S.List(S.Str()), None), "merged_from": (S.List(S.Anything()), None)})
+
+
+def _cross_check(d, where: str) -> None:
+    """What the types alone do not say: one point per (tp, micro-batch) (interpolation divides
+    by their differences), and embedding and head measured at every tp the layers were."""
+    for i, m in enumerate(d["models"]):
+        w = f"{where}: models[{i}]"
+        for key in ("layer", "embedding", "head", "layer_runtime_tp"):
+            pts = m["layer"]["points"] if key == "layer" else m.get(key) or []
+            seen = set()
+            for p in pts:
+                k = (p["tp"], p["mbs"], bool(p.get("sp")) if key == "layer_runtime_tp" else None)
+                if k in seen:
+                    raise BadInput(f"{w}.{key}: two points at tp={k[0]} micro-batch {k[1]}")
+                seen.add(k)
+        tps = sorted({p["tp"] for p in m["layer"]["points"]})
+        for key in ("embedding", "head"):
+            have = {p["tp"] for p in m[key]}
+            for tp in tps:
+                if tp not in have:
+                    raise BadInput(f"{w}.{key}: no point at tp={tp} (the layer points have tp "
+                                   f"{', '.join(map(str, tps))})")
+        for p in m["head"]:
+            if p.get("saved_bytes") is None:
+                raise BadInput(f"{w}.head: a point without saved_bytes")
 
 
 def validate(d, where: str = "profile") -> None:
@@ -107,54 +194,26 @@ def validate(d, where: str = "profile") -> None:
         raise BadInput(f"{where}: not a profile (expected a JSON object)")
     if d.get("format") != FORMAT:
         what = ("a plan" if "schema_version" in d and "parallelism" in d else
-                f"format {d.get('format')!r}" if "format" in d else "no 'format' field")
+                f"format {S.show(d.get('format'))}" if "format" in d else "no 'format' field")
         raise BadInput(f"{where}: not a planner profile ({what}); make one with "
                        f"`torchrun ... -m profiler --model M --out FILE`")
-    if d.get("version") != VERSION:
-        raise BadInput(f"{where}: profile version {d.get('version')!r} is not supported "
+    if d.get("version") != VERSION or type(d.get("version")) is not int:
+        raise BadInput(f"{where}: profile version {S.show(d.get('version'))} is not supported "
                        f"(this planner reads version {VERSION}); re-run the profiler")
-    hw = _need(d, "hardware", dict, where)
-    for k in ("device_type", "world_size"):
-        _need(hw, k, (str, int), f"{where}: hardware")
-    models = _need(d, "models", list, where)
-    for i, m in enumerate(models):
-        w = f"{where}: models[{i}]"
-        try:
-            Model.from_dict(_need(m, "model", dict, w))
-            Model.from_dict(_need(m, "profiled_spec", dict, w))
-        except BadInput as e:
-            raise BadInput(f"{w}: {e}") from None
-        _need(m, "seq_len", int, w)
-        layer = _need(m, "layer", dict, w)
-        pts = _need(layer, "points", list, f"{w}.layer")
-        for p in pts:
-            for k in ("tp", "mbs", "saved_bytes"):
-                _need(p, k, (int, float), f"{w}.layer point")
-            for k in ("fwd_s", "bwd_s"):
-                t = _need(p, k, dict, f"{w}.layer point")
-                v = t.get("median")
-                if not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
-                    raise BadInput(f"{w}.layer point: {k}.median must be a positive number")
-        _need(m, "optimizer", dict, w)
-    _need(d, "links", dict, where)
+    S.check(PROFILE_SCHEMA, d, where)
+    for i, m in enumerate(d["models"]):
+        for key in ("model", "profiled_spec"):
+            try:
+                Model.from_dict(m[key], f"models[{i}].{key}")
+            except BadInput as e:
+                raise BadInput(f"{where}: {e}") from None
+    _cross_check(d, where)
 
 
 def load_profile(path) -> Profile:
     """Read and check a profile; BadInput with one line for anything wrong."""
-    where = f"profile {path}"
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{where}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{where}: is a directory") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{where}: cannot read ({e.__class__.__name__})") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{where}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    validate(d, where)
+    d = S.read_json(path, "profile")
+    validate(d, f"profile {S.show_path(path)}")
     return Profile(d, str(path))
 
 
@@ -412,7 +471,7 @@ class Measured:
 
     def optimizer_time(self, params: float) -> float:
         opt = self.entry["optimizer"]
-        if self.stat != "median" and "step_s" in opt:
+        if self.stat != "median" and "step_s" in opt and "params" in opt:
             return opt["step_s"][self.stat] / opt["params"] * params
         return opt["s_per_param"] * params
 
@@ -471,7 +530,12 @@ def _link_figures(shapes: dict) -> dict | None:
 
 
 def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: str | None = None):
-    """(cluster with measured figures, notes naming each measured figure used).
+    """(cluster with the measured GPU figures, the runtime engine with the measured facts,
+    notes naming each measured figure used).
+
+    The profile measures our runtime on that machine: the engine returned is `runtime` whose
+    facts are the measurements (planner.engines.facts.MeasuredFacts); its catalog speed
+    figures are dropped, the measured GPU figures replace them.
 
     `statistic`: "median" or "min" of the repeated timings; default: the profile's
     settings.statistic (the profiler's --statistic), else the median."""
@@ -487,16 +551,27 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     gpu = cluster.gpu
     notes = []
     changes = {}
-    dev = d.get("device", {})
-    if dev.get("gemm"):
-        eff = dev["gemm"]["tflops"] / gpu.peak_tflops
+    dev = d.get("device") or {}
+    attn = [e for m in d["models"] for e in m.get("attention_core") or [] if e.get("flops")]
+    best = max(attn, key=lambda e: e["flops"]) if attn else None
+    gemm_rate = dev["gemm"]["tflops"] if dev.get("gemm") else None
+    attn_rate = best["flops"] / best["fwd_s"]["median"] / 1e12 if best else None
+    # an efficiency is a fraction of the peak: a measured rate above the catalog's peak (a CPU
+    # whose vector units the rough catalog figure undercounts) raises the peak to it; times,
+    # which depend on peak x efficiency = the measured rate, are unchanged
+    peak = gpu.peak_tflops
+    top = max([r for r in (gemm_rate, attn_rate) if r is not None], default=0.0)
+    if top > peak:
+        changes["peak_tflops"] = peak = top
+        notes.append(f"peak {top * 1e3:.3g} GFLOP/s: the measured rate, above the catalog's "
+                     f"{gpu.peak_tflops * 1e3:.3g}")
+    if gemm_rate is not None:
+        eff = gemm_rate / peak
         changes["gemm_efficiency"] = eff
         notes.append(f"GEMM efficiency {eff:.2f} of peak (measured "
-                     f"{dev['gemm']['tflops'] * 1e3:.3g} GFLOP/s, catalog {gpu.gemm_efficiency:.2f})")
-    attn = [e for m in d["models"] for e in m.get("attention_core", []) if e.get("flops")]
-    if attn:
-        best = max(attn, key=lambda e: e["flops"])
-        eff = best["flops"] / best["fwd_s"]["median"] / 1e12 / gpu.peak_tflops
+                     f"{gemm_rate * 1e3:.3g} GFLOP/s, catalog {gpu.gemm_efficiency:.2f})")
+    if attn_rate is not None:
+        eff = attn_rate / peak
         changes["attn_efficiency"] = eff
         notes.append(f"attention efficiency {eff:.2f} of peak (catalog {gpu.attn_efficiency:.2f})")
     if dev.get("memory_bandwidth"):
@@ -523,7 +598,11 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
                      f"per GPU, latency {inter['latency_s'] * 1e6:.0f} us/hop")
     elif cluster.num_nodes > 1:
         notes.append("inter-node links: not measured (single-node profile), catalog figures")
-    gpu2 = dataclasses.replace(gpu, **changes)
+    try:
+        gpu2 = dataclasses.replace(gpu, **changes)
+    except BadInput as e:
+        raise BadInput(f"profile {profile.path}: the measured figures do not make a GPU ({e})") \
+            from None
 
     overlap = d.get("overlap")
     if overlap and "overlap_slowdown" in {f.name for f in dataclasses.fields(gpu)}:
@@ -546,7 +625,11 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     notes.append(f"embedding, LM head + loss: {how} seconds and saved bytes")
     notes.append(f"optimizer step: measured {entry['optimizer']['s_per_param'] * 1e9:.3g} ns per "
                  f"parameter")
-    return dataclasses.replace(cluster, gpu=gpu2, measured=measured), notes
+    from planner.engines import ENGINES
+    engine = dataclasses.replace(ENGINES["runtime"], gemm_scale=1.0, attn_scale=1.0,
+                                 elementwise_traffic=1.0, layer_overhead_s=0.0,
+                                 overlap_slowdown=None, measured=measured)
+    return dataclasses.replace(cluster, gpu=gpu2), engine, notes
 
 
 def _pick_entry(entries: list, model: Model) -> dict:

@@ -26,6 +26,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
+from planner.engines import get_engine
+from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
 from planner.specs import Cluster, Model
@@ -83,10 +85,13 @@ class SearchReport:
     rejected: list = field(default_factory=list)   # (Candidate, reason) samples
     seq_len: int = 0
     global_batch: int = 0
+    engine: object = None            # the Engine planned for
+    margin_gib: float | None = None  # --memory-margin (None: the default)
 
 
 def divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def default_seq_len(model: Model) -> int:
@@ -105,8 +110,31 @@ def _tp_ok(model: Model, tp: int) -> bool:
         and model.ffn_hidden % tp == 0 and model.vocab_size % tp == 0
 
 
-def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int) -> None:
+def check_engine(engine: Engine, f: Fixed) -> None:
+    """Exit-2 errors for fixed values the engine cannot run."""
+    e = engine.name
+    if f.tp and f.tp > 1 and engine.max_tp == 1:
+        raise BadInput(f"engine {e} has no tensor parallelism (--tp {f.tp})")
+    if f.pp and f.pp > 1 and not engine.pipelines:
+        raise BadInput(f"engine {e} has no pipeline parallelism (--pp {f.pp})")
+    if f.schedule and f.schedule not in engine.schedules and (f.pp or 2) > 1:
+        raise BadInput(f"engine {e} has no {f.schedule} schedule (it has: "
+                       f"{', '.join(engine.schedules) or 'no pipelining'})")
+    if f.zero is not None and f.zero not in engine.zero_stages + engine.zero_stages_with_pp:
+        raise BadInput(f"engine {e} has no ZeRO-{f.zero} (it has: "
+                       f"{', '.join(map(str, sorted(set(engine.zero_stages))))})")
+    if f.recompute not in (None, "none") and f.recompute not in engine.recompute_modes:
+        raise BadInput(f"engine {e} has no {f.recompute} recompute (it has: "
+                       f"{', '.join(engine.recompute_modes)})")
+    if f.sp is not None and (f.tp or 2) > 1 and f.sp not in engine.sp_choices:
+        raise BadInput(f"engine {e} {'always' if engine.sp_choices == (True,) else 'never'} "
+                       f"uses sequence parallelism with tp > 1")
+
+
+def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
+                engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
+    check_engine(get_engine(engine), f)
     n = cluster.num_gpus
     for name in ("tp", "pp", "dp", "mbs", "vpp"):
         v = getattr(f, name)
@@ -152,13 +180,33 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} learned positions")
 
 
-def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int) -> list:
+def searched_recompute(engine: Engine, f: Fixed) -> list:
+    """Recompute granularities to try. A count-based granularity (any number of a rank's layers,
+    0 included) covers "none"; an every-layer-or-none one needs "none" beside it. Selective
+    recompute only saves memory when attention scores are materialised (no flash)."""
+    if f.recompute:
+        return [f.recompute]
+    modes = [g for g in engine.recompute_modes if not (g == "selective" and f.flash)]
+    if all(engine.all_layers_recomputed(g) for g in modes):
+        modes = ["none"] + modes
+    return modes
+
+
+def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
+                         engine: Engine | None = None) -> list:
+    engine = get_engine(engine)
     n, L = cluster.num_gpus, model.num_layers
-    tps = [f.tp] if f.tp else [t for t in divisors(n) if t <= cluster.gpus_per_node
+    tps = [f.tp] if f.tp else [t for t in divisors(n)
+                                if t <= engine.tp_limit(cluster.gpus_per_node)
                                 and _tp_ok(model, t)]
     out = []
     for tp in tps:
-        pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if p <= L]
+        if not engine.pipelines:
+            pps = [1]
+        else:
+            pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if p <= L]
+        if engine.stage_layers == EQUAL_SPLIT:
+            pps = [p for p in pps if L % p == 0]
         for pp in pps:
             if n % (tp * pp):
                 continue
@@ -169,21 +217,21 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                 continue
             per_dp = gbs // dp
             mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
-            zeros = [f.zero] if f.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
-            sps = [f.sp] if f.sp is not None else ([False, True] if tp > 1 else [False])
+            zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
+                     if engine.zero_ok(z, tp, pp, dp)]
+            sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
+                    if s in engine.sp_choices] if tp > 1 else [False])
             if pp == 1:
                 scheds = [("1f1b", 1)]
             else:
                 scheds = []
-                for sch in ([f.schedule] if f.schedule else ["1f1b", "interleaved"]):
+                for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
                     if sch == "interleaved":
                         vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
                         scheds += [(sch, v) for v in vpps if pp * v <= L]
                     elif f.vpp in (None, 1):
                         scheds.append((sch, 1))
-            # searched: full recompute of r_s layers per rank, r_s = 0 allowed ("none")
-            # selective only helps memory when attention scores are materialised (no flash)
-            recs = [f.recompute] if f.recompute else (["full"] if f.flash else ["full", "selective"])
+            recs = searched_recompute(engine, f)
             for mbs in mbss:
                 if per_dp % mbs:
                     continue
@@ -207,16 +255,33 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
 
 # ---- per-candidate pieces ---------------------------------------------------
 
-def _recompute_bounds(c: Candidate, fixed_all: bool):
+@dataclass(frozen=True)
+class Rules:
+    """What the engine lets one candidate's placement do: recompute every layer or none
+    (`all_layers_recomputed`), one recompute count for every model chunk (`per_chunk`), the
+    same number of layers on every pipeline rank (`equal_split`)."""
+    all_layers_recomputed: bool = False
+    per_chunk: bool = False
+    equal_split: bool = False
+
+
+def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
+    fixed_all = f is not None and f.recompute not in (None, "none")
+    return Rules(all_layers_recomputed=fixed_all or engine.all_layers_recomputed(c.recompute),
+                 per_chunk=engine.recompute_count(c.recompute) == PER_CHUNK,
+                 equal_split=engine.stage_layers == EQUAL_SPLIT)
+
+
+def _recompute_bounds(c: Candidate, rules: Rules):
     """(lo, hi) fraction of a rank's layers that may be recomputed."""
     if c.recompute == "none":
         return 0, 0
-    return (1, 1) if fixed_all else (0, 1)
+    return (1, 1) if rules.all_layers_recomputed else (0, 1)
 
 
-def max_layers(coeffs, cap: float, v: int, fixed_all: bool, c: Candidate) -> list:
+def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate) -> list:
     """Most layers each rank can hold, recomputing all it may."""
-    lo, hi = _recompute_bounds(c, fixed_all)
+    lo, hi = _recompute_bounds(c, rules)
     out = []
     for k in coeffs:
         per = k.mem_total_layer() - hi * k.mem_rec
@@ -230,13 +295,20 @@ def max_layers(coeffs, cap: float, v: int, fixed_all: bool, c: Candidate) -> lis
     return out
 
 
-def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, fixed_all: bool):
+def _vector_exposed(k, c_layer, c_fixed, h_layer, h_fixed, n):
+    """StageCoeffs.exposed_comm, vectorised over n."""
+    comm = c_fixed + n * c_layer
+    return np.where(comm > 0, np.maximum(c_layer, comm - h_fixed - n * h_layer)
+                    + k.overlap_slowdown * comm, 0.0)
+
+
+def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     """Least per-micro-batch time of rank k holding n = v, v+1, ... layers (inf if n cannot fit)."""
     n = np.arange(v, L + 1, dtype=float)
     mem0 = k.mem_total_fixed() + n * k.mem_total_layer()
     if c.recompute == "none":
         r = np.where(mem0 <= cap, 0.0, np.inf)
-    elif fixed_all:
+    elif rules.all_layers_recomputed:
         r = np.where(mem0 - n * k.mem_rec <= cap, n, np.inf)
     elif k.mem_rec > 0:
         r = np.maximum(0.0, np.ceil((mem0 - cap) / k.mem_rec))
@@ -245,24 +317,22 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, fixed_all: bool
         r = np.where(mem0 <= cap, 0.0, np.inf)
     with np.errstate(invalid="ignore"):
         t = k.t_fixed + n * k.t_layer + np.where(np.isfinite(r), r * k.t_rec, np.inf)
-    if k.z_fixed > 0 or k.z_layer > 0:
-        comm = k.z_fixed + n * k.z_layer      # StageCoeffs.zero_exposed, vectorised over n
-        t = t + np.maximum(k.z_layer, comm - k.z_overlap(0) - n * k.compute_layer) \
-            + k.overlap_slowdown * comm
+    for e in k.exposures():
+        t = t + _vector_exposed(k, *e, n)
     return n, t
 
 
-def lower_bound(coeffs, c: Candidate, L: int, cap: float, fixed_all: bool) -> float:
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules) -> float:
     """A step time no placement of this candidate can beat.
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
     hold all L layers with every rank's time (with the least recompute its memory needs) at most
     T. The sum of stage times is at least the perfectly balanced total with that recompute
     pooled over ranks. The tail is the smallest any rank can have while some rank holds at
-    least L/p layers.
+    least L/p layers. (Engine rules only restrict placements further: still a bound.)
     """
     p, m, v = c.pp, c.m, c.vpp
-    per_rank = [_rank_min_times(k, L, v, cap, c, fixed_all) for k in coeffs]
+    per_rank = [_rank_min_times(k, L, v, cap, c, rules) for k in coeffs]
     values = np.unique(np.concatenate([t[np.isfinite(t)] for _, t in per_rank]))
     if values.size == 0:
         return math.inf
@@ -277,7 +347,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, fixed_all: bool) -> fl
             lo = mid + 1
     if c.recompute == "none":
         need = 0
-    elif fixed_all:
+    elif rules.all_layers_recomputed:
         need = L
     else:   # pooled memory over ranks sets the least total recompute
         excess = (sum(k.mem_total_fixed() for k in coeffs)
@@ -293,11 +363,11 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, fixed_all: bool) -> fl
     return m * t_star + (total - t_star) / v + tail
 
 
-def _min_recompute(k, n: int, cap: float, c: Candidate, fixed_all: bool):
+def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
     """Fewest recomputed layers that make rank k fit with n layers, or None."""
     if c.recompute == "none":
         return 0 if k.memory(n, 0)["total"] <= cap else None
-    if fixed_all:
+    if rules.all_layers_recomputed:
         return n if k.memory(n, n)["total"] <= cap else None
     over = k.memory(n, 0)["total"] - cap
     if over <= 0:
@@ -308,25 +378,36 @@ def _min_recompute(k, n: int, cap: float, c: Candidate, fixed_all: bool):
     return r if r <= n else None
 
 
-def heuristic(model, cluster, c, coeffs, cap, fixed_all, split=None) -> Result:
+def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
+    """Layers of a rank recomputed when each of its v chunks recomputes its first `per_chunk`
+    (Megatron's --recompute-num-layers): a chunk shorter than that recomputes all it has."""
+    return min(v * per_chunk, layers)
+
+
+def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=None,
+              margin_gib=None) -> Result:
     """Even split (or `split`) with the least recompute that fits; may not fit."""
     if split is None:
         split = even_split(model.num_layers, c.pp)
     rec = []
     for k, n in zip(coeffs, split):
-        r = _min_recompute(k, n, cap, c, fixed_all)
+        r = _min_recompute(k, n, cap, c, rules)
         rec.append(r if r is not None else (n if c.recompute != "none" else 0))
-    est = evaluate(model, cluster, c, split, rec, coeffs)
+    if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
+        per_chunk = max(math.ceil(r / c.vpp) for r in rec)
+        rec = [chunk_recompute(per_chunk, n, c.vpp) for n in split]
+    est = evaluate(model, cluster, c, split, rec, coeffs, engine, margin_gib)
     return Result(c, split, rec, est)
 
 
-def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess=1.0):
+def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_guess=1.0,
+                engine=None, margin_gib=None):
     """Exact layer and recompute counts per rank. Returns (Result | None, status, gap)."""
     v, m, L = c.vpp, c.m, model.num_layers
-    lo, hi = _recompute_bounds(c, fixed_all)
+    lo, hi = _recompute_bounds(c, rules)
     mdl = cp_model.CpModel()
     unit = TIME_UNITS / step_guess
-    ns = lambda x: int(round(x * unit))
+    ns = lambda x: int(round(x * unit))   # noqa: E731
     n_vars, r_vars, T, tails = [], [], [], []
     # tight variable bounds keep the objective far from int64 overflow
     t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
@@ -334,13 +415,16 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
                          + k.gather_fixed + L * k.gather_layer) for k in coeffs) + 1
 
     def exposure(c_layer, c_fixed, h_layer, h_fixed, a, n, ub, name):
-        """Var >= the collective's unhidden time, as in StageCoeffs.zero_exposed / tail:
+        """Var >= the collective's exposed time, as in StageCoeffs.exposed_comm:
         max(c_layer, comm - hidden) + a * comm, with comm and hidden linear in n."""
         e = mdl.NewIntVar(0, ub, name)
         mdl.Add(e >= ns(c_layer + a * c_fixed) + ns(a * c_layer) * n)
         mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n)
         return e
 
+    per_chunk = None
+    if rules.per_chunk and lo == 0 and hi == 1:
+        per_chunk = mdl.NewIntVar(0, L, "per_chunk")   # one count for every model chunk
     for i, k in enumerate(coeffs):
         n = mdl.NewIntVar(v, L, f"n{i}")               # at least one layer per chunk
         r = mdl.NewIntVar(0, L, f"r{i}")
@@ -348,6 +432,10 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
             mdl.Add(r == n)
         elif hi == 0:
             mdl.Add(r == 0)
+        elif per_chunk is not None:
+            vr = mdl.NewIntVar(0, v * L, f"vr{i}")
+            mdl.Add(vr == v * per_chunk)
+            mdl.AddMinEquality(r, [vr, n])             # chunk_recompute
         else:
             mdl.Add(r <= n)
         # memory (bytes)
@@ -355,22 +443,21 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
                 - int(k.mem_rec) * r <= int(cap))
         # per micro-batch time, with the ZeRO-2/3 collectives' exposure
         t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
-        if k.z_fixed > 0 or k.z_layer > 0:
-            t_expr = t_expr + exposure(k.z_layer, k.z_fixed, k.compute_layer, k.compute_fixed,
-                                       k.overlap_slowdown, n, t_ub, f"e{i}")
+        for j, (cl, cf, hl, hf) in enumerate(k.exposures()):
+            if cl > 0 or cf > 0:
+                t_expr = t_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, t_ub,
+                                           f"e{i}_{j}")
         t = mdl.NewIntVar(0, t_ub, f"T{i}")
         mdl.Add(t == t_expr)
-        # step tail: gradient reduction behind the last backward, gather, optimizer
+        # step tail: gradient reduction, parameter gather, optimizer
         tail_expr = ns(k.opt_fixed) + ns(k.opt_layer) * n
-        if k.grad_fixed > 0 or k.grad_layer > 0:
-            tail_expr = tail_expr + exposure(k.grad_layer, k.grad_fixed, k.bwd_layer, k.bwd_fixed,
-                                             k.overlap_slowdown, n, tail_ub, f"x{i}")
-        if k.gather_fixed > 0 or k.gather_layer > 0:
-            tail_expr = tail_expr + exposure(k.gather_layer, k.gather_fixed, k.fwd_layer,
-                                             k.fwd_fixed, k.overlap_slowdown, n, tail_ub, f"g{i}")
+        for j, (cl, cf, hl, hf) in enumerate(k.tail_exposures()):
+            if cl > 0 or cf > 0:
+                tail_expr = tail_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, tail_ub,
+                                                 f"x{i}_{j}")
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
-        n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)
+        n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)   # noqa: E702
     mdl.Add(sum(n_vars) == L)
     tmax = mdl.NewIntVar(0, t_ub, "Tmax")
     mdl.AddMaxEquality(tmax, T)
@@ -397,23 +484,28 @@ def solve_cpsat(model, cluster, c, coeffs, cap, fixed_all, hint=None, step_guess
     gap = (obj - bound) / obj if obj > 0 else 0.0
     layers = [solver.Value(x) for x in n_vars]
     rec = [solver.Value(x) for x in r_vars]
-    est = evaluate(model, cluster, c, layers, rec, coeffs)
+    est = evaluate(model, cluster, c, layers, rec, coeffs, engine, margin_gib)
     return Result(c, layers, rec, est, status=status, gap=gap), status, gap
 
 
-def solve_candidate(model, cluster, c, fixed_all=False, coeffs=None, heur=None):
+def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, heur=None,
+                    engine=None, margin_gib=None):
     """Best layer placement for one candidate: (Result, fits)."""
-    coeffs = coeffs or stage_coefficients(model, cluster, c)
-    cap = capacity_bytes(cluster)
-    heur = heur or heuristic(model, cluster, c, coeffs, cap, fixed_all)
-    if c.pp == 1:
+    engine = get_engine(engine)
+    rules = rules or rules_for(engine, c)
+    coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
+    cap = capacity_bytes(cluster, engine, margin_gib)
+    heur = heur or heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
+                             margin_gib=margin_gib)
+    if c.pp == 1 or rules.equal_split:
         return heur, heur.estimate.fits
-    caps = max_layers(coeffs, cap, c.vpp, fixed_all, c)
+    caps = max_layers(coeffs, cap, c.vpp, rules, c)
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
         return heur, False
-    res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, fixed_all,
+    res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
                                    hint=heur if heur.estimate.fits else None,
-                                   step_guess=heur.estimate.step_time_s)
+                                   step_guess=heur.estimate.step_time_s, engine=engine,
+                                   margin_gib=margin_gib)
     if res is None:   # the solver found nothing in time: the even split may still fit
         return heur, heur.estimate.fits
     if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:
@@ -423,18 +515,19 @@ def solve_candidate(model, cluster, c, fixed_all=False, coeffs=None, heur=None):
 
 
 def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
-           global_batch: int | None = None, top: int = 5, progress=None) -> SearchReport:
-    """Best plans for `model` on `cluster` under the fixed choices."""
+           global_batch: int | None = None, top: int = 5, progress=None,
+           engine: Engine | str | None = None, margin_gib: float | None = None) -> SearchReport:
+    """Best plans for `model` on `cluster` under the fixed choices, for `engine`."""
     t0 = time.perf_counter()
+    engine = get_engine(engine)
     f = fixed or Fixed()
     seq_len = seq_len or default_seq_len(model)
     gbs = global_batch or default_global_batch(seq_len, cluster.num_gpus)
-    check_fixed(model, cluster, f, seq_len, gbs)
-    fixed_all = f.recompute in ("full", "selective")
-    cands = enumerate_candidates(model, cluster, f, seq_len, gbs)
+    check_fixed(model, cluster, f, seq_len, gbs, engine)
+    cands = enumerate_candidates(model, cluster, f, seq_len, gbs, engine)
     if not cands:
-        raise BadInput(_why_no_candidates(model, cluster, f, gbs))
-    cap = capacity_bytes(cluster)
+        raise BadInput(_why_no_candidates(model, cluster, f, gbs, engine))
+    cap = capacity_bytes(cluster, engine, margin_gib)
     L = model.num_layers
     scored, closest, pruned_mem = [], None, 0
 
@@ -445,30 +538,34 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
 
     infeasible = []
     for c in cands:
-        coeffs = stage_coefficients(model, cluster, c)
-        caps = max_layers(coeffs, cap, c.vpp, fixed_all, c)
+        rules = rules_for(engine, c, f)
+        coeffs = stage_coefficients(model, cluster, c, engine)
+        caps = max_layers(coeffs, cap, c.vpp, rules, c)
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
-            infeasible.append((c, coeffs))
+            infeasible.append((c, coeffs, rules))
             continue
-        heur = heuristic(model, cluster, c, coeffs, cap, fixed_all)
-        scored.append((lower_bound(coeffs, c, L, cap, fixed_all), c, coeffs, heur))
+        heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
+                         margin_gib=margin_gib)
+        scored.append((lower_bound(coeffs, c, L, cap, rules), c, coeffs, heur, rules))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
     # of them is a threshold a candidate's bound must beat to be worth an exact solve.
     scored.sort(key=lambda x: x[0])
-    plans = {c: h for _, c, _, h in scored if h.estimate.fits}   # best known plan per candidate
+    plans = {c: h for _, c, _, h, _ in scored if h.estimate.fits}   # best known plan per candidate
     solved, pruned_bound = 0, 0
-    for i, (lb, c, coeffs, heur) in enumerate(scored):
+    for i, (lb, c, coeffs, heur, rules) in enumerate(scored):
         times = sorted(r.estimate.step_time_s for r in plans.values())
         threshold = times[top - 1] if len(times) >= top else math.inf
         if lb > threshold * (1 + 1e-9):
             pruned_bound = len(scored) - i
             break
-        if c.pp == 1 or (heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
-            res, fits = heur, heur.estimate.fits           # single stage / proven optimal
+        if c.pp == 1 or rules.equal_split or (
+                heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
+            res, fits = heur, heur.estimate.fits           # no placement choice / proven optimal
             res.status = "OPTIMAL"
         else:
-            res, fits = solve_candidate(model, cluster, c, fixed_all, coeffs, heur)
+            res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
+                                        margin_gib)
             solved += 1
         if progress:
             progress(i + 1, len(scored))
@@ -478,25 +575,29 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             consider_closest(res)
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked:   # nothing fits: find the candidate that misses by the least
-        for c, coeffs in infeasible:
-            consider_closest(heuristic(model, cluster, c, coeffs, cap, fixed_all))
-    rejected = [(c, "out of memory on every placement of its layers") for c, _ in infeasible]
+        for c, coeffs, rules in infeasible:
+            consider_closest(heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
+                                       margin_gib=margin_gib))
+    rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
                         seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
-                        seq_len=seq_len, global_batch=gbs)
+                        seq_len=seq_len, global_batch=gbs, engine=engine,
+                        margin_gib=margin_gib)
 
 
-def _why_no_candidates(model, cluster, f, gbs) -> str:
-    return (f"no configuration of {cluster.num_gpus} GPUs matches the fixed choices and "
-            f"global batch {gbs} (tp must divide the heads, pp the layers, dp*micro-batch the "
-            f"global batch)")
+def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
+    return (f"no configuration of {cluster.num_gpus} GPUs that {engine.name} can run matches "
+            f"the fixed choices and global batch {gbs} (tp must divide the heads, pp the "
+            f"layers, dp*micro-batch the global batch)")
 
 
 # ---- results to plans -------------------------------------------------------
 
-def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | None = None) -> Plan:
+def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | None = None,
+            engine: Engine | str | None = None) -> Plan:
     c = r.candidate
+    engine = get_engine(engine if engine is not None else report.engine if report else None)
     par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, zero_stage=c.zero, sequence_parallel=c.sp,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
@@ -512,11 +613,13 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       pruned_memory=report.pruned_memory, pruned_bound=report.pruned_bound,
                       seconds=round(report.seconds, 3))
     return Plan(model=model, cluster=cluster, parallelism=par, batch=batch, stages=stages,
-                estimate=est, search=search)
+                estimate=est, search=search, engine=engine.name,
+                attention="flash" if c.flash else "eager")
 
 
 def candidate_of(plan: Plan) -> Candidate:
     p, b = plan.parallelism, plan.batch
     return Candidate(tp=p.tp, pp=p.pp, dp=p.dp, zero=p.zero_stage, sp=p.sequence_parallel,
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
-                     schedule=p.schedule, vpp=p.vpp, recompute=p.recompute)
+                     schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
+                     flash=plan.attention == "flash")

@@ -6,12 +6,47 @@ also reads a Hugging Face `config.json` and a cluster JSON into these types.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planner import bounds as B
+from planner import schema as S
 from planner.errors import BadInput
+
+ACTIVATIONS = ("silu", "gelu", "relu2")
+NORMS = ("rmsnorm", "layernorm")
+POSITIONS = ("rope", "learned", "alibi")
+
+# Every Model field: its type and range (planner.schema checkers). Model.__post_init__ checks
+# them whoever builds a Model (catalog, config.json, a plan, a profile); MODEL_SCHEMA checks the
+# JSON form with unknown and missing keys.
+MODEL_FIELDS = {
+    "name": S.Name(),
+    "num_layers": S.Int(1, B.MAX_LAYERS),
+    "hidden": S.Int(1, B.MAX_HIDDEN),
+    "ffn_hidden": S.Int(1, 4 * B.MAX_HIDDEN),
+    "num_heads": S.Int(1, B.MAX_HEADS),
+    "num_kv_heads": S.Int(1, B.MAX_HEADS),
+    "vocab_size": S.Int(1, B.MAX_VOCAB),
+    "max_seq_len": S.Int(1, B.MAX_SEQ_LEN),
+    "gated_mlp": S.Bool(),
+    "activation": S.Enum(*ACTIVATIONS),
+    "norm": S.Enum(*NORMS),
+    "position": S.Enum(*POSITIONS),
+    "tied_embeddings": S.Bool(),
+    "attn_bias": S.Bool(),
+    "linear_bias": S.Bool(),
+    "parallel_residual": S.Bool(),
+    "dropout": S.Num(ge=0.0, lt=1.0),
+    "norm_eps": S.Num(gt=0.0, le=1.0),
+    "rope_theta": S.Num(gt=0.0, le=1e12),
+}
+
+
+def _who(kind: str, name) -> str:
+    """"model llama3-8b" for messages, whatever `name` holds (escaped, shortened)."""
+    return f"{kind} {S.show_path(name) if isinstance(name, str) else S.show(name)}"
 
 
 @dataclass(frozen=True)
@@ -39,23 +74,18 @@ class Model:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        for f in ("num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
-                  "vocab_size", "max_seq_len"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise BadInput(f"model {self.name}: {f} must be a positive integer, got {v!r}")
+        who = _who("model", self.name)
+        for f, checker in MODEL_FIELDS.items():
+            try:
+                checker(getattr(self, f), f)
+            except S.Invalid as e:
+                raise BadInput(f"{who}: {e}") from None
         if self.hidden % self.num_heads:
-            raise BadInput(f"model {self.name}: hidden {self.hidden} is not divisible by "
+            raise BadInput(f"{who}: hidden {self.hidden} is not divisible by "
                            f"num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
-            raise BadInput(f"model {self.name}: num_heads {self.num_heads} is not divisible by "
+            raise BadInput(f"{who}: num_heads {self.num_heads} is not divisible by "
                            f"num_kv_heads {self.num_kv_heads}")
-        if self.activation not in ("silu", "gelu", "relu2"):
-            raise BadInput(f"model {self.name}: unknown activation {self.activation!r}")
-        if self.norm not in ("rmsnorm", "layernorm"):
-            raise BadInput(f"model {self.name}: unknown norm {self.norm!r}")
-        if self.position not in ("rope", "learned", "alibi"):
-            raise BadInput(f"model {self.name}: unknown position embedding {self.position!r}")
 
     @property
     def head_dim(self) -> int:
@@ -102,18 +132,40 @@ class Model:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Model":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise BadInput(f"model spec has unknown fields: {', '.join(sorted(unknown))}")
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise BadInput(f"model spec is incomplete: {e}") from None
+    def from_dict(cls, d: dict, what: str = "model spec") -> "Model":
+        """A Model from its JSON form: unknown keys refused (the known ones listed), required
+        keys present, every value type- and range-checked; BadInput "what: ..." otherwise."""
+        return cls(**S.check(MODEL_SCHEMA, d, what))
 
     def scaled(self, **changes) -> "Model":
         return dataclasses.replace(self, **changes)
+
+
+def _schema_of(cls, fields: dict) -> S.Obj:
+    """An Obj schema of a dataclass: its fields' checkers, required unless they have a
+    default."""
+    return S.Obj({f.name: fields[f.name] if f.default is dataclasses.MISSING
+                  else (fields[f.name], f.default) for f in dataclasses.fields(cls)})
+
+
+MODEL_SCHEMA = _schema_of(Model, MODEL_FIELDS)
+
+_BW = S.Num(gt=0.0, le=1e8)          # GB/s
+_LAT = S.Num(ge=0.0, le=1e7)         # microseconds
+GPU_FIELDS = {
+    "name": S.Name(),
+    "peak_tflops": S.Num(gt=0.0, le=1e7),
+    "memory_gib": S.Num(gt=0.0, le=1e7),
+    "hbm_gbps": _BW,
+    "gemm_efficiency": S.Num(gt=0.0, le=1.0),
+    "attn_efficiency": S.Num(gt=0.0, le=1.0),
+    "nvlink_busbw_gbps": _BW,
+    "nvlink_p2p_gbps": _BW,
+    "nvlink_latency_us": _LAT,
+    "internode_gbps_per_gpu": _BW,
+    "internode_latency_us": _LAT,
+    "overlap_slowdown": S.Num(ge=0.0, le=2.0),
+}
 
 
 @dataclass(frozen=True)
@@ -134,6 +186,60 @@ class Gpu:
     # compute slowdown while a collective runs beside it, as a fraction of the collective's time
     overlap_slowdown: float = 0.15
 
+    def __post_init__(self):
+        who = _who("gpu", self.name)
+        for f, checker in GPU_FIELDS.items():
+            try:
+                checker(getattr(self, f), f)
+            except S.Invalid as e:
+                raise BadInput(f"{who}: {e}") from None
+
+
+GPU_SCHEMA = _schema_of(Gpu, GPU_FIELDS)
+GPU_OVERRIDES = tuple(f for f in GPU_FIELDS if f != "name")
+# a GPU in a file: all its figures, or "base": a catalog GPU and the figures that differ
+GPU_OBJECT = S.Obj({"base": (S.Name(), None),
+                    **{k: (v, None) for k, v in GPU_FIELDS.items()}})
+
+
+def gpu_from_json(v, where: str, path: str = "gpu") -> "Gpu":
+    """A Gpu from a file's `gpu` value: a catalog name ("h100"), or an object with either all
+    the figures or "base" plus the figures that differ."""
+    from planner.catalog import get_gpu
+    try:
+        if not isinstance(v, (str, dict)):
+            raise S.Invalid(path, f"must be a catalog GPU name or an object of GPU figures, "
+                                  f"got {S.show(v)}")
+        if isinstance(v, str):
+            S.Name()(v, path)
+        else:
+            d = GPU_OBJECT(v, path)
+    except S.Invalid as e:
+        raise BadInput(f"{where}: {e}") from None
+    if isinstance(v, str):
+        try:
+            return get_gpu(v)
+        except BadInput as e:
+            raise BadInput(f"{where}: {path}: {e}") from None
+    base = d.pop("base", None)
+    if base is not None:
+        try:
+            start = get_gpu(base)
+        except BadInput as e:
+            raise BadInput(f"{where}: {path}.base: {e}") from None
+        try:
+            return dataclasses.replace(start, **d)
+        except BadInput as e:
+            raise BadInput(f"{where}: {path}: {e}") from None
+    missing = [k for k, f in GPU_SCHEMA.fields.items() if f[1] is S.REQUIRED and k not in d]
+    if missing:
+        raise BadInput(f"{where}: {path} is missing {', '.join(missing)}; give them all, or "
+                       f"\"base\": \"<catalog gpu>\" and only the figures that differ")
+    try:
+        return Gpu(**d)
+    except BadInput as e:
+        raise BadInput(f"{where}: {path}: {e}") from None
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -147,10 +253,21 @@ class Cluster:
     measured: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        if self.num_gpus <= 0:
-            raise BadInput(f"cluster {self.name}: num_gpus must be positive, got {self.num_gpus}")
-        if self.gpus_per_node <= 0:
-            raise BadInput(f"cluster {self.name}: gpus_per_node must be positive")
+        who = _who("cluster", self.name)
+        try:
+            S.Name()(self.name, "name")
+            S.Int(1, B.MAX_GPUS)(self.num_gpus, "num_gpus")
+            S.Int(1, B.MAX_GPUS)(self.gpus_per_node, "gpus_per_node")
+        except S.Invalid as e:
+            if e.path == "num_gpus" and isinstance(self.num_gpus, int) and self.num_gpus > 0:
+                raise BadInput(f"{who}: {S.show(self.num_gpus)} GPUs is more than this planner "
+                               f"plans for (at most {B.MAX_GPUS})") from None
+            raise BadInput(f"{who}: {e}") from None
+        if self.gpus_per_node > self.num_gpus:
+            raise BadInput(f"{who}: gpus_per_node {self.gpus_per_node} is more than num_gpus "
+                           f"{self.num_gpus}")
+        if not isinstance(self.gpu, Gpu):
+            raise BadInput(f"{who}: gpu must be a Gpu, got {S.show(self.gpu)}")
 
     @property
     def num_nodes(self) -> int:
@@ -162,139 +279,219 @@ class Cluster:
                 "gpu_spec": dataclasses.asdict(self.gpu)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Cluster":
-        gpu = Gpu(**d["gpu_spec"]) if "gpu_spec" in d else None
-        if gpu is None:
-            from planner.catalog import get_gpu
-            gpu = get_gpu(d["gpu"])
-        return cls(name=d["name"], gpu=gpu, num_gpus=int(d["num_gpus"]),
-                   gpus_per_node=int(d.get("gpus_per_node", 8)))
+    def from_dict(cls, d: dict, what: str = "cluster") -> "Cluster":
+        """The plan's form (to_dict): `gpu_spec` holds the GPU's figures (else the catalog's
+        `gpu`); `gpu` and `gpu_memory_gib`, written for readers, must agree with it."""
+        d = S.check(PLAN_CLUSTER, d, what)
+        if "gpu_spec" in d:
+            gpu = gpu_from_json(d["gpu_spec"], what, "gpu_spec")
+        elif "gpu" in d:
+            gpu = gpu_from_json(d["gpu"], what, "gpu")
+        else:
+            raise BadInput(f"{what}: missing 'gpu_spec' (or a catalog 'gpu')")
+        if "gpu_spec" in d and "gpu" in d and d["gpu"] != gpu.name:
+            raise BadInput(f"{what}: gpu {S.show_path(d['gpu'])!r} is not gpu_spec's "
+                           f"{gpu.name!r}; edit gpu_spec, the figures the planner uses")
+        mem = d.get("gpu_memory_gib")
+        if mem is not None and not math.isclose(mem, gpu.memory_gib, rel_tol=1e-9):
+            raise BadInput(f"{what}: gpu_memory_gib {mem:g} differs from gpu_spec.memory_gib "
+                           f"{gpu.memory_gib:g}; edit gpu_spec, the figures the planner uses")
+        n = d["num_gpus"]
+        gpn = d.get("gpus_per_node")
+        try:
+            return cls(name=d["name"], gpu=gpu, num_gpus=n,
+                       gpus_per_node=min(8, n) if gpn is None else gpn)
+        except BadInput as e:
+            raise BadInput(f"{what}: {e}") from None
+
+
+PLAN_CLUSTER = S.Obj({"name": S.Name(), "num_gpus": S.Int(1, None),
+                      "gpus_per_node": (S.Int(1, None), None), "gpu": (S.Name(), None),
+                      "gpu_memory_gib": (S.Num(), None), "gpu_spec": (S.Anything(), None)})
 
 
 # ---- Hugging Face config.json ----------------------------------------------
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "bloom", "nemotron")
+_MISSING = object()
 
 
-def _act(name: str) -> str:
-    name = (name or "").lower()
-    if name in ("silu", "swish"):
+def _act(name: str, key: str = "hidden_act") -> str:
+    n = name.lower()
+    if n in ("silu", "swish"):
         return "silu"
-    if name.startswith("gelu"):
+    if n.startswith("gelu"):
         return "gelu"
-    if name in ("relu2", "squared-relu", "squared_relu", "relu_squared"):
+    if n in ("relu2", "squared-relu", "squared_relu", "relu_squared"):
         return "relu2"
-    raise BadInput(f"unsupported activation {name!r} in config")
+    raise BadInput(f"{key} {S.show(name)} is not supported (supported: silu/swish, gelu*, "
+                   f"relu2)")
 
 
-def model_from_hf_config(cfg: dict, name: str) -> Model:
-    """Map a Hugging Face config.json onto a Model."""
+def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Model:
+    """Map a Hugging Face config.json onto a Model. Keys the planner does not read are
+    ignored (config.json files carry many); every key it reads is type- and range-checked,
+    and null means "not given" (the default)."""
+    where = where or f"config {S.show_path(name)}"
+    if not isinstance(cfg, dict):
+        raise BadInput(f"{where}: not a config (expected a JSON object)")
     mt = cfg.get("model_type")
-    if mt not in HF_MODEL_TYPES:
-        raise BadInput(f"config {name}: model_type {mt!r} is not supported "
+    if mt is None:
+        raise BadInput(f"{where}: neither a Hugging Face config.json (no model_type) nor a "
+                       f"planner model spec (no num_layers)")
+    if not isinstance(mt, str) or mt not in HF_MODEL_TYPES:
+        raise BadInput(f"{where}: model_type {S.show(mt)} is not supported "
                        f"(supported: {', '.join(HF_MODEL_TYPES)})")
-    g = cfg.get
+
+    def get(key, checker, default=_MISSING):
+        v = cfg.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise BadInput(f"{where}: missing {key!r}")
+            return default
+        try:
+            return checker(v, key)
+        except S.Invalid as e:
+            raise BadInput(f"{where}: {e}") from None
+
+    def first(keys, checker, default=_MISSING):
+        for k in keys:
+            if cfg.get(k) is not None:
+                return get(k, checker)
+        if default is _MISSING:
+            raise BadInput(f"{where}: missing {' or '.join(repr(k) for k in keys)}")
+        return default
+
+    def act(key, default):
+        try:
+            return _act(get(key, S.Str(100), default), key)
+        except BadInput as e:
+            if str(e).startswith(where):
+                raise
+            raise BadInput(f"{where}: {e}") from None
+
+    i = MODEL_FIELDS
+    flag, eps, theta = S.Bool(), MODEL_FIELDS["norm_eps"], MODEL_FIELDS["rope_theta"]
+    if mt in ("llama", "mistral", "qwen2"):
+        heads = get("num_attention_heads", i["num_heads"])
+        kw = dict(
+            num_layers=get("num_hidden_layers", i["num_layers"]),
+            hidden=get("hidden_size", i["hidden"]),
+            ffn_hidden=get("intermediate_size", i["ffn_hidden"]), num_heads=heads,
+            num_kv_heads=get("num_key_value_heads", i["num_kv_heads"], heads),
+            vocab_size=get("vocab_size", i["vocab_size"]),
+            max_seq_len=get("max_position_embeddings", i["max_seq_len"], 4096), gated_mlp=True,
+            activation=act("hidden_act", "silu"), norm="rmsnorm", position="rope",
+            tied_embeddings=get("tie_word_embeddings", flag, False),
+            attn_bias=get("attention_bias", flag, mt == "qwen2"), linear_bias=False,
+            norm_eps=get("rms_norm_eps", eps, 1e-5), rope_theta=get("rope_theta", theta, 10000.0))
+    elif mt == "gpt2":
+        h = get("n_embd", i["hidden"])
+        heads = get("n_head", i["num_heads"])
+        kw = dict(
+            num_layers=get("n_layer", i["num_layers"]), hidden=h,
+            ffn_hidden=get("n_inner", i["ffn_hidden"], 4 * h), num_heads=heads,
+            num_kv_heads=heads, vocab_size=get("vocab_size", i["vocab_size"]),
+            max_seq_len=get("n_positions", i["max_seq_len"], 1024), gated_mlp=False,
+            activation=act("activation_function", "gelu_new"), norm="layernorm",
+            position="learned", tied_embeddings=get("tie_word_embeddings", flag, True),
+            attn_bias=True, linear_bias=True,
+            dropout=get("resid_pdrop", MODEL_FIELDS["dropout"], 0.1),
+            norm_eps=get("layer_norm_epsilon", eps, 1e-5))
+    elif mt == "gpt_neox":
+        heads = get("num_attention_heads", i["num_heads"])
+        kw = dict(
+            num_layers=get("num_hidden_layers", i["num_layers"]),
+            hidden=get("hidden_size", i["hidden"]),
+            ffn_hidden=get("intermediate_size", i["ffn_hidden"]), num_heads=heads,
+            num_kv_heads=heads, vocab_size=get("vocab_size", i["vocab_size"]),
+            max_seq_len=get("max_position_embeddings", i["max_seq_len"], 2048), gated_mlp=False,
+            activation=act("hidden_act", "gelu"), norm="layernorm", position="rope",
+            tied_embeddings=get("tie_word_embeddings", flag, False), attn_bias=True,
+            linear_bias=True, parallel_residual=get("use_parallel_residual", flag, True),
+            norm_eps=get("layer_norm_eps", eps, 1e-5),
+            rope_theta=get("rotary_emb_base", theta, 10000.0))
+    elif mt == "bloom":
+        h = first(("hidden_size", "n_embed"), i["hidden"])
+        heads = first(("n_head", "num_attention_heads"), i["num_heads"])
+        kw = dict(
+            num_layers=first(("n_layer", "num_hidden_layers"), i["num_layers"]), hidden=h,
+            ffn_hidden=4 * h, num_heads=heads, num_kv_heads=heads,
+            vocab_size=get("vocab_size", i["vocab_size"]),
+            max_seq_len=get("seq_length", i["max_seq_len"], 2048), gated_mlp=False,
+            activation="gelu", norm="layernorm", position="alibi", tied_embeddings=True,
+            attn_bias=True, linear_bias=True, norm_eps=get("layer_norm_epsilon", eps, 1e-5))
+    else:   # nemotron
+        heads = get("num_attention_heads", i["num_heads"])
+        kw = dict(
+            num_layers=get("num_hidden_layers", i["num_layers"]),
+            hidden=get("hidden_size", i["hidden"]),
+            ffn_hidden=get("intermediate_size", i["ffn_hidden"]), num_heads=heads,
+            num_kv_heads=get("num_key_value_heads", i["num_kv_heads"], heads),
+            vocab_size=get("vocab_size", i["vocab_size"]),
+            max_seq_len=get("max_position_embeddings", i["max_seq_len"], 4096), gated_mlp=False,
+            activation=act("hidden_act", "relu2"), norm="layernorm", position="rope",
+            tied_embeddings=get("tie_word_embeddings", flag, False),
+            attn_bias=get("attention_bias", flag, False), linear_bias=get("mlp_bias", flag, False),
+            norm_eps=get("norm_eps", eps, 1e-5), rope_theta=get("rope_theta", theta, 10000.0))
     try:
-        if mt in ("llama", "mistral", "qwen2"):
-            heads = g("num_attention_heads")
-            return Model(
-                name=name, num_layers=g("num_hidden_layers"), hidden=g("hidden_size"),
-                ffn_hidden=g("intermediate_size"), num_heads=heads,
-                num_kv_heads=g("num_key_value_heads") or heads, vocab_size=g("vocab_size"),
-                max_seq_len=g("max_position_embeddings", 4096), gated_mlp=True,
-                activation=_act(g("hidden_act", "silu")), norm="rmsnorm", position="rope",
-                tied_embeddings=bool(g("tie_word_embeddings", False)),
-                attn_bias=bool(g("attention_bias", mt == "qwen2")), linear_bias=False,
-                norm_eps=float(g("rms_norm_eps", 1e-5)), rope_theta=float(g("rope_theta", 10000.0)))
-        if mt == "gpt2":
-            h = g("n_embd")
-            return Model(
-                name=name, num_layers=g("n_layer"), hidden=h, ffn_hidden=g("n_inner") or 4 * h,
-                num_heads=g("n_head"), num_kv_heads=g("n_head"), vocab_size=g("vocab_size"),
-                max_seq_len=g("n_positions", 1024), gated_mlp=False,
-                activation=_act(g("activation_function", "gelu_new")), norm="layernorm",
-                position="learned", tied_embeddings=bool(g("tie_word_embeddings", True)),
-                attn_bias=True, linear_bias=True, dropout=float(g("resid_pdrop", 0.1)),
-                norm_eps=float(g("layer_norm_epsilon", 1e-5)))
-        if mt == "gpt_neox":
-            h = g("hidden_size")
-            return Model(
-                name=name, num_layers=g("num_hidden_layers"), hidden=h,
-                ffn_hidden=g("intermediate_size"), num_heads=g("num_attention_heads"),
-                num_kv_heads=g("num_attention_heads"), vocab_size=g("vocab_size"),
-                max_seq_len=g("max_position_embeddings", 2048), gated_mlp=False,
-                activation=_act(g("hidden_act", "gelu")), norm="layernorm", position="rope",
-                tied_embeddings=bool(g("tie_word_embeddings", False)), attn_bias=True,
-                linear_bias=True, parallel_residual=bool(g("use_parallel_residual", True)),
-                norm_eps=float(g("layer_norm_eps", 1e-5)),
-                rope_theta=float(g("rotary_emb_base", 10000.0)))
-        if mt == "bloom":
-            h = g("hidden_size") or g("n_embed")
-            heads = g("n_head") or g("num_attention_heads")
-            return Model(
-                name=name, num_layers=g("n_layer") or g("num_hidden_layers"), hidden=h,
-                ffn_hidden=4 * h, num_heads=heads, num_kv_heads=heads, vocab_size=g("vocab_size"),
-                max_seq_len=g("seq_length", 2048), gated_mlp=False, activation="gelu",
-                norm="layernorm", position="alibi", tied_embeddings=True, attn_bias=True,
-                linear_bias=True, norm_eps=float(g("layer_norm_epsilon", 1e-5)))
-        if mt == "nemotron":
-            heads = g("num_attention_heads")
-            return Model(
-                name=name, num_layers=g("num_hidden_layers"), hidden=g("hidden_size"),
-                ffn_hidden=g("intermediate_size"), num_heads=heads,
-                num_kv_heads=g("num_key_value_heads") or heads, vocab_size=g("vocab_size"),
-                max_seq_len=g("max_position_embeddings", 4096), gated_mlp=False,
-                activation=_act(g("hidden_act", "relu2")), norm="layernorm", position="rope",
-                tied_embeddings=bool(g("tie_word_embeddings", False)),
-                attn_bias=bool(g("attention_bias", False)), linear_bias=bool(g("mlp_bias", False)),
-                norm_eps=float(g("norm_eps", 1e-5)), rope_theta=float(g("rope_theta", 10000.0)))
-    except BadInput:
-        raise
-    except (TypeError, ValueError) as e:
-        raise BadInput(f"config {name}: malformed ({e})") from None
-    raise AssertionError(mt)
+        return Model(name=name, **kw)
+    except BadInput as e:
+        raise BadInput(f"{where}: {e}") from None
 
 
 def read_json_object(path, what: str) -> dict:
-    """A JSON object from `path`, or BadInput naming `what` the file was meant to be."""
-    try:
-        d = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{what} {path}: no such file") from None
-    except OSError as e:
-        raise BadInput(f"{what} {path}: cannot read ({e.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{what} {path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise BadInput(f"{what} {path}: not a {what} (expected a JSON object)")
-    return d
+    """A JSON object from `path`, or BadInput naming `what` the file was meant to be
+    (planner.schema.read_json_object: size, depth, finite numbers, no duplicate keys)."""
+    return S.read_json_object(path, what)
 
 
 def load_model_file(path: str) -> Model:
     p = Path(path)
     cfg = read_json_object(path, "model config")
+    where = f"model config {S.show_path(path)}"
     name = cfg.get("_name") or cfg.get("name") or p.stem
+    if S.bad_name_reason(name):
+        raise BadInput(f"{where}: name {S.bad_name_reason(name)}")
     if "model_type" not in cfg and "num_layers" in cfg:   # our own Model JSON
-        return Model.from_dict({**cfg, "name": name})
-    return model_from_hf_config(cfg, name)
+        return Model.from_dict({**cfg, "name": name}, where)
+    return model_from_hf_config(cfg, name, where)
+
+
+# A cluster file: a catalog GPU ("gpu": "h100" or "base": "h100") with the figures that differ
+# at the top level, or "gpu": {all the figures} / {"base": ..., figures}.
+CLUSTER_FILE = S.Obj({"name": (S.Name(), None), "num_gpus": S.Int(1, None),
+                      "gpus_per_node": (S.Int(1, None), None), "gpu": (S.Anything(), None),
+                      "base": (S.Name(), None),
+                      **{k: (GPU_FIELDS[k], None) for k in GPU_OVERRIDES}})
 
 
 def load_cluster_file(path: str) -> Cluster:
-    p = Path(path)
-    d = read_json_object(path, "cluster file")
-    from planner.catalog import get_gpu
+    where = f"cluster file {S.show_path(path)}"
+    d = S.check(CLUSTER_FILE, read_json_object(path, "cluster file"), where)
+    if ("gpu" in d) == ("base" in d):
+        raise BadInput(f"{where}: give " + ("either 'gpu' or 'base', not both" if "gpu" in d else
+                                            "'gpu' (a catalog GPU or an object of its figures) "
+                                            "or 'base' (a catalog GPU) with the figures that "
+                                            "differ"))
+    gpu = gpu_from_json(d["gpu"] if "gpu" in d else d["base"], where,
+                        "gpu" if "gpu" in d else "base")
+    overrides = {k: d[k] for k in GPU_OVERRIDES if k in d}
+    if overrides:
+        try:
+            gpu = dataclasses.replace(gpu, **overrides)
+        except BadInput as e:
+            raise BadInput(f"{where}: {e}") from None
+    n = d["num_gpus"]
+    gpn = d.get("gpus_per_node")
+    if gpn is not None and gpn > n:
+        raise BadInput(f"{where}: gpus_per_node {gpn} is more than num_gpus {n}")
+    if n > B.MAX_GPUS:
+        raise BadInput(f"{where}: {S.show(n)} GPUs is more than this planner plans for "
+                       f"(at most {B.MAX_GPUS})")
+    name = d.get("name") or Path(path).stem
     try:
-        gpu_field = d["gpu"]
-        if isinstance(gpu_field, str):
-            base = get_gpu(gpu_field)
-            overrides = {k: v for k, v in d.items()
-                         if k in {f.name for f in dataclasses.fields(Gpu)} and k != "name"}
-            gpu = dataclasses.replace(base, **overrides)
-        else:
-            gpu = Gpu(**gpu_field)
-        return Cluster(name=d.get("name", p.stem), gpu=gpu, num_gpus=int(d["num_gpus"]),
-                       gpus_per_node=int(d.get("gpus_per_node", 8)))
-    except KeyError as e:
-        raise BadInput(f"cluster file {path}: missing field {e}") from None
-    except (TypeError, ValueError) as e:
-        raise BadInput(f"cluster file {path}: malformed ({e})") from None
+        return Cluster(name=name, gpu=gpu, num_gpus=n, gpus_per_node=min(8, n) if gpn is None
+                       else gpn)
+    except BadInput as e:
+        raise BadInput(f"{where}: {e}") from None

@@ -17,6 +17,7 @@ import itertools
 import sys
 from pathlib import Path
 
+from planner.bounds import MAX_INT_ARG, MAX_SWEEP_POINTS
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, PlannerError
 from planner.explain import (describe_candidate, describe_result,
@@ -40,12 +41,17 @@ def _list(kind, conv):
 
 def _pos_int(name):
     def conv(x):
-        try:
-            v = int(x)
-        except ValueError:
-            raise BadInput(f"{name}: {x!r} is not an integer") from None
+        t = x.strip()
+        body = t[1:] if t[:1] in ("+", "-") else t
+        if not (body.isascii() and body.isdigit()):
+            raise BadInput(f"{name}: {x[:40]!r} is not an integer")
+        if len(body.lstrip("0")) > 15:          # no int() of a 5000-digit number
+            raise BadInput(f"{name}: {body[:20]}... is too large (at most {MAX_INT_ARG})")
+        v = int(t)
         if v <= 0:
             raise BadInput(f"{name}: {v} must be positive")
+        if v > MAX_INT_ARG:
+            raise BadInput(f"{name}: {v} is too large (at most {MAX_INT_ARG})")
         return v
     return conv
 
@@ -279,6 +285,11 @@ def run_sweep_cli(argv, parser_class) -> int:
                    if a.global_batches else None)
     except ValueError as e:
         raise BadInput(str(e)) from None
+    points = len(cluster_names) * len(seq_lens or [None]) * len(batches or [None])
+    if points > MAX_SWEEP_POINTS:
+        raise BadInput(f"the sweep has {len(cluster_names)} cluster(s) x {len(seq_lens or [0])} "
+                       f"sequence length(s) x {len(batches or [0])} global batch(es) = {points} "
+                       f"points, more than {MAX_SWEEP_POINTS}; sweep fewer at a time")
     clusters = [get_cluster(n) for n in cluster_names]   # unknown names fail before searching
     if a.plot:
         from planner.plot import check_path

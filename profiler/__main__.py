@@ -66,7 +66,7 @@ def _show(argv) -> int:
     prof = load_profile(a.profile)
     model = get_model(a.model) if a.model else prof.default_model()
     cluster = get_cluster(a.cluster) if a.cluster else prof.default_cluster()
-    _, notes = apply_profile(prof, cluster, model)
+    _, _, notes = apply_profile(prof, cluster, model)
     print(f"{a.profile}: {prof.describe()}")
     for n in notes:
         print(f"  {n}")

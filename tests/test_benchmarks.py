@@ -35,13 +35,13 @@ def test_compositions_are_all_and_only_the_splits(total, parts):
 
 def _naive(model, cluster, c):
     """Every split and every recompute count per rank: the definition of the optimum."""
-    coeffs = stage_coefficients(model, cluster, c)
+    coeffs = stage_coefficients(model, cluster, c, ss.ENGINE)
     best = None
     for layers in itertools.product(range(c.vpp, model.num_layers + 1), repeat=c.pp):
         if sum(layers) != model.num_layers:
             continue
         for rec in itertools.product(*[range(n + 1) for n in layers]):
-            e = evaluate(model, cluster, c, layers, list(rec), coeffs)
+            e = evaluate(model, cluster, c, layers, list(rec), coeffs, ss.ENGINE)
             if e.fits and (best is None or e.step_time_s < best):
                 best = e.step_time_s
     return best
@@ -62,13 +62,13 @@ def test_brute_force_with_least_recompute_is_exact(pp, v, sched, gib, zero):
     else:
         assert got is not None and got[0] == pytest.approx(want, rel=1e-12)
         # and the planner's exact solver agrees
-        res, fits = solve_candidate(model, cluster, c)
+        res, fits = solve_candidate(model, cluster, c, engine=ss.ENGINE)
         assert fits and res.estimate.step_time_s == pytest.approx(want, rel=1e-6)
 
 
 def test_exhaustive_matches_search_on_a_small_instance():
     model, cluster = tiny(layers=8), small_cluster(12.0)
-    rep = search(model, cluster, Fixed(), 2048, 64, top=1)
+    rep = search(model, cluster, Fixed(), 2048, 64, top=1, engine=ss.ENGINE)
     ex = ss.exhaustive(model, cluster, budget_s=60, seq=2048, gbs=64)
     assert ex["skipped"] == 0 and ex["enumerated"] == rep.candidates
     assert ex["best"][0] == pytest.approx(rep.best.estimate.step_time_s, rel=1e-6)

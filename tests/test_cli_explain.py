@@ -14,10 +14,11 @@ import pytest
 
 from planner.catalog import get_cluster, get_model
 from planner.cli import main
-from planner.cost.stage import capacity_bytes, evaluate, stage_coefficients
+from planner.cost.stage import capacity_bytes, evaluate, memory_budget, stage_coefficients
+from planner.engines import get_engine
 from planner.explain import alternatives, describe_candidate, render
 from planner.plan import Plan
-from planner.search import Fixed, heuristic, search
+from planner.search import Fixed, heuristic, rules_for, search
 
 BREAKDOWN = ("compute", "TP comm", "PP comm", "exposed DP comm", "bubble", "optimizer")
 
@@ -95,11 +96,12 @@ def test_out_of_memory_alternatives_name_the_stage_and_the_gib(big):
                       r"([\d.]+) GiB", why)
         assert mt, why
         k = int(mt.group(1) or 0)
-        h = heuristic(m, c, cand, stage_coefficients(m, c, cand), cap, False)
+        h = heuristic(m, c, cand, stage_coefficients(m, c, cand), cap,
+                      rules_for(get_engine(None), cand, Fixed()))
         over = h.estimate.overflow_gib()
         assert over[k] == pytest.approx(float(mt.group(2)), abs=0.06)
         assert over[k] == pytest.approx(max(over), abs=1e-9) and over[k] > 0
-        assert float(mt.group(4)) == pytest.approx(cap / 2 ** 30, abs=0.06)
+        assert float(mt.group(4)) == pytest.approx(memory_budget(c).usable_gib, abs=0.06)
         # "would be x% faster if it fit": the even split without recompute really is faster
         pct = float(re.search(r"would be ([\d.]+)% faster if it fit", why).group(1))
         L, p = m.num_layers, cand.pp

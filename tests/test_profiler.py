@@ -93,13 +93,13 @@ def test_measured_figures_flow_into_the_estimate(prof):
     p = load_profile(prof["path"])
     model = get_model(prof["model"])
     catalog = get_cluster("cpux2")
-    cluster, notes = apply_profile(p, catalog, model)
+    cluster, engine, notes = apply_profile(p, catalog, model)
     assert any("layer forward/backward: measured" in n for n in notes)
     assert any("intra-node links" in n for n in notes)
     assert cluster.gpu.nvlink_busbw_gbps != catalog.gpu.nvlink_busbw_gbps
     # at a measured shape the per-layer coefficient is the measured point itself
     pt = next(q for q in p.data["models"][0]["layer"]["points"] if q["tp"] == 1 and q["mbs"] == 2)
-    k = stage_coefficients(model, cluster, _cand())[0]
+    k = stage_coefficients(model, cluster, _cand(), engine)[0]
     assert k.compute_layer == pytest.approx(pt["fwd_s"]["median"] + pt["bwd_s"]["median"])
     assert k.mem_layer["activations"] == pytest.approx(pt["saved_bytes"])
 
@@ -115,22 +115,23 @@ def test_slower_layers_in_the_profile_raise_the_prediction(prof, tmp_path):
                           else v * 2) for key, v in q[k].items()}
         if "saved_bytes" in q:
             q["saved_bytes"] *= 2
-    base, _ = apply_profile(load_profile(prof["path"]), catalog, model)
-    slower, _ = apply_profile(Profile(slow, "slow"), catalog, model)
+    base, base_engine, _ = apply_profile(load_profile(prof["path"]), catalog, model)
+    slower, slower_engine, _ = apply_profile(Profile(slow, "slow"), catalog, model)
     for c in (_cand(), _cand(tp=2, dp=1, mbs=4), _cand(pp=2, dp=1, mbs=1, schedule="1f1b")):
         n = [model.num_layers // c.pp] * c.pp
-        e0 = evaluate(model, base, c, n, [0] * c.pp)
-        e1 = evaluate(model, slower, c, n, [0] * c.pp)
-        k0, k1 = stage_coefficients(model, base, c)[0], stage_coefficients(model, slower, c)[0]
+        e0 = evaluate(model, base, c, n, [0] * c.pp, engine=base_engine)
+        e1 = evaluate(model, slower, c, n, [0] * c.pp, engine=slower_engine)
+        k0 = stage_coefficients(model, base, c, base_engine)[0]
+        k1 = stage_coefficients(model, slower, c, slower_engine)[0]
         assert k1.compute_layer >= 1.99 * k0.compute_layer
         assert e1.step_time_s > e0.step_time_s * 1.05
         assert e1.peak_memory_gib > e0.peak_memory_gib
     # and at another sequence length (calibrated, not measured directly) too
     c = _cand(seq_len=2 * SEQ)
-    assert stage_coefficients(model, slower, c)[0].compute_layer == pytest.approx(
-        2 * stage_coefficients(model, base, c)[0].compute_layer)
-    assert evaluate(model, slower, c, [2], [0]).step_time_s > \
-        evaluate(model, base, c, [2], [0]).step_time_s * 1.05
+    assert stage_coefficients(model, slower, c, slower_engine)[0].compute_layer == \
+        pytest.approx(2 * stage_coefficients(model, base, c, base_engine)[0].compute_layer)
+    assert evaluate(model, slower, c, [2], [0], engine=slower_engine).step_time_s > \
+        evaluate(model, base, c, [2], [0], engine=base_engine).step_time_s * 1.05
 
 
 def test_plan_cli_uses_the_profile(prof, tmp_path, capsys):
@@ -240,7 +241,7 @@ def test_min_statistic_pairs_forward_and_backward_of_one_repeat(prof):
     pt["fwd_s"].update(samples=[0.001, 0.005, 0.009], min=0.001)
     pt["bwd_s"].update(samples=[0.009, 0.001, 0.009], min=0.001)
     model = get_model(prof["model"])
-    cluster, notes = apply_profile(Profile(d, "p"), get_cluster("cpux2"), model)
+    cluster, engine, notes = apply_profile(Profile(d, "p"), get_cluster("cpux2"), model)
     assert any("min of the repeats" in n for n in notes)
-    k = stage_coefficients(model, cluster, _cand())[0]
+    k = stage_coefficients(model, cluster, _cand(), engine)[0]
     assert k.compute_layer == pytest.approx(0.006)      # repeat 2: 5 + 1 ms, not 1 + 1 ms

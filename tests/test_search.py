@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from planner.catalog import get_cluster, get_gpu, get_model
 from planner.cost.memory import GIB
 from planner.cost.schedule import in_flight, pipeline_time
-from planner.cost.stage import RUNTIME_RESERVE_GIB, Candidate, evaluate, stage_coefficients
+from planner.cost.stage import Candidate, evaluate, memory_budget, stage_coefficients
+from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.plan import Plan
 from planner.search import Fixed, enumerate_candidates, search, solve_candidate, to_plan
@@ -37,18 +38,24 @@ def compositions(total, parts, least):
             yield [first] + rest
 
 
-def brute_force(model, cluster, c, fixed_all=False):
-    coeffs = stage_coefficients(model, cluster, c)
+def brute_force(model, cluster, c, fixed_all=False, engine="runtime", margin_gib=None):
+    """Best estimate over every split and every recompute count the engine allows: any count
+    per rank (runtime), or one count R per model chunk, a rank recomputing min(v*R, n)
+    (Megatron's --recompute-num-layers)."""
+    coeffs = stage_coefficients(model, cluster, c, engine)
+    per_chunk = get_engine(engine).recompute_count(c.recompute) == "per_chunk"
     best = None
     for layers in compositions(model.num_layers, c.pp, c.vpp):
         if c.recompute == "none":
             options = [[0] * c.pp]
         elif fixed_all:
             options = [layers]
+        elif per_chunk:
+            options = [[min(c.vpp * r, n) for n in layers] for r in range(max(layers) + 1)]
         else:
             options = itertools.product(*[range(n + 1) for n in layers])
         for rec in options:
-            e = evaluate(model, cluster, c, layers, list(rec), coeffs)
+            e = evaluate(model, cluster, c, layers, list(rec), coeffs, engine, margin_gib)
             if e.fits and (best is None or e.step_time_s < best.step_time_s):
                 best = e
     return best
@@ -74,8 +81,9 @@ def test_in_flight_counts():
 @given(layers=st.integers(2, 8), pp=st.integers(2, 4), sched=st.sampled_from(["1f1b", "gpipe", "interleaved"]),
        v=st.sampled_from([1, 2]), m=st.sampled_from([1, 2, 4, 8]), zero=st.integers(0, 3),
        dp=st.sampled_from([1, 2]), rec=st.sampled_from(["full", "none"]),
-       frac=st.floats(0.05, 1.2), mbs=st.sampled_from([1, 2]))
-def test_cpsat_equals_brute_force(layers, pp, sched, v, m, zero, dp, rec, frac, mbs):
+       frac=st.floats(0.05, 1.2), mbs=st.sampled_from([1, 2]),
+       engine=st.sampled_from(["runtime", "megatron"]))
+def test_cpsat_equals_brute_force(layers, pp, sched, v, m, zero, dp, rec, frac, mbs, engine):
     if sched != "interleaved":
         v = 1
     if pp * v > layers or (sched == "interleaved" and m % pp):
@@ -87,12 +95,14 @@ def test_cpsat_equals_brute_force(layers, pp, sched, v, m, zero, dp, rec, frac, 
                   global_batch=dp * mbs * m, schedule=sched, vpp=v, recompute=rec)
     # memory between "nothing fits" and "everything fits without recompute"
     big = cluster_with_memory(10_000, n=pp * dp)
-    k = stage_coefficients(model, big, c)
+    k = stage_coefficients(model, big, c, engine)
     need = max(kk.memory(layers, 0)["total"] for kk in k) / GIB
     floor = min(kk.mem_total_fixed() for kk in k) / GIB
-    cluster = cluster_with_memory(RUNTIME_RESERVE_GIB + floor + frac * (need - floor), n=pp * dp)
-    want = brute_force(model, cluster, c)
-    res, fits = solve_candidate(model, cluster, c)
+    budget = memory_budget(big, engine, 0.0)
+    gib = budget.context_gib + budget.reserved(floor + frac * (need - floor))
+    cluster = cluster_with_memory(gib, n=pp * dp)
+    want = brute_force(model, cluster, c, engine=engine, margin_gib=0.0)
+    res, fits = solve_candidate(model, cluster, c, engine=engine, margin_gib=0.0)
     assert fits == (want is not None)
     if want is not None:
         assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)

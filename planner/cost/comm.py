@@ -38,23 +38,29 @@ def group_link(cluster: Cluster, size: int, stride: int) -> Link:
     return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6)
 
 
-def _latency(link: Link, n: int) -> float:
-    # NCCL picks tree/ring by size; small messages see ~log2(n) hops (double binary tree,
-    # Jeaugey 2019). Used for the latency term of every collective.
-    return link.latency_s * math.ceil(math.log2(n))
+def _tree_latency(link: Link, n: int) -> float:
+    # All-reduce: NCCL's double binary tree reaches every rank in ~log2(n) hops, up and down
+    # (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019).
+    return 2 * link.latency_s * math.ceil(math.log2(n))
+
+
+def _ring_latency(link: Link, n: int) -> float:
+    # All-gather and reduce-scatter run as rings in NCCL (its tree algorithm serves only
+    # all-reduce; NCCL docs, NCCL_ALGO): n - 1 steps, each a hop.
+    return link.latency_s * (n - 1)
 
 
 def all_reduce(nbytes: float, n: int, link: Link) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / (link.busbw_gbps * 1e9) + 2 * _latency(link, n)
+    return 2 * (n - 1) / n * nbytes / (link.busbw_gbps * 1e9) + _tree_latency(link, n)
 
 
 def all_gather(nbytes: float, n: int, link: Link) -> float:
     """`nbytes` is the gathered (full) size."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) / n * nbytes / (link.busbw_gbps * 1e9) + _latency(link, n)
+    return (n - 1) / n * nbytes / (link.busbw_gbps * 1e9) + _ring_latency(link, n)
 
 
 reduce_scatter = all_gather   # same volume and steps, the other direction

@@ -27,6 +27,11 @@ ELEMENTWISE_BWD_FACTOR = 2.0
 # sections on tile and wave quantization). 128 = one tile: half efficiency at one tile.
 GEMM_HALF_DIM = 128.0
 
+# A layer launches about twice as many kernels in backward as in forward (each matmul's two
+# gradient GEMMs, element-wise backward kernels): a third of the per-layer host overhead is
+# taken in forward.
+OVERHEAD_FWD_SHARE = 1.0 / 3.0
+
 # Adam step per parameter (fp32 master weights): read param, grad, m, v (16 B), write param,
 # m, v (12 B) and the bf16 copy (2 B), plus the gradient-norm read for clipping (4 B).
 OPTIMIZER_BYTES_PER_PARAM = 34.0
@@ -48,6 +53,11 @@ class LayerTime:
     gemm_fwd: float
     attn_fwd: float
     elem_fwd: float
+    # forward GEMMs that torchtitan's per-op recompute policy ("op") runs again (planner.cost.
+    # compute.op_recomputed_gemms)
+    gemm_op_recomputed: float = 0.0
+    # host-side cost per layer and micro-batch (kernel launches, hooks), forward + backward
+    overhead: float = 0.0
     # Profile hook: seconds measured by `python -m profiler` ({"fwd", "bwd", and the extra
     # backward of "selective" / "full" recompute}, planner.profile.Measured.layer_time). When
     # set they replace the modelled figures below; None = the catalog model.
@@ -57,14 +67,15 @@ class LayerTime:
     def fwd(self) -> float:
         if self.measured is not None:
             return self.measured["fwd"]
-        return self.gemm_fwd + self.attn_fwd + self.elem_fwd
+        return self.gemm_fwd + self.attn_fwd + self.elem_fwd + OVERHEAD_FWD_SHARE * self.overhead
 
     @property
     def bwd(self) -> float:
         if self.measured is not None:
             return self.measured["bwd"]
         return (GEMM_BWD_FACTOR * self.gemm_fwd + ATTN_BWD_FACTOR * self.attn_fwd
-                + ELEMENTWISE_BWD_FACTOR * self.elem_fwd)
+                + ELEMENTWISE_BWD_FACTOR * self.elem_fwd
+                + (1 - OVERHEAD_FWD_SHARE) * self.overhead)
 
     def recompute(self, mode: str) -> float:
         """Extra forward work that recomputation adds to the backward."""
@@ -74,6 +85,8 @@ class LayerTime:
             return self.fwd
         if mode == "selective":   # only the attention core (Korthikanti et al. 2022, Sec. 4.2)
             return self.attn_fwd
+        if mode == "op":          # every op but the saved matmuls and attention
+            return self.gemm_op_recomputed + self.elem_fwd + OVERHEAD_FWD_SHARE * self.overhead
         return 0.0
 
 
@@ -82,11 +95,14 @@ def attention_flops(model: Model, b: int, s: int) -> float:
     return 0.5 * 4.0 * b * s * s * model.hidden
 
 
-def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool) -> float:
+def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
+                      traffic: float = 1.0) -> float:
     """HBM bytes moved by one layer's element-wise kernels in forward.
 
     Norms and residual adds see the full hidden state (sharded only under sequence parallel);
-    rotary embedding and the MLP activation see the tensor-parallel shard.
+    rotary embedding and the MLP activation see the tensor-parallel shard. `traffic` scales
+    this fused-kernel figure for engines that run element-wise ops eagerly, one kernel per op
+    each reading and writing the whole tensor (the engine's `elementwise_traffic`).
     """
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
     rep = 1.0 / tp if sp else 1.0
@@ -95,7 +111,7 @@ def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool) -> float:
     dropout = 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
     rope = 2 * (h + kv) if model.position == "rope" else 0
     act = (3 * f) if model.gated_mlp else (2 * f)        # gated: read 2, write 1
-    return BF16 * tokens * ((norms + residual + dropout) * rep + (rope + act) / tp)
+    return traffic * BF16 * tokens * ((norms + residual + dropout) * rep + (rope + act) / tp)
 
 
 # Unfused attention (Megatron-LM before FlashAttention, 2022): per score element the fused
@@ -118,16 +134,30 @@ def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool 
 
 
 def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
-               flash: bool = True) -> LayerTime:
+               flash: bool = True, elementwise_traffic: float = 1.0,
+               overhead: float = 0.0) -> LayerTime:
     tokens = b * s
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
-    gemm = (gemm_time(gpu, tokens, (h + 2 * kv) / tp, h)                     # qkv
-            + gemm_time(gpu, tokens, h, h / tp)                               # out proj
-            + gemm_time(gpu, tokens, f / tp, h, 2 if model.gated_mlp else 1)  # up (+ gate)
-            + gemm_time(gpu, tokens, h, f / tp))                              # down
+    q = gemm_time(gpu, tokens, h / tp, h)
+    k = v = gemm_time(gpu, tokens, kv / tp, h)
+    out = gemm_time(gpu, tokens, h, h / tp)
+    up = gemm_time(gpu, tokens, f / tp, h)                  # each of up and gate
+    down = gemm_time(gpu, tokens, h, f / tp)
+    gated = model.gated_mlp
+    gemm = q + k + v + out + (2 if gated else 1) * up + down
     attn = attention_time(model, gpu, b, s, tp, flash)
-    elem = elementwise_bytes(model, tokens, tp, sp) / (gpu.hbm_gbps * 1e9)
-    return LayerTime(gemm, attn, elem)
+    elem = elementwise_bytes(model, tokens, tp, sp, elementwise_traffic) / (gpu.hbm_gbps * 1e9)
+    return LayerTime(gemm, attn, elem, op_recomputed_gemms(k, out, up, down, gated), overhead)
+
+
+def op_recomputed_gemms(k: float, out: float, up: float, down: float, gated: bool) -> float:
+    """Forward GEMM seconds that torchtitan's per-op policy recomputes.
+
+    torchtitan's op-level selective checkpointing (torchtitan/distributed/activation_checkpoint.py,
+    `_get_custom_policy`) saves the outputs of attention and of every second `mm` of a layer, in
+    call order wq, wk, wv, wo, w1, w3, w2: the 2nd, 4th and 6th (wk, wo, w3) are recomputed, with
+    every element-wise op. An ungated MLP (fc1, fc2) makes fc1 the 5th and fc2 the 6th."""
+    return k + out + (up if gated else down)
 
 
 # Vocabulary-parallel cross-entropy in fp32 (megatron/core/tensor_parallel/cross_entropy.py),

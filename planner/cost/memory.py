@@ -19,19 +19,27 @@ WEIGHT_BYTES = 2       # bf16 weights
 GRAD_BYTES = 2         # bf16 gradients (ZeRO paper's accounting)
 
 
-def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRAD_BYTES) -> tuple:
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRAD_BYTES,
+                      weight_bytes: float = WEIGHT_BYTES, optimizer_bytes: float = ADAM_K,
+                      compute_copy_bytes: float = 0.0) -> tuple:
     """(weights, gradients, optimizer) bytes per GPU for `params` parameters on this GPU.
 
-    `grad_bytes`: 2 in the ZeRO paper; frameworks that accumulate fp32 gradients (Megatron-LM in
-    bf16, FSDP2 with fp32 reduction) keep 4, giving Megatron's 18 bytes per parameter without
-    and 6 + 12/d with the distributed optimizer (Megatron-LM docs, distributed optimizer)."""
-    w, g, o = WEIGHT_BYTES * params, grad_bytes * params, ADAM_K * params
+    Defaults are the ZeRO paper's 2 + 2 + 12. `grad_bytes` 4: engines that accumulate fp32
+    gradients (Megatron-LM in bf16) keep 18 bytes per parameter without and 6 + 12/d with the
+    distributed optimizer (Megatron-LM docs, distributed optimizer). FSDP engines keep the fp32
+    sharded parameter as the master (`weight_bytes` 4, `optimizer_bytes` 8: Adam's m and v) and,
+    where ZeRO-2 keeps the parameters gathered (SHARD_GRAD_OP), a bf16 unsharded copy of
+    `compute_copy_bytes` per parameter; ZeRO-1 shards the optimizer state, ZeRO-2 also the
+    gradients, ZeRO-3 also the weights."""
+    w, g, o = weight_bytes * params, grad_bytes * params, optimizer_bytes * params
     if zero >= 1:
         o /= dp
     if zero >= 2:
         g /= dp
-    if zero >= 3:
+    if zero >= 3 or (zero == 2 and compute_copy_bytes):
         w /= dp
+    if zero == 2:
+        w += compute_copy_bytes * params
     return w, g, o
 
 
@@ -67,13 +75,14 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
     """Saved-activation bytes of one layer for one micro-batch, on one GPU.
 
     mode: "none" keeps everything; "selective" recomputes the attention core, so the s^2 score
-    terms are not kept; "full" keeps only the layer input (2sbh, /t under sequence parallel).
+    terms are not kept; "full" keeps only the layer input (2sbh, /t under sequence parallel);
+    "op" is torchtitan's per-op policy (`op_saved_terms`).
     `flash=False` reproduces the paper, which materialises the attention scores.
     """
     tokens = b * s
     if mode == "full":
         return 2.0 * tokens * model.hidden / (tp if sp else 1)
-    rep, shard, scores = activation_terms(model)
+    rep, shard, scores = op_saved_terms(model) if mode == "op" else activation_terms(model)
     total = tokens * (rep / (tp if sp else 1) + shard / tp)
     if not flash and mode == "none":
         total += scores * model.num_heads * s * tokens / tp
@@ -81,6 +90,21 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
         # flash attention keeps the fp32 log-sum-exp per head and token (Dao et al. 2022)
         total += 4.0 * model.num_heads * tokens / tp
     return total
+
+
+def op_saved_terms(model: Model) -> tuple:
+    """Saved bytes per token of one layer under torchtitan's per-op checkpoint policy, split as
+    `activation_terms` splits them.
+
+    The policy (torchtitan/distributed/activation_checkpoint.py) saves the outputs of attention
+    and of every odd-numbered `mm` in call order (wq, wv, w1, w2 for a gated MLP; wq, wv, fc1 for
+    a plain one), and the checkpointed layer's input; everything else is recomputed.
+    Replicated: the layer input and (gated) w2's output before its reduction; sharded: q, v, the
+    attention output and w1's output."""
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    replicated = 2 * h + (2 * h if model.gated_mlp else 0)
+    sharded = 2 * h + 2 * kv + 2 * h + 2 * f
+    return replicated, sharded, 0
 
 
 def logits_bytes(model: Model, b: int, s: int, tp: int) -> float:

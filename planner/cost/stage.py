@@ -10,23 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost import comm
-from planner.cost.compute import (BF16, embedding_time, head_time, layer_time,
-                                  optimizer_time)
-from planner.cost.memory import (GIB, activation_bytes, logits_bytes, model_state_bytes)
+from planner.cost.compute import BF16
+from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.schedule import in_flight, pipeline_time
+from planner.engines import get_engine
+from planner.engines.facts import facts_for
+from planner.engines.spec import Engine
 from planner.specs import Cluster, Model
 
-# Megatron-LM accumulates and all-reduces gradients in fp32 when training in bf16
-# (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 = True for --bf16).
-GRAD_REDUCE_BYTES = 4
-# Memory the framework needs beyond tensors we count: CUDA context (~0.5 GiB), NCCL
-# communicator buffers (~1 GiB for a few communicators at the default NCCL_BUFFSIZE of 4 MiB
-# per channel and peer) and allocator fragmentation headroom. A documented allowance.
-RUNTIME_RESERVE_GIB = 2.0
 # Gradient-reduction buckets kept alive by DDP / the distributed optimizer: Megatron's default
 # bucket of 40M parameters (megatron/core/distributed/distributed_data_parallel_config.py),
-# in fp32.
-DP_BUCKET_BYTES = 40e6 * GRAD_REDUCE_BYTES
+# in fp32; DDP's default bucket is 25 MiB (torch.nn.parallel.DistributedDataParallel), FSDP2
+# reduces layer by layer: Megatron's, the largest, is taken for all.
+DP_BUCKET_BYTES = 40e6 * 4
+# Headroom below capacity the plan keeps free by default, a fraction of the GPU's memory
+# (`plan --memory-margin GIB` sets it): allocator behaviour the model does not see (a burst of
+# fragmentation, a larger NCCL buffer, a framework's workspace).
+DEFAULT_MARGIN_FRACTION = 0.03
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class StageCoeffs:
     """Costs of pipeline rank `rank` as linear functions of n (layers) and r (recomputed).
 
     Times are seconds per micro-batch unless named `tail` (once per step); memory in bytes.
+    A collective "hides" behind compute given as (h_layer, h_fixed): what of it sticks out
+    is `exposed_comm`.
     """
     rank: int
     # per micro-batch stage time: t_fixed + n * t_layer + r * t_rec (+ ZeRO exposure)
@@ -70,21 +72,29 @@ class StageCoeffs:
     tp_layer: float
     tp_rec: float
     pp_fixed: float
-    # ZeRO-2/3 per-micro-batch collectives, hidden behind that micro-batch's compute
-    z_layer: float
-    z_fixed: float
-    # step tail (after the last micro-batch): gradient reduction hidden behind the last
-    # backward, the parameter all-gather and the optimizer step
-    grad_layer: float
-    grad_fixed: float
+    # forward and backward of one micro-batch (incl. TP collectives): what collectives hide behind
+    fwd_layer: float
+    fwd_fixed: float
     bwd_layer: float
     bwd_fixed: float
-    gather_layer: float
-    gather_fixed: float
-    fwd_layer: float          # forward of one micro-batch: hides the parameter gather
-    fwd_fixed: float
-    opt_layer: float
-    opt_fixed: float
+    # ZeRO-2/3 collectives of every micro-batch: the parameter all-gathers of the forward hide
+    # behind the forward; the backward's all-gather and the gradient reduce-scatter behind the
+    # backward (gradients exist only there)
+    zf_layer: float = 0.0
+    zf_fixed: float = 0.0
+    zb_layer: float = 0.0
+    zb_fixed: float = 0.0
+    # step tail (after the last micro-batch): the gradient reduction, behind the last backward
+    # where the engine overlaps it; the parameter all-gather after the step, behind the next
+    # forward where it overlaps it; the optimizer step
+    grad_layer: float = 0.0
+    grad_fixed: float = 0.0
+    grad_overlapped: bool = True
+    gather_layer: float = 0.0
+    gather_fixed: float = 0.0
+    gather_overlapped: bool = True
+    opt_layer: float = 0.0
+    opt_fixed: float = 0.0
     # memory: m_fixed + n * m_layer - r * m_rec
     mem_fixed: dict = field(default_factory=dict)   # by category
     mem_layer: dict = field(default_factory=dict)
@@ -104,11 +114,19 @@ class StageCoeffs:
     def t_rec(self) -> float:
         return self.compute_rec + self.tp_rec
 
-    def z_overlap(self, n: int) -> float:
-        return self.compute_fixed + n * self.compute_layer
+    def exposures(self):
+        """(c_layer, c_fixed, h_layer, h_fixed) of the per-micro-batch ZeRO collectives."""
+        return ((self.zf_layer, self.zf_fixed, self.fwd_layer, self.fwd_fixed),
+                (self.zb_layer, self.zb_fixed, self.bwd_layer, self.bwd_fixed))
 
-    def hidden_comm(self, c_layer: float, c_fixed: float, h_layer: float, h_fixed: float,
-                    n: int) -> float:
+    def tail_exposures(self):
+        """(c_layer, c_fixed, h_layer, h_fixed) of the once-per-step collectives."""
+        g = (self.bwd_layer, self.bwd_fixed) if self.grad_overlapped else (0.0, 0.0)
+        a = (self.fwd_layer, self.fwd_fixed) if self.gather_overlapped else (0.0, 0.0)
+        return ((self.grad_layer, self.grad_fixed) + g, (self.gather_layer, self.gather_fixed) + a)
+
+    def exposed_comm(self, c_layer: float, c_fixed: float, h_layer: float, h_fixed: float,
+                     n: int) -> float:
         """Time a collective of c_fixed + n*c_layer adds when it overlaps h_fixed + n*h_layer of
         compute: what sticks out (at least its last layer's bucket, which has nothing left to
         hide behind), plus the compute it slows while it runs."""
@@ -118,31 +136,25 @@ class StageCoeffs:
         return max(c_layer, comm - (h_fixed + n * h_layer)) + self.overlap_slowdown * comm
 
     def zero_exposed(self, n: int) -> float:
-        """ZeRO-2/3 collectives of one micro-batch, overlapping its forward and backward."""
-        return self.hidden_comm(self.z_layer, self.z_fixed, self.compute_layer,
-                                self.compute_fixed, n)
+        """ZeRO-2/3 collectives of one micro-batch, overlapping its forward and its backward."""
+        return sum(self.exposed_comm(*e, n) for e in self.exposures())
 
     def time(self, n: int, r: int) -> float:
         return self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n)
 
     def tail(self, n: int) -> float:
-        """Once per step: the gradient reduction behind the last backward, the parameter
-        all-gather behind the next forward (Megatron's --overlap-grad-reduce and
-        --overlap-param-gather), and the optimizer step."""
-        return (self.hidden_comm(self.grad_layer, self.grad_fixed, self.bwd_layer,
-                                 self.bwd_fixed, n)
-                + self.hidden_comm(self.gather_layer, self.gather_fixed, self.fwd_layer,
-                                   self.fwd_fixed, n)
+        """Once per step: the gradient reduction, the parameter all-gather and the optimizer."""
+        return (sum(self.exposed_comm(*e, n) for e in self.tail_exposures())
                 + self.opt_fixed + n * self.opt_layer)
 
     def tail_lower(self, n: int) -> float:
         """A lower bound on tail(n): every collective hidden but its last bucket."""
         out = self.opt_fixed + n * self.opt_layer
-        for c_layer, c_fixed in ((self.grad_layer, self.grad_fixed),
-                                 (self.gather_layer, self.gather_fixed)):
+        for c_layer, c_fixed, h_layer, h_fixed in self.tail_exposures():
             comm = c_fixed + n * c_layer
             if comm > 0:
-                out += c_layer + self.overlap_slowdown * comm
+                exposed = c_layer if h_layer or h_fixed else comm
+                out += exposed + self.overlap_slowdown * comm
         return out
 
     def memory(self, n: int, r: int) -> dict:
@@ -159,15 +171,53 @@ class StageCoeffs:
         return sum(self.mem_layer.values())
 
 
-def capacity_bytes(cluster: Cluster) -> float:
-    return (cluster.gpu.memory_gib - RUNTIME_RESERVE_GIB) * GIB
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What fits on one GPU under an engine: memory_gib - the engine's context - the margin
+    is what its caching allocator may reserve; allocated bytes x (1 + allocator_reserve) is
+    what it reserves (torch.cuda.max_memory_reserved, which decides an out-of-memory)."""
+    memory_gib: float
+    context_gib: float
+    margin_gib: float
+    allocator_reserve: float
+
+    @property
+    def usable_gib(self) -> float:
+        return self.memory_gib - self.context_gib - self.margin_gib
+
+    def reserved(self, allocated: float) -> float:
+        return allocated * (1.0 + self.allocator_reserve)
+
+    @property
+    def allocatable_bytes(self) -> float:
+        """The most bytes the plan's tensors may take."""
+        return self.usable_gib * GIB / (1.0 + self.allocator_reserve)
 
 
-def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
-    gpu, b, s, t, p, v = cluster.gpu, c.mbs, c.seq_len, c.tp, c.pp, c.vpp
+def default_margin_gib(cluster: Cluster) -> float:
+    return DEFAULT_MARGIN_FRACTION * cluster.gpu.memory_gib
+
+
+def memory_budget(cluster: Cluster, engine: Engine | None = None,
+                  margin_gib: float | None = None) -> MemoryBudget:
+    engine = get_engine(engine)
+    margin = default_margin_gib(cluster) if margin_gib is None else margin_gib
+    return MemoryBudget(cluster.gpu.memory_gib, engine.context_gib, margin,
+                        engine.allocator_reserve)
+
+
+def capacity_bytes(cluster: Cluster, engine: Engine | None = None,
+                   margin_gib: float | None = None) -> float:
+    """Bytes the plan's tensors may take on one GPU (MemoryBudget.allocatable_bytes)."""
+    return memory_budget(cluster, engine, margin_gib).allocatable_bytes
+
+
+def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
+                       engine: Engine | None = None) -> list:
+    engine = get_engine(engine)
+    facts = facts_for(engine, cluster.gpu)
+    b, s, t, p, v = c.mbs, c.seq_len, c.tp, c.pp, c.vpp
     flash = c.flash
-    meas = cluster.measured   # profile hook: measured figures replace the catalog's (--profile)
-    lt = layer_time(model, gpu, b, s, t, c.sp, flash)
     tp_link = comm.group_link(cluster, t, 1)
     dp_link = comm.group_link(cluster, c.dp, t)
     pp_link = comm.group_link(cluster, 2, t * c.dp)
@@ -175,7 +225,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     # tensor parallel: per layer 2 all-reduces forward and 2 backward (Megatron, Shoeybi et al.
     # 2019, Fig. 4), or with sequence parallel 2 all-gathers + 2 reduce-scatters each way
     # (Korthikanti et al. 2022, Sec. 4.2.2): the same volume.
-    act = (meas.comm_elem_bytes if meas is not None else BF16) * b * s * model.hidden
+    act = facts.comm_elem_bytes * b * s * model.hidden
     if t > 1:
         one = (comm.all_gather(act, t, tp_link) + comm.reduce_scatter(act, t, tp_link)) if c.sp \
             else comm.all_reduce(act, t, tp_link)
@@ -197,20 +247,17 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
     head_params = model.norm_params() + (model.vocab_size * model.hidden / t
                                          if (not model.tied_embeddings or p > 1) else 0)
 
-    act_none = activation_bytes(model, b, s, t, c.sp, "none", flash)
-    act_rec = activation_bytes(model, b, s, t, c.sp, c.recompute, flash)
-    emb_f, emb_b = embedding_time(model, gpu, b, s, t)
-    head_f, head_b = head_time(model, gpu, b, s, t)
-    head_act = logits_bytes(model, b, s, t)
-    opt_time = lambda params: optimizer_time(gpu, params)  # noqa: E731
-    if meas is not None:
-        lt = meas.layer_time(lt, b, s, t, c.sp, flash, tp_fwd)
-        act_none = meas.activation_bytes(act_none, b, s, t, c.sp, "none", flash)
-        act_rec = meas.activation_bytes(act_rec, b, s, t, c.sp, c.recompute, flash)
-        emb_f, emb_b = meas.embedding_time((emb_f, emb_b), b, s, t)
-        head_f, head_b = meas.head_time((head_f, head_b), b, s, t)
-        head_act = meas.logits_bytes(head_act, b, s, t)
-        opt_time = meas.optimizer_time
+    lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd)
+    act_none = facts.activation_bytes(model, b, s, t, c.sp, "none", flash)
+    act_rec = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, flash)
+    emb_f, emb_b = facts.embedding_time(model, b, s, t)
+    head_f, head_b = facts.head_time(model, b, s, t)
+    head_act = facts.logits_bytes(model, b, s, t)
+    schedule = engine.effective_schedule(c.schedule, p, c.m)
+    grad_bytes = engine.grad_bytes
+    states = dict(grad_bytes=grad_bytes, weight_bytes=engine.weight_bytes,
+                  optimizer_bytes=engine.optimizer_bytes,
+                  compute_copy_bytes=engine.compute_copy_bytes)
 
     coeffs = []
     for rank in range(p):
@@ -220,70 +267,76 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate) -> list:
         bwd_fixed = (emb_b if first else 0.0) + (head_b if last else 0.0)
         fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
 
-        # data parallel
-        grad_bytes_layer = GRAD_REDUCE_BYTES * layer_params
-        grad_bytes_fixed = GRAD_REDUCE_BYTES * fixed_params
-        w_bytes_layer, w_bytes_fixed = BF16 * layer_params, BF16 * fixed_params
+        # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered
+        # in bf16
+        g_layer, g_fixed = grad_bytes * layer_params, grad_bytes * fixed_params
+        w_layer, w_fixed = BF16 * layer_params, BF16 * fixed_params
         dp = c.dp
-        z_layer = z_fixed = grad_layer = grad_fixed = gather_layer = gather_fixed = 0.0
+        z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
+                 grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
         if dp > 1:
-            ar = lambda x: comm.all_reduce(x, dp, dp_link)
-            rs = lambda x: comm.reduce_scatter(x, dp, dp_link)
-            ag = lambda x: comm.all_gather(x, dp, dp_link)
+            ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
+            rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
+            ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
             if c.zero == 0:
-                grad_layer, grad_fixed = ar(grad_bytes_layer), ar(grad_bytes_fixed)
+                z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
             elif c.zero == 1:
-                grad_layer, grad_fixed = rs(grad_bytes_layer), rs(grad_bytes_fixed)
-                gather_layer, gather_fixed = ag(w_bytes_layer), ag(w_bytes_fixed)
+                z.update(grad_layer=rs(g_layer), grad_fixed=rs(g_fixed),
+                         gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
             elif c.zero == 2:
                 # gradients reduce-scattered every micro-batch (sharded gradients cannot
-                # accumulate unsharded); parameters gathered once after the step
-                z_layer, z_fixed = rs(grad_bytes_layer), rs(grad_bytes_fixed)
-                gather_layer, gather_fixed = ag(w_bytes_layer), ag(w_bytes_fixed)
+                # accumulate unsharded); parameters gathered once after the step, or (FSDP's
+                # SHARD_GRAD_OP) again in every micro-batch's forward
+                z.update(zb_layer=rs(g_layer), zb_fixed=rs(g_fixed))
+                if engine.zero2_gathers_every_microbatch:
+                    z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed))
+                else:
+                    z.update(gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
             else:
                 # ZeRO-3: all-gather for forward and again for backward, reduce-scatter grads,
                 # every micro-batch (Rajbhandari et al. 2020, Sec. 5.3)
-                z_layer = 2 * ag(w_bytes_layer) + rs(grad_bytes_layer)
-                z_fixed = 2 * ag(w_bytes_fixed) + rs(grad_bytes_fixed)
-        local = lambda x: x / dp if c.zero >= 1 else x
-        opt_layer = opt_time(local(layer_params))
-        opt_fixed = opt_time(local(fixed_params))
+                z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed),
+                         zb_layer=ag(w_layer) + rs(g_layer), zb_fixed=ag(w_fixed) + rs(g_fixed))
+        local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
 
         # memory
-        infl = in_flight(c.schedule, p, rank, c.m, v)
-        wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, GRAD_REDUCE_BYTES)
-        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, GRAD_REDUCE_BYTES)
+        infl = in_flight(schedule, p, rank, c.m, v)
+        wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
+        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
         if c.zero == 3 and dp > 1:
-            # two unsharded layers (the one in use and the prefetched one) and one layer's
-            # unsharded gradients before the reduce-scatter
-            other += 2 * BF16 * layer_params + GRAD_REDUCE_BYTES * layer_params
+            # gathered while computing: two unsharded layers (the one in use and the prefetched
+            # one) and one layer's unsharded gradients before the reduce-scatter, and likewise
+            # the embedding and head this rank holds
+            other += 2 * BF16 * layer_params + grad_bytes * layer_params
+            other += (BF16 + grad_bytes) * fixed_params
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
         other += act_none
-        fixed_act = 0.0
-        if last:
-            fixed_act += head_act
-        if first:
-            fixed_act += BF16 * b * s * model.hidden * infl   # embedding output
+        # the last stage keeps the fp32 logits of every micro-batch whose backward has not run
+        # (one under 1F1B, all m under GPipe). The embedding output is the first layer's input,
+        # counted with that layer's activations.
+        head_in_flight = c.m if (schedule == "gpipe" and p > 1) else 1
+        fixed_act = head_act * head_in_flight if last else 0.0
         coeffs.append(StageCoeffs(
             rank=rank,
             compute_fixed=compute_fixed,
             compute_layer=lt.fwd + lt.bwd,
             compute_rec=lt.recompute(c.recompute),
             tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
-            z_layer=z_layer, z_fixed=z_fixed,
-            grad_layer=grad_layer, grad_fixed=grad_fixed,
-            bwd_layer=lt.bwd + tp_fwd, bwd_fixed=bwd_fixed,
-            gather_layer=gather_layer, gather_fixed=gather_fixed,
             fwd_layer=lt.fwd + tp_fwd, fwd_fixed=fwd_fixed,
-            opt_layer=opt_layer, opt_fixed=opt_fixed,
+            bwd_layer=lt.bwd + tp_fwd, bwd_fixed=bwd_fixed,
+            grad_overlapped=engine.overlap_grad_reduce,
+            gather_overlapped=engine.overlap_param_gather,
+            opt_layer=facts.optimizer_time(local(layer_params)),
+            opt_fixed=facts.optimizer_time(local(fixed_params)),
             mem_fixed={"params": wf, "grads": gf, "optimizer": of, "activations": fixed_act,
                        "other": other},
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,
                        "activations": act_none * infl},
             mem_rec=(act_none - act_rec) * infl,
-            overlap_slowdown=gpu.overlap_slowdown,
+            overlap_slowdown=facts.gpu.overlap_slowdown,
+            **z,
         ))
     return coeffs
 
@@ -310,23 +363,29 @@ class Estimate:
     time_breakdown_s: dict
     stage_memory_gib: list     # per pipeline rank, by category
     stage_time_s: list         # per pipeline rank, one micro-batch
-    capacity_gib: float
+    capacity_gib: float        # what the allocator may reserve: memory - context - margin
+    peak_reserved_gib: float = 0.0   # the allocator's reserve at the peak (max over ranks)
+    margin_gib: float = 0.0
 
     def overflow_gib(self) -> list:
-        return [m["total"] - self.capacity_gib for m in self.stage_memory_gib]
+        return [m["reserved"] - self.capacity_gib for m in self.stage_memory_gib]
 
     def to_dict(self) -> dict:
         return {"fits": self.fits, "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "peak_memory_gib": self.peak_memory_gib,
-                "capacity_gib": self.capacity_gib,
+                "peak_reserved_gib": self.peak_reserved_gib,
+                "capacity_gib": self.capacity_gib, "memory_margin_gib": self.margin_gib,
                 "time_breakdown_s": self.time_breakdown_s}
 
 
 def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
-             coeffs: list | None = None) -> Estimate:
+             coeffs: list | None = None, engine: Engine | None = None,
+             margin_gib: float | None = None) -> Estimate:
     """Estimate of a full plan: per-rank layer counts `layers` and recomputed counts."""
-    coeffs = coeffs or stage_coefficients(model, cluster, c)
+    engine = get_engine(engine)
+    coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
+    budget = memory_budget(cluster, engine, margin_gib)
     times = [k.time(n, r) for k, n, r in zip(coeffs, layers, recompute)]
     pipe, bubble = pipeline_time(times, c.m, c.vpp)
     tails = [k.tail(n) for k, n in zip(coeffs, layers)]
@@ -344,14 +403,19 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         "bubble": bubble,
         "optimizer": opt,
     }
-    mems = [{key: val / GIB for key, val in kk.memory(nn, rr).items()}
-            for kk, nn, rr in zip(coeffs, layers, recompute)]
-    cap = capacity_bytes(cluster) / GIB
+    mems = []
+    for kk, nn, rr in zip(coeffs, layers, recompute):
+        m = {key: val / GIB for key, val in kk.memory(nn, rr).items()}
+        m["reserved"] = budget.reserved(m["total"])
+        mems.append(m)
+    cap = budget.usable_gib
     peak = max(mm["total"] for mm in mems)
+    peak_reserved = max(mm["reserved"] for mm in mems)
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    return Estimate(fits=peak <= cap, step_time_s=step, tokens_per_s=tokens / step,
+    return Estimate(fits=peak_reserved <= cap, step_time_s=step, tokens_per_s=tokens / step,
                     tflops_per_gpu=tflops, mfu=tflops / cluster.gpu.peak_tflops,
                     peak_memory_gib=peak, time_breakdown_s=breakdown,
-                    stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap)
+                    stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap,
+                    peak_reserved_gib=peak_reserved, margin_gib=budget.margin_gib)

@@ -1,8 +1,9 @@
 """Export a plan to the settings another training engine takes.
 
 Each exporter is pure: a `Plan` in, the text the engine reads out (Megatron-LM arguments as a
-bash fragment, a DeepSpeed config JSON, torchtitan TOML sections). Where an engine cannot express
-part of a plan, the text says so in a comment and carries the nearest setting.
+bash fragment, a DeepSpeed config JSON, torchtitan TOML sections). An export is exact: every knob
+of the plan appears, priced as the engine runs it. A plan the engine cannot run as priced
+(planner.engines.runnable) is refused in one line; plan it with --engine for that engine.
 """
 from __future__ import annotations
 
@@ -25,5 +26,3 @@ def export(plan, fmt: str) -> str:
         raise BadInput(f"unknown export format {fmt!r}; known: {', '.join(EXPORTERS)}")
     return EXPORTERS[key](plan)
 
-
-__all__ = ["EXPORTERS", "export", "megatron_args", "deepspeed_config", "torchtitan_toml"]

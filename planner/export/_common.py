@@ -1,7 +1,18 @@
 """Helpers the exporters share: what a plan says, in the shapes the engines ask for."""
 from __future__ import annotations
 
+from planner.errors import BadInput
 from planner.plan import Plan
+
+
+def check_exportable(plan: Plan, engine: str) -> None:
+    """BadInput naming what `engine` cannot run of the plan exactly as priced."""
+    from planner.engines import get_engine
+    from planner.engines.runnable import problems
+    plan.validate()
+    bad = problems(plan, get_engine(engine))
+    if bad:
+        raise BadInput(f"cannot export to {engine} exactly: " + "; ".join(bad))
 
 
 def header(plan: Plan, engine: str) -> list:
@@ -30,11 +41,6 @@ def rank_layers(plan: Plan) -> list:
 def recompute_active(plan: Plan) -> bool:
     """True when some layer is recomputed."""
     return plan.parallelism.recompute != "none" and any(s.recompute_layers for s in plan.stages)
-
-
-def recompute_is_uniform_all(plan: Plan) -> bool:
-    """True when every layer of every stage is recomputed."""
-    return all(s.recompute_layers == s.num_layers for s in plan.stages)
 
 
 def uses_bf16(plan: Plan) -> bool:

@@ -10,7 +10,9 @@ So the planner's notes and those settings travel in two top-level keys starting 
   Megatron-DeepSpeed flags that carry them.
 
 DeepSpeed reads only the top-level keys it knows and ignores others (deepspeedai/DeepSpeed#653),
-so the file stays a valid config. Everything else is a real DeepSpeed key:
+so the file stays a valid config. Only plans priced for the deepspeed engine are exported
+(planner.engines.runnable): equal layers per stage, 1F1B, ZeRO < 2 with pipelining, every layer
+recomputed or none. Everything else is a real DeepSpeed key:
 train_batch_size = micro batch x gradient_accumulation_steps x data-parallel size (DeepSpeed
 asserts this), zero_optimization.stage, bf16, activation_checkpointing and, for pipelines,
 pipeline.activation_checkpoint_interval (the PipelineEngine copies it into the PipelineModule).
@@ -19,41 +21,20 @@ from __future__ import annotations
 
 import json
 
-from planner.export._common import (fmt_list, header, rank_layers, recompute_active,
-                                    recompute_is_uniform_all, stage_layers, uses_bf16)
+from planner.export._common import (check_exportable, header, rank_layers, recompute_active,
+                                    uses_bf16)
 from planner.plan import Plan
 
 
 def deepspeed_config(plan: Plan) -> str:
     """The plan as a DeepSpeed config (JSON text; see the module doc)."""
-    plan.validate()
+    check_exportable(plan, "deepspeed")
     p, b, m = plan.parallelism, plan.batch, plan.model
     notes = list(header(plan, "DeepSpeed"))
     notes.append("keys starting with '_' are the planner's notes; DeepSpeed ignores them")
-
-    zero = p.zero_stage
-    if p.pp > 1 and zero >= 2:
-        zero = 1
-        notes.append(f"ZeRO-{p.zero_stage} is not available with pipeline parallelism "
-                     "(DeepSpeed's PipelineEngine asserts stage < 2); stage 1 is used, which "
-                     "needs more memory than the plan budgets")
-
-    counts = stage_layers(plan)
     per_rank = rank_layers(plan)
-    if p.pp > 1:
-        if p.vpp > 1:
-            notes.append(f"DeepSpeed's pipeline has no interleaved schedule: {p.pp} stages of "
-                         f"contiguous layers instead of {p.pp * p.vpp} virtual stages "
-                         "(a larger bubble than planned)")
-        elif p.schedule == "gpipe":
-            notes.append("DeepSpeed's pipeline runs its own 1F1B-style schedule, not GPipe "
-                         "(same bubble, less activation memory)")
-        if len(set(per_rank)) > 1 or p.vpp > 1:
-            notes.append(f"planned layers per pipeline rank {fmt_list(per_rank)}: PipelineModule "
-                         "partitions by 'uniform', 'parameters' or 'type:<regex>' only, so "
-                         "partition_method='type:transformer' gives an even split instead")
 
-    # Activation recompute.
+    # Activation recompute: every layer (interval 1) or none, as the deepspeed engine prices it.
     interval = 0
     md_recompute = []
     if recompute_active(plan):
@@ -61,18 +42,8 @@ def deepspeed_config(plan: Plan) -> str:
             interval = 1
             md_recompute = ["--recompute-granularity", "full", "--recompute-method", "uniform",
                             "--recompute-num-layers", "1", "--deepspeed-activation-checkpointing"]
-            if not recompute_is_uniform_all(plan):
-                notes.append("the plan recomputes only the leading "
-                             f"{fmt_list([s.recompute_layers for s in plan.stages])} layers per "
-                             "stage; DeepSpeed checkpoints every interval of layers, so all "
-                             "layers are recomputed (no more memory, more compute)")
         else:
             md_recompute = ["--recompute-granularity", "selective"]
-            notes.append("selective (attention) recompute is a model-code feature: "
-                         "Megatron-DeepSpeed's --recompute-granularity selective, applied to "
-                         "every layer; the DeepSpeed engine itself has no selective mode")
-    elif p.recompute != "none":
-        notes.append(f"the plan picks {p.recompute} recompute but applies it to no layer")
 
     # How deepspeed.checkpointing treats the activations it keeps; whether a layer is recomputed
     # is decided by the model code (the interval above, or the Megatron-DeepSpeed flags).
@@ -91,7 +62,7 @@ def deepspeed_config(plan: Plan) -> str:
         md_args.append("--no-pipeline-parallel")
     if p.sequence_parallel and p.tp > 1:
         md_args.append("--sequence-parallel")
-    md_args += ["--zero-stage", str(zero), "--micro-batch-size", str(b.micro_batch_size),
+    md_args += ["--zero-stage", str(p.zero_stage), "--micro-batch-size", str(b.micro_batch_size),
                 "--global-batch-size", str(b.global_batch_size), "--seq-length", str(b.seq_len)]
     md_args += md_recompute
     if uses_bf16(plan):
@@ -103,24 +74,22 @@ def deepspeed_config(plan: Plan) -> str:
         "data_parallel_size": p.dp,
         "sequence_parallel": bool(p.sequence_parallel and p.tp > 1),
         "planned_layers_per_pipeline_rank": per_rank,
-        "planned_layers_per_virtual_stage": counts,
         "pipeline_module": (f"PipelineModule(layers=<{m.num_layers} transformer layers plus "
                             f"embedding and head>, num_stages={p.pp}, "
                             f"partition_method='type:transformer', "
                             f"activation_checkpoint_interval={interval})"),
         "megatron_deepspeed_args": md_args,
     }
-    if p.tp > 1 and p.pp == 1:
-        notes.append("for a Hugging Face model without Megatron code, DeepSpeed AutoTP takes "
-                     "the tensor-parallel degree in the config as "
-                     f"tensor_parallel.autotp_size = {p.tp} (ZeRO stage 0-2 only)")
 
     config = {
         "_comment": notes,
         "train_batch_size": b.micro_batch_size * b.num_microbatches * p.dp,
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
         "gradient_accumulation_steps": b.num_microbatches,
-        "zero_optimization": {"stage": zero},
+        # overlap_comm: gradient reduction overlapped with backward, as priced; gradients
+        # accumulated in fp32 (the deepspeed engine's 4 bytes per parameter)
+        "zero_optimization": {"stage": p.zero_stage, "overlap_comm": True},
+        "data_types": {"grad_accum_dtype": "fp32"},
         "bf16": {"enabled": uses_bf16(plan)},
         "activation_checkpointing": activation_checkpointing,
     }

@@ -14,16 +14,20 @@ and megatron-core (>= 0.14, where Megatron-FSDP and --pipeline-model-parallel-la
   --pipeline-model-parallel-layout, whose '|'-separated stages are listed in virtual-stage order
   (stage i on rank i % pp, chunk i // pp), 'E' (embedding) first and 'L' (loss) last.
 * --recompute-method block recomputes the first --recompute-num-layers layers of every model
-  chunk, which is what a plan's `recompute_layers` means, but with one count for all stages.
+  chunk (all of a shorter chunk): a Megatron plan recomputes min(N, layers) in every stage.
 * ZeRO-1 is --use-distributed-optimizer; ZeRO-2/3 are Megatron-FSDP sharding strategies
   (optim_grads / optim_grads_params), which Megatron does not combine with pipeline parallelism.
+* --overlap-grad-reduce and --overlap-param-gather: the overlaps the megatron engine prices.
+
+Only plans priced for the megatron engine are exported (planner.engines.runnable).
 """
 from __future__ import annotations
 
 import shlex
 
-from planner.export._common import (fmt_list, header, rank_layers, recompute_active,
-                                    stage_layers, uses_bf16)
+from planner.engines.runnable import per_chunk_recompute
+from planner.export._common import (check_exportable, fmt_list, header, rank_layers,
+                                    recompute_active, stage_layers, uses_bf16)
 from planner.plan import Plan
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -69,13 +73,7 @@ def _pipeline(plan: Plan, args: list, notes: list) -> None:
     args.append(("--pipeline-model-parallel-size", p.pp))
     counts = stage_layers(plan)
     if p.pp == 1:
-        if p.vpp > 1:
-            notes.append(f"the plan interleaves {p.vpp} chunks on a single pipeline rank; "
-                         "Megatron interleaves only with pp > 1, so the chunks run as one stage")
         return
-    if p.schedule == "gpipe":
-        notes.append("Megatron has no GPipe schedule; its non-interleaved schedule is 1F1B, "
-                     "with the same bubble and no more activation memory")
     if len(set(counts)) == 1:
         if p.vpp > 1:
             args.append(("--num-virtual-stages-per-pipeline-rank", p.vpp))
@@ -93,11 +91,8 @@ def _pipeline(plan: Plan, args: list, notes: list) -> None:
             return
     # The layout sets the virtual pipeline size itself (stages / pp); no other vpp flag with it.
     args.append(("--pipeline-model-parallel-layout", layout_string(counts)))
-    notes.append(f"stages hold {fmt_list(counts)} layers (virtual-stage order), more than "
-                 "first/last-stage flags can say, so they go to --pipeline-model-parallel-layout")
-    if vpp > 1 and plan.batch.num_microbatches % p.pp:
-        notes.append("older Megatron releases need num_microbatches divisible by pp under "
-                     "the interleaved schedule")
+    notes.append(f"stages hold {fmt_list(counts)} layers (virtual-stage order): "
+                 "--pipeline-model-parallel-layout")
 
 
 def _recompute(plan: Plan, args: list, notes: list) -> None:
@@ -105,50 +100,36 @@ def _recompute(plan: Plan, args: list, notes: list) -> None:
     if p.recompute == "none":
         return
     if not recompute_active(plan):
-        notes.append(f"the plan picks {p.recompute} recompute but applies it to no layer; "
-                     "no recompute flags")
         return
-    counts = [s.recompute_layers for s in plan.stages]
-    sizes = stage_layers(plan)
     if p.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
-        if counts != sizes:
-            notes.append(f"selective recompute covers {fmt_list(counts)} of "
-                         f"{fmt_list(sizes)} layers per stage; Megatron applies it to every "
-                         "layer (no more memory than planned, a little more compute)")
         return
-    top = max(counts)
     args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-             ("--recompute-num-layers", top)]
-    if len(set(counts)) > 1:
-        notes.append(f"full recompute of {fmt_list(counts)} leading layers per stage cannot be "
-                     f"set per stage; --recompute-num-layers {top} applies to every model chunk "
-                     "(no more memory than planned, more recompute on the other stages)")
+             ("--recompute-num-layers", per_chunk_recompute(plan))]
 
 
 def _zero(plan: Plan, args: list, notes: list) -> bool:
     """Emit the data-parallel sharding flags; True when Megatron-FSDP is used."""
     p = plan.parallelism
+    if p.dp > 1:
+        args.append(("--overlap-grad-reduce", None))
     if p.zero_stage == 0:
         return False
     if p.zero_stage == 1:
-        args.append(("--use-distributed-optimizer", None))
+        args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
         return False
     if p.pp == 1:
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", FSDP_STRATEGY[p.zero_stage]),
-                 ("--use-distributed-optimizer", None),
+                 ("--use-distributed-optimizer", None), ("--overlap-param-gather", None),
+                 # Megatron-FSDP's user guide requires it (no fused wgrad accumulation)
+                 ("--no-gradient-accumulation-fusion", None),
                  ("--ckpt-format", "fsdp_dtensor")]
         notes.append(f"ZeRO-{p.zero_stage} is Megatron-FSDP "
                      f"({FSDP_STRATEGY[p.zero_stage]}); it wants CUDA_DEVICE_MAX_CONNECTIONS "
                      "unset and writes fsdp_dtensor checkpoints")
         return True
-    args.append(("--use-distributed-optimizer", None))
-    notes.append(f"ZeRO-{p.zero_stage} with pp > 1: Megatron-FSDP does not run with pipeline "
-                 "parallelism, so this is the distributed optimizer (ZeRO-1: optimizer state and "
-                 "fp32 master weights sharded, gradient buffer not); it needs more memory than "
-                 "the plan budgets")
-    return False
+    raise AssertionError("checked by planner.engines.runnable")
 
 
 def _model(plan: Plan, args: list, notes: list) -> None:
@@ -215,15 +196,13 @@ def _model(plan: Plan, args: list, notes: list) -> None:
 
 def megatron_args(plan: Plan) -> str:
     """The plan as Megatron-LM arguments (a sourceable bash fragment; see the module doc)."""
-    plan.validate()
+    check_exportable(plan, "megatron")
     p, b = plan.parallelism, plan.batch
     args, notes = [], []
 
     args.append(("--tensor-model-parallel-size", p.tp))
     if p.sequence_parallel and p.tp > 1:
         args.append(("--sequence-parallel", None))
-    elif p.sequence_parallel:
-        notes.append("sequence parallelism needs tp > 1; Megatron turns it off at tp = 1")
     _pipeline(plan, args, notes)
     order = tuple(p.rank_order)
     if order == ("dp", "pp", "tp"):

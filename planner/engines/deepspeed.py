@@ -1,0 +1,32 @@
+"""DeepSpeed (ZeRO 1-3 and its pipeline engine), with Megatron-DeepSpeed model code for TP.
+
+What it runs: ZeRO stages 0-3 without pipelining; with the PipelineEngine only stages 0 and 1
+(deepspeed/runtime/pipe/engine.py asserts zero stage < 2). Its pipeline schedule is its own
+1F1B-style TrainSchedule (deepspeed/runtime/pipe/schedule.py), no interleaving. PipelineModule
+partitions layers 'uniform', by 'parameters' or by 'type:<regex>' (deepspeed/runtime/pipe/module.py):
+the planner uses only splits with the same number of decoder layers on every stage, which all
+three methods produce. Recompute: activation_checkpoint_interval = 1 checkpoints every layer
+(no per-stage count); selective recompute is Megatron-DeepSpeed's model-code option for every
+layer. Gradient reduction overlaps backward with zero_optimization.overlap_comm (the export sets
+it); the parameter all-gather after the step is not overlapped with the next forward.
+
+How fast: Megatron-DeepSpeed runs Megatron's fused kernels, so Megatron's figures (1) apply.
+Not validated against published runs: none are in the validation set.
+Memory: bf16 weights, fp32 gradient accumulation (the export sets data_types.grad_accum_dtype
+"fp32"), 12 B of Adam state with the fp32 master (Rajbhandari et al. 2020, K = 12).
+"""
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, EQUAL_SPLIT, Engine
+from planner.engines.validation import validation_of
+
+DEEPSPEED = Engine(
+    name="deepspeed", title="DeepSpeed",
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
+    max_tp=None, sp_choices=(False, True),
+    schedules=("1f1b",), stage_layers=EQUAL_SPLIT,
+    recompute=(("full", ALL_OR_NONE), ("selective", ALL_OR_NONE)),
+    overlap_grad_reduce=True, overlap_param_gather=False,
+    zero2_gathers_every_microbatch=False,
+    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
+    context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    validation=validation_of("deepspeed"),
+)

@@ -1,0 +1,92 @@
+"""An engine's facts on one GPU: the figures the cost model reads, from one interface.
+
+`facts_for(engine, gpu)` gives the catalog facts: the cost formulas (planner.cost.compute,
+planner.cost.memory) with the engine's kernel figures applied to the GPU's. An engine that
+carries a profile (`python -m profiler`, applied by planner.profile.apply_profile) gives
+measured facts instead: each figure measured at the measured shapes, or the formula scaled by
+measured / modelled at the nearest one (planner.profile.Measured).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
+from planner.cost.memory import activation_bytes, logits_bytes
+from planner.engines.spec import Engine
+from planner.specs import Gpu
+
+FP32 = 4   # planner.cost.memory.logits_bytes counts fp32 logits
+
+
+def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
+    """The GPU as the engine's kernels drive it."""
+    changes = {}
+    if engine.gemm_scale != 1.0:
+        changes["gemm_efficiency"] = gpu.gemm_efficiency * engine.gemm_scale
+    if engine.attn_scale != 1.0:
+        changes["attn_efficiency"] = gpu.attn_efficiency * engine.attn_scale
+    if engine.overlap_slowdown is not None:
+        changes["overlap_slowdown"] = engine.overlap_slowdown
+    return dataclasses.replace(gpu, **changes) if changes else gpu
+
+
+class CatalogFacts:
+    comm_elem_bytes = BF16   # bytes per element of the activations TP and PP move
+
+    def __init__(self, engine: Engine, gpu: Gpu):
+        self.engine = engine
+        self.gpu = engine_gpu(engine, gpu)
+
+    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0):
+        return layer_time(model, self.gpu, b, s, tp, sp, flash,
+                          self.engine.elementwise_traffic, self.engine.layer_overhead_s)
+
+    def activation_bytes(self, model, b, s, tp, sp, mode, flash):
+        return activation_bytes(model, b, s, tp, sp, mode, flash)
+
+    def embedding_time(self, model, b, s, tp):
+        return embedding_time(model, self.gpu, b, s, tp)
+
+    def head_time(self, model, b, s, tp):
+        return head_time(model, self.gpu, b, s, tp)
+
+    def logits_bytes(self, model, b, s, tp):
+        return logits_bytes(model, b, s, tp) * self.engine.loss_bytes_per_logit / FP32
+
+    def optimizer_time(self, params):
+        return optimizer_time(self.gpu, params)
+
+
+class MeasuredFacts(CatalogFacts):
+    """Catalog facts corrected by a profile's measurements (planner.profile.Measured)."""
+
+    def __init__(self, engine: Engine, gpu: Gpu, measured):
+        super().__init__(engine, gpu)
+        self.measured = measured
+        self.comm_elem_bytes = measured.comm_elem_bytes
+
+    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0):
+        lt = super().layer_time(model, b, s, tp, sp, flash)
+        return self.measured.layer_time(lt, b, s, tp, sp, flash, tp_comm_fwd)
+
+    def activation_bytes(self, model, b, s, tp, sp, mode, flash):
+        return self.measured.activation_bytes(
+            super().activation_bytes(model, b, s, tp, sp, mode, flash), b, s, tp, sp, mode, flash)
+
+    def embedding_time(self, model, b, s, tp):
+        return self.measured.embedding_time(super().embedding_time(model, b, s, tp), b, s, tp)
+
+    def head_time(self, model, b, s, tp):
+        return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp)
+
+    def logits_bytes(self, model, b, s, tp):
+        return self.measured.logits_bytes(super().logits_bytes(model, b, s, tp), b, s, tp)
+
+    def optimizer_time(self, params):
+        return self.measured.optimizer_time(params)
+
+
+def facts_for(engine: Engine, gpu: Gpu) -> CatalogFacts:
+    if engine.measured is not None:
+        return MeasuredFacts(engine, gpu, engine.measured)
+    return CatalogFacts(engine, gpu)

@@ -1,0 +1,35 @@
+"""Plain PyTorch FSDP / FSDP2 data parallelism, as llm-foundry, HF accelerate or NeMo AutoModel
+run it: no tensor or pipeline parallelism.
+
+What it runs: sharding strategy NO_SHARD / DDP (ZeRO-0), SHARD_GRAD_OP (ZeRO-2: parameters
+gathered every micro-batch and kept from forward to backward) or FULL_SHARD (ZeRO-3)
+(torch.distributed.fsdp.ShardingStrategy); activation checkpointing wraps every block or none
+(llm-foundry `activation_checkpointing`). Backward prefetch overlaps the next all-gather and
+the reduce-scatter with backward.
+
+How fast: eager PyTorch model code with FlashAttention (llm-foundry's MPT): the eager figures
+of planner.engines.eager, fitted on llm-foundry's 8-64 GPU table (its 128-512 GPU table held
+out).
+
+Memory: FSDP mixed precision with fp32 sharded master parameters, as torchtitan.
+"""
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, FUSED_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
+                                    EAGER_LAYER_OVERHEAD_S)
+from planner.engines.validation import validation_of
+
+
+FSDP = Engine(
+    name="fsdp", title="PyTorch FSDP (llm-foundry, accelerate, NeMo AutoModel)",
+    zero_stages=(0, 2, 3), zero_stages_with_pp=(),
+    max_tp=1, sp_choices=(False,),
+    schedules=(), stage_layers=ANY_SPLIT,
+    recompute=(("full", ALL_OR_NONE),),
+    overlap_grad_reduce=True, overlap_param_gather=True,
+    zero2_gathers_every_microbatch=True,
+    gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
+    elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
+    weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    loss_bytes_per_logit=FUSED_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    validation=validation_of("fsdp"),
+)

@@ -1,0 +1,36 @@
+"""Megatron-LM / Megatron-Core (also as NeMo and Megatron-Bridge run it), current releases.
+
+What it runs (megatron/training/arguments.py, megatron-core >= 0.14):
+- ZeRO-1 is the distributed optimizer (--use-distributed-optimizer); ZeRO-2/3 are Megatron-FSDP
+  (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params),
+  which does not combine with pipeline parallelism.
+- Schedules: 1F1B and interleaved 1F1B (--num-virtual-stages-per-pipeline-rank); no GPipe
+  (megatron/core/pipeline_parallel/schedules.py). Any contiguous split of the layers over the
+  pipeline through --pipeline-model-parallel-layout.
+- Recompute: --recompute-granularity full --recompute-method block --recompute-num-layers N
+  recomputes the first N layers of every model chunk, one N for all chunks; selective
+  recompute (the attention core) applies to every layer.
+- Overlaps: --overlap-grad-reduce and --overlap-param-gather (the exports set both).
+
+How fast: the GPU catalog's efficiencies were chosen on published Megatron runs
+(benchmarks/README.md, fidelity), so every scale factor here is 1.
+Memory: bf16 weights, fp32 gradient accumulation and reduction (accumulate_allreduce_grads_in_fp32
+is set for --bf16), 12 B of Adam state with the fp32 master: 18 B per parameter, 6 + 12/d with
+the distributed optimizer (Megatron-LM docs, distributed optimizer).
+"""
+from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
+                                  PER_CHUNK, Engine)
+from planner.engines.validation import validation_of
+
+MEGATRON = Engine(
+    name="megatron", title="Megatron-LM / Megatron-Core",
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
+    max_tp=None, sp_choices=(False, True),
+    schedules=("1f1b", "interleaved"), stage_layers=ANY_SPLIT,
+    recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE)),
+    overlap_grad_reduce=True, overlap_param_gather=True,
+    zero2_gathers_every_microbatch=False,
+    weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
+    context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    validation=validation_of("megatron"),
+)

@@ -1,0 +1,51 @@
+"""Can an engine run a plan exactly as it was priced? One home for that rule.
+
+The search only emits what `Engine` allows (planner.search reads the same predicates), the
+exporters refuse a plan with any problem listed here, and `plan show --export` says why.
+"""
+from __future__ import annotations
+
+from planner.engines.spec import ALL_OR_NONE, EQUAL_SPLIT, PER_CHUNK, Engine
+
+
+def problems(plan, engine: Engine) -> list:
+    """What of `plan` the engine cannot run as priced (empty: it runs it exactly)."""
+    p, out = plan.parallelism, []
+    e = engine.name
+    if plan.engine != engine.name:
+        out.append(f"the plan was priced for {plan.engine}, not {e} (plan with --engine {e})")
+    if p.tp > 1 and engine.max_tp == 1:
+        out.append(f"{e} has no tensor parallelism (tp={p.tp})")
+    if p.tp > 1 and p.sequence_parallel not in engine.sp_choices:
+        out.append(f"{e} {'always' if engine.sp_choices == (True,) else 'never'} shards the "
+                   f"sequence under tensor parallelism")
+    if p.pp > 1:
+        if not engine.pipelines:
+            out.append(f"{e} has no pipeline parallelism (pp={p.pp})")
+        elif p.schedule not in engine.schedules:
+            out.append(f"{e} has no {p.schedule} schedule")
+    elif p.vpp > 1:
+        out.append(f"{p.vpp} model chunks on a single pipeline rank")
+    if not engine.zero_ok(p.zero_stage, p.tp, p.pp, p.dp):
+        out.append(f"{e} has no ZeRO-{p.zero_stage} with tp={p.tp} pp={p.pp} dp={p.dp}")
+    if engine.stage_layers == EQUAL_SPLIT and len(set(plan.layer_counts())) > 1:
+        out.append(f"{e} splits the layers evenly; the plan holds {plan.layer_counts()} per rank")
+    rec = [s.recompute_layers for s in plan.stages]
+    if any(rec):
+        if p.recompute not in engine.recompute_modes:
+            out.append(f"{e} has no {p.recompute} recompute")
+        else:
+            rule = engine.recompute_count(p.recompute)
+            sizes = [s.num_layers for s in plan.stages]
+            if rule == ALL_OR_NONE and rec != sizes:
+                out.append(f"{e} recomputes every layer or none; the plan recomputes {rec} of "
+                           f"{sizes} per stage")
+            elif rule == PER_CHUNK and rec != [min(max(rec), n) for n in sizes]:
+                out.append(f"{e} recomputes the same number of leading layers in every model "
+                           f"chunk; the plan recomputes {rec} of {sizes}")
+    return out
+
+
+def per_chunk_recompute(plan) -> int:
+    """The one count per model chunk of a plan whose stages recompute min(count, layers)."""
+    return max((s.recompute_layers for s in plan.stages), default=0)

@@ -1,0 +1,34 @@
+"""Our runtime (runtime/): init_device_mesh, DTensor TP/SP, FSDP2, torch.distributed.pipelining.
+
+What it runs (runtime/parallelize.py, runtime/pipeline.py): ZeRO 0-3 with or without
+pipelining (ZeRO-0/1 its own gradient all-reduce after backward, ZeRO-2/3 FSDP2 with
+reshard_after_forward False / True); TP with or without SP; GPipe, 1F1B (as GPipe when there are
+fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
+recompute of any number of each stage's first layers.
+
+Not overlapped: the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
+parameter broadcast after the step.
+
+How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profiler` measures
+it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradients, AdamW's m
+and v (8 B).
+"""
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ANY_SPLIT, PER_STAGE, Engine
+from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
+                                    EAGER_LAYER_OVERHEAD_S)
+from planner.engines.validation import validation_of
+
+RUNTIME = Engine(
+    name="runtime", title="our PyTorch runtime (python -m runtime)",
+    zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3),
+    max_tp=None, sp_choices=(False, True),
+    schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
+    recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
+    overlap_grad_reduce=False, overlap_param_gather=False,
+    zero2_gathers_every_microbatch=True, short_1f1b_as_gpipe=True,
+    gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
+    elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
+    weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    validation=validation_of("runtime"),
+)

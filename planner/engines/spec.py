@@ -1,0 +1,142 @@
+"""The training engine as a spec: what it can run, how fast it runs it, what memory it keeps.
+
+A plan is priced for the engine that will run it (Megatron-LM, torchtitan, DeepSpeed, plain
+FSDP, or our runtime): the search offers only what that engine can express, and the cost model
+reads every engine-dependent figure from here. Each engine's figures and their sources live in
+its own module (planner/engines/<name>.py); a profile (`python -m profiler`) becomes measured
+facts of an engine on a machine through `planner.engines.facts`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# How many layers a pipeline rank may recompute (`Engine.recompute_count`):
+PER_STAGE = "per_stage"   # any count per rank (our runtime)
+PER_CHUNK = "per_chunk"   # one count for every model chunk (Megatron's --recompute-num-layers)
+ALL_OR_NONE = "all"       # every layer or none (torchtitan, DeepSpeed, FSDP wrappers)
+
+# How a pipeline's layers may be split over its ranks (`Engine.stage_layers`):
+ANY_SPLIT = "any"         # any contiguous split (Megatron's layout, torchtitan's module fqns)
+EQUAL_SPLIT = "equal"     # the same count on every rank (DeepSpeed PipelineModule)
+
+
+# ---- figures every PyTorch-based engine shares --------------------------------------------
+# CUDA context (~0.5 GiB), NCCL communicator buffers (~1 GiB for a few communicators at the default
+# NCCL_BUFFSIZE of 4 MiB per channel and peer) and cuBLAS workspaces: a documented allowance,
+# the figure the planner has always reserved.
+CONTEXT_GIB = 2.0
+# PyTorch's caching allocator rounds large blocks up to 2 MiB segments and keeps freed blocks
+# cached; the reserve at peak is taken as 5% of the bytes allocated (checked against the
+# max_memory_reserved figures torchtitan publishes, benchmarks/results fidelity table).
+ALLOCATOR_RESERVE = 0.05
+# Eager PyTorch cross entropy over bf16 logits (torchtitan, FSDP stacks, our runtime): bytes per
+# logit at the loss's peak (planner.engines.spec.Engine.loss_bytes_per_logit)
+EAGER_LOSS_BYTES_PER_LOGIT = 10.0
+# A fused cross entropy (Megatron's vocabulary-parallel one; flash-attn's
+# flash_attn.losses.cross_entropy, llm-foundry's default `loss_fn: fused_crossentropy`) keeps
+# one fp32 softmax-sized buffer: 4 bytes per logit.
+FUSED_LOSS_BYTES_PER_LOGIT = 4.0
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How well the engine's predictions matched its published runs (benchmarks/fidelity)."""
+    runs: int
+    median_abs_error_pct: float
+    table: str                      # the committed result this figure was read from
+
+    def describe(self, engine: str) -> str:
+        return (f"+/-{self.median_abs_error_pct:.0f}% (median over {self.runs} published "
+                f"{engine} runs)")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    title: str
+    # ---- what it can run --------------------------------------------------------------
+    zero_stages: tuple              # ZeRO stages offered without pipelining (pp = 1)
+    zero_stages_with_pp: tuple      # ... and with pp > 1
+    max_tp: int | None              # None: up to a node; 1: no tensor parallelism
+    sp_choices: tuple               # sequence-parallel settings it offers with tp > 1
+    schedules: tuple                # pipeline schedules with pp > 1 (empty: no pipelining)
+    stage_layers: str               # ANY_SPLIT | EQUAL_SPLIT
+    # granularities it offers, each with how many layers of a rank it may cover:
+    # (("full", PER_CHUNK), ("selective", ALL_OR_NONE)), ...; "op" is torchtitan's per-op policy
+    recompute: tuple
+    # data-parallel gradient reduction overlapped with backward (per-bucket / per-layer)
+    overlap_grad_reduce: bool
+    # ZeRO-1/2 parameter all-gather after the optimizer step overlapped with the next forward
+    overlap_param_gather: bool
+    # ZeRO-2 as FSDP SHARD_GRAD_OP: parameters all-gathered again in every micro-batch's
+    # forward (kept unsharded to its backward) instead of once after the step
+    zero2_gathers_every_microbatch: bool
+    # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
+    zero0_with_tp_pp: bool = True
+    # ---- how fast ----------------------------------------------------------------------
+    gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
+    attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
+    elementwise_traffic: float = 1.0  # x the fused element-wise HBM traffic (eager: > 1)
+    layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
+    overlap_slowdown: float | None = None   # None: the GPU's figure
+    # ---- what memory it keeps ----------------------------------------------------------
+    # Bytes per parameter of the persistent states. Megatron/DeepSpeed: bf16 weights, fp32
+    # gradients (or bf16), 12 B of Adam state incl. the fp32 master. FSDP2: the sharded fp32
+    # parameter is the master, Adam keeps 8 B (m, v), gradients fp32.
+    weight_bytes: float = 2.0
+    grad_bytes: float = 4.0
+    optimizer_bytes: float = 12.0
+    # bf16 unsharded copy of the parameters held while computing, where the persistent weights
+    # are fp32 (FSDP mixed precision): per parameter of the unsharded layers it keeps
+    compute_copy_bytes: float = 0.0
+    # peak bytes per logit while the loss runs: Megatron's fused vocabulary-parallel cross
+    # entropy keeps the fp32 softmax (4, megatron/core/tensor_parallel/cross_entropy.py);
+    # eager PyTorch holds the bf16 logits (2), their fp32 copy (4) and the fp32 log-softmax it
+    # saves (4) in forward, the saved log-softmax, its fp32 and bf16 gradients in backward: 10
+    loss_bytes_per_logit: float = 4.0
+    context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
+    # caching-allocator reserve at peak, as a fraction of the bytes allocated: what
+    # torch.cuda.max_memory_reserved shows beyond max_memory_allocated
+    allocator_reserve: float = 0.0
+    # 1F1B with fewer micro-batches than stages runs as GPipe (all m forwards held)
+    short_1f1b_as_gpipe: bool = False
+    validation: Validation | None = None
+    # figures measured by `python -m profiler` (planner.profile.Measured), set by
+    # planner.profile.apply_profile; read through planner.engines.facts
+    measured: object = field(default=None, compare=False, repr=False)
+
+    # ---- capabilities as predicates the search and plan validation share --------------
+    def zero_ok(self, zero: int, tp: int, pp: int, dp: int) -> bool:
+        if dp == 1:
+            return zero == 0
+        if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1):
+            return False
+        return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
+
+    def tp_limit(self, gpus_per_node: int) -> int:
+        return gpus_per_node if self.max_tp is None else min(self.max_tp, gpus_per_node)
+
+    @property
+    def pipelines(self) -> bool:
+        return bool(self.schedules)
+
+    @property
+    def recompute_modes(self) -> tuple:
+        return tuple(g for g, _ in self.recompute)
+
+    def recompute_count(self, recompute: str) -> str:
+        """PER_STAGE, PER_CHUNK or ALL_OR_NONE for a granularity it offers."""
+        return dict(self.recompute).get(recompute, ALL_OR_NONE)
+
+    def all_layers_recomputed(self, recompute: str) -> bool:
+        """True when a granularity applies to every layer of a plan or to none."""
+        return recompute != "none" and self.recompute_count(recompute) == ALL_OR_NONE
+
+    def effective_schedule(self, schedule: str, pp: int, m: int) -> str:
+        """The schedule that runs: 1F1B with m < p runs as GPipe where the engine does that."""
+        if schedule == "1f1b" and self.short_1f1b_as_gpipe and m < pp:
+            return "gpipe"
+        return schedule
+
+    def trust(self) -> str:
+        return self.validation.describe(self.name) if self.validation else "not validated"

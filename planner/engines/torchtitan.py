@@ -1,0 +1,42 @@
+"""torchtitan: FSDP2 + DTensor TP/SP + torch.distributed.pipelining (+ CP), eager PyTorch.
+
+What it runs (torchtitan/config/job_config.py, torchtitan/distributed/parallel_dims.py):
+- data parallel: FSDP2 `fully_shard` (data_parallel_shard_degree) with
+  fsdp_reshard_after_forward "always" (ZeRO-3) or "never" (ZeRO-2 as SHARD_GRAD_OP: parameters
+  gathered again every micro-batch and kept to its backward); DDP (replicate) only as 1-D data
+  parallelism ("DDP has not supported > 1D parallelism"). No optimizer-only sharding (ZeRO-1).
+- tensor parallel always shards the sequence (SequenceParallel on norms): sp only.
+- pipelining: GPipe, 1F1B, Interleaved1F1B, any contiguous split through
+  module_fqns_per_model_part.
+- recompute ([activation_checkpoint] mode): "full" (every layer) or "selective" with option
+  "op" (the per-op policy, planner.cost.compute.op_recomputed_gemms) on every layer.
+- FSDP2 reduce-scatters gradients in backward and prefetches the next all-gather.
+
+How fast: eager PyTorch kernels (no torch.compile in the planner's figures): cuBLAS GEMMs,
+SDPA flash attention, one kernel per element-wise op: the eager figures of
+planner.engines.eager, fitted on FSDP rows only; every torchtitan row is held out.
+
+Memory: FSDP2 mixed precision (param bf16, reduce fp32): the sharded fp32 parameter is the
+master (4 B), Adam's m and v (8 B), fp32 sharded gradients (4 B); bf16 unsharded parameters
+(2 B) while a layer computes, for every layer between forward and backward under ZeRO-2.
+"""
+from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
+                                    EAGER_LAYER_OVERHEAD_S)
+from planner.engines.validation import validation_of
+
+
+TORCHTITAN = Engine(
+    name="torchtitan", title="torchtitan (FSDP2, DTensor TP, pipelining)",
+    zero_stages=(0, 2, 3), zero_stages_with_pp=(2, 3), zero0_with_tp_pp=False,
+    max_tp=None, sp_choices=(True,),
+    schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
+    recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
+    overlap_grad_reduce=True, overlap_param_gather=True,
+    zero2_gathers_every_microbatch=True,
+    gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
+    elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
+    weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    validation=validation_of("torchtitan"),
+)
