@@ -1,7 +1,8 @@
 """Memory of one training step, measured from the tensors (the first step's `measured_memory_gib`).
 
-Categories, each the largest value seen at the sampling points (after every micro-batch's
-backward and after the optimizer step), counted by storage (a storage shared by several tensors,
+Categories, each the largest value seen at the sampling points (at the start of the forward of
+every FSDP2-wrapped module, once FSDP has gathered its parameters; after every micro-batch's
+backward; after the optimizer step), counted by storage (a storage shared by several tensors,
 e.g. a tied weight, counts once; a storage FSDP has freed counts zero):
 
 * `params`: the local parameter shards plus, under FSDP2 (ZeRO 2/3), the unsharded parameters it
@@ -16,6 +17,7 @@ e.g. a tied weight, counts once; a storage FSDP has freed counts zero):
 """
 from __future__ import annotations
 
+import contextlib
 import resource
 import weakref
 
@@ -26,10 +28,19 @@ GIB = 2 ** 30
 
 
 def _storage(t):
+    """(key, bytes) of the memory behind `t`: its storage, or for a wrapper tensor without one
+    (a DTensor's local part may be such a wrapper, e.g. an async collective's result) the
+    wrapped tensor's."""
     if isinstance(t, DTensor):
         t = t.to_local()
-    s = t.untyped_storage()
-    return s.data_ptr(), s.nbytes()
+    inner = getattr(t, "elem", None)          # funcol's AsyncCollectiveTensor
+    if isinstance(inner, torch.Tensor):
+        t = inner
+    try:
+        s = t.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return ("tensor", id(t)), t.numel() * t.element_size()
 
 
 def _sum(tensors) -> int:
@@ -136,9 +147,20 @@ class StepMemory:
     def _unpack(x):
         return x.t if isinstance(x, _Saved) else x
 
+    @contextlib.contextmanager
     def hooks(self):
+        """Saved-tensor hooks, and a sample as each FSDP2 module's forward starts (its
+        parameters gathered), for the duration of the step."""
         self.param_ptrs = {_storage(t)[0] for t in self._params()}
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        handles = [m.register_forward_pre_hook(lambda *_: self.sample())
+                   for part in self.parts for m in part.modules()
+                   if hasattr(m, "_get_fsdp_state")]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield self
+        finally:
+            for h in handles:
+                h.remove()
 
     def result(self, pp_rank: int) -> dict:
         if self.on_gpu:

@@ -230,7 +230,7 @@ def warn_long_steps(args, plan) -> None:
     elif pred and pred > LONG_STEP_S:
         _say(f"runtime: warning: the plan predicts {_duration(pred)} per step on "
              f"{plan.cluster.name}, {_duration(pred * args.steps)} for --steps {args.steps}; "
-             f"a smaller --global-batch (plan ...) gives quicker steps")
+             f"re-plan with a smaller --global-batch for quicker steps")
 
 
 def _duration(s: float) -> str:

@@ -206,7 +206,8 @@ def _metrics(path):
 def test_single_process_run_learns(tmp_path):
     plan = make_plan(tmp_path / "p.json")
     d = json.loads(Path(plan).read_text())
-    d["estimate"] = {"fits": True, "step_time_s": 0.5, "tokens_per_s": 1.0, "tflops_per_gpu": 1.0, "mfu": 0.1, "peak_memory_gib": 1.0}
+    d["estimate"] = {"fits": True, "step_time_s": 0.5, "tokens_per_s": 256.0,
+                     "tflops_per_gpu": 0.01, "mfu": 0.1, "peak_memory_gib": 0.5}
     Path(plan).write_text(json.dumps(d))
     r = run_runtime("--plan", plan, "--steps", 30, "--lr", "3e-3", "--metrics", tmp_path / "m")
     assert r.returncode == 0, r.stderr

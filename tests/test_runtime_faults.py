@@ -16,6 +16,19 @@ torch = pytest.importorskip("torch")
 from test_runtime import LLAMA, _refused, make_plan, run_runtime  # noqa: E402
 
 
+def refused_here(capsys, *args, match, lines=1):
+    """`python -m runtime ARGS` in this process (a refusal comes before torch.distributed):
+    exit 2 and, as its last of `lines` stderr lines, one containing `match`."""
+    from runtime.train import main
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert len(err) == lines and "Traceback" not in "\n".join(err), err
+    assert match in err[-1], err[-1]
+    return err
+
+
 def _steps(path):
     return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
             if "step" in d}
@@ -59,12 +72,12 @@ def test_meta_lists_checksums_of_every_file(reference):
     assert verify(d) is None
 
 
-def test_fresh_run_refuses_a_used_checkpoint_dir(reference, tmp_path):
+def test_fresh_run_refuses_a_used_checkpoint_dir(reference, tmp_path, capsys):
     plan, _, ck_ref = reference
     ck = _copy_ckpts(ck_ref, tmp_path / "ck")
     before = sorted(p.name for p in ck.iterdir())
-    r = run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck, "--seed", 5)
-    _refused(r, f"--checkpoint-dir {ck} already holds checkpoints (step-00000003 newest)")
+    refused_here(capsys, "--plan", plan, "--steps", 1, "--checkpoint-dir", ck, "--seed", 5,
+                 match=f"--checkpoint-dir {ck} already holds checkpoints (step-00000003 newest)")
     assert sorted(p.name for p in ck.iterdir()) == before
     # with the flag the old run's checkpoints go and only the new run's remain
     r = run_runtime("--plan", plan, "--steps", 1, "--checkpoint-dir", ck, "--seed", 5,
@@ -78,19 +91,19 @@ def test_fresh_run_refuses_a_used_checkpoint_dir(reference, tmp_path):
     (["--seed", "1"], "seed 0 vs 1"),
     (["--data", "DATA"], "data 'synthetic' vs 't.npy (1128 bytes)'"),
 ])
-def test_resume_checks_the_run_identity(reference, tmp_path, extra, match):
+def test_resume_checks_the_run_identity(reference, tmp_path, capsys, extra, match):
     """(Another layout of the same run resumes: tests/test_runtime_dist.py reshards.)"""
     import numpy as np
     plan, want, ck_ref = reference
     ck = _copy_ckpts(ck_ref, tmp_path / "ck")
     np.save(tmp_path / "t.npy", (np.arange(250) % 128).astype(np.int32))
     extra = [str(tmp_path / "t.npy") if a == "DATA" else a for a in extra]
-    r = run_runtime("--plan", plan, "--steps", 4, "--checkpoint-dir", ck, "--resume", *extra)
-    _refused(r, f"cannot resume {ck / 'step-00000003'}: it was written by another run ({match};"
-                f" checkpoint's vs this run's)")
+    refused_here(capsys, "--plan", plan, "--steps", 4, "--checkpoint-dir", ck, "--resume",
+                 *extra, match=f"cannot resume {ck / 'step-00000003'}: it was written by another "
+                               f"run ({match}; checkpoint's vs this run's)")
 
 
-def test_resume_refuses_another_global_batch(reference, tmp_path):
+def test_resume_refuses_another_global_batch(reference, tmp_path, capsys):
     from planner.plan import Batch
     plan, _, ck_ref = reference
     ck = _copy_ckpts(ck_ref, tmp_path / "ck")
@@ -99,18 +112,12 @@ def test_resume_refuses_another_global_batch(reference, tmp_path):
     p.batch = Batch(seq_len=16, global_batch_size=16, micro_batch_size=1, num_microbatches=16)
     p.validate()
     p.save(tmp_path / "p16.json")
-    r = run_runtime("--plan", tmp_path / "p16.json", "--steps", 4, "--checkpoint-dir", ck,
-                    "--resume")
-    _refused(r, "written by another run (global_batch_size 8 vs 16; checkpoint's vs this run's)")
+    refused_here(capsys, "--plan", tmp_path / "p16.json", "--steps", 4, "--checkpoint-dir", ck,
+                 "--resume", match="written by another run (global_batch_size 8 vs 16; "
+                                   "checkpoint's vs this run's)")
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "drop_rng", "meta"])
-def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
-    """The newest checkpoint is damaged: one warning line, resume from the one before, and
-    the re-run step's loss equals the uninterrupted run's."""
-    plan, want, ck_ref = reference
-    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
-    newest = ck / "step-00000003"
+def _damage(newest, damage):
     f = _shard(newest)
     data = bytearray(f.read_bytes())
     if damage == "flip":
@@ -122,6 +129,30 @@ def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
         (newest / "rng" / "rank0.pt").unlink()
     else:
         (newest / "meta.json").write_text("{\"step\": 3")
+
+
+@pytest.mark.parametrize("damage,why", [("flip", "fails its sha256 checksum"),
+                                        ("truncate", "bytes, meta.json says"),
+                                        ("drop_rng", "rng/rank0.pt is missing"),
+                                        ("meta", "meta.json is missing or unreadable")])
+def test_damage_is_detected(reference, tmp_path, damage, why):
+    from runtime.checkpoint import choose
+    _, _, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    _damage(ck / "step-00000003", damage)
+    warned = []
+    assert choose(ck, warn=warned.append) == (2, ck / "step-00000002")
+    assert len(warned) == 1 and why in warned[0], warned
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
+    """The newest checkpoint is damaged: one warning line, resume from the one before, and
+    the re-run step's loss equals the uninterrupted run's."""
+    plan, want, ck_ref = reference
+    ck = _copy_ckpts(ck_ref, tmp_path / "ck")
+    newest = ck / "step-00000003"
+    _damage(newest, damage)
     r = run_runtime("--plan", plan, "--steps", 3, "--checkpoint-dir", ck, "--resume",
                     "--metrics", tmp_path / "m.jsonl")
     assert r.returncode == 0, r.stderr
@@ -139,7 +170,7 @@ def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
     assert (ck / "step-00000003.damaged").is_dir() and verify(ck / "step-00000003") is None
 
 
-def test_all_checkpoints_damaged_is_refused(reference, tmp_path):
+def test_all_checkpoints_damaged_is_refused(reference, tmp_path, capsys):
     plan, _, ck_ref = reference
     ck = _copy_ckpts(ck_ref, tmp_path / "ck")
     for d in ck.iterdir():
@@ -147,11 +178,10 @@ def test_all_checkpoints_damaged_is_refused(reference, tmp_path):
         b = bytearray(f.read_bytes())
         b[100] ^= 0x01
         f.write_bytes(bytes(b))
-    r = run_runtime("--plan", plan, "--steps", 4, "--checkpoint-dir", ck, "--resume")
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 4 and "Traceback" not in r.stderr, r.stderr   # 3 warnings + refusal
-    assert lines[-1].startswith(f"runtime: no intact checkpoint in {ck}: all 3 fail their checks")
+    lines = refused_here(capsys, "--plan", plan, "--steps", 4, "--checkpoint-dir", ck,
+                         "--resume", lines=4,      # 3 warnings + the refusal
+                         match=f"runtime: no intact checkpoint in {ck}: all 3 fail their checks")
+    assert all(" is damaged (" in l for l in lines[:3]), lines
 
 
 def test_interrupted_replacement_keeps_the_previous_copy(tmp_path, monkeypatch):
@@ -194,7 +224,7 @@ def test_interrupted_replacement_keeps_the_previous_copy(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["ckpt_under_file", "metrics_under_file", "metrics_is_dir"])
-def test_unwritable_outputs_are_refused_before_work(tmp_path, which):
+def test_unwritable_outputs_are_refused_before_work(tmp_path, capsys, which):
     plan = make_plan(tmp_path / "p.json")
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -205,9 +235,7 @@ def test_unwritable_outputs_are_refused_before_work(tmp_path, which):
     match = {"ckpt_under_file": f"--checkpoint-dir {blocker / 'ck'} is not writable",
              "metrics_under_file": f"the directory of --metrics {blocker} is not writable",
              "metrics_is_dir": f"--metrics {tmp_path / 'a-dir'} is a directory"}[which]
-    r = run_runtime("--plan", plan, "--steps", 1000, *args)
-    _refused(r, match)
-    assert "step" not in r.stdout
+    refused_here(capsys, "--plan", plan, "--steps", 1000, *args, match=match)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
