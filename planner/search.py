@@ -195,7 +195,6 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
     n, L = cluster.num_gpus, model.num_layers
-    gpn = cluster.gpus_per_node
     tps = [f.tp] if f.tp else [t for t in divisors(n)
                                 if t <= engine.tp_limit(cluster)
                                 and V.tp_in_node(t, engine.tp_domain(cluster))

@@ -19,6 +19,7 @@ from planner.errors import BadInput
 from planner.launch import launch_commands, torchrun_command
 from planner.plan import Plan
 from planner.specs import Gpu, Model
+from tests.cli_helpers import one_line, run, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILE = os.path.join(ROOT, "benchmarks", "profiles", "cpux2-tiny-llama.json")
@@ -29,29 +30,6 @@ HF = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
       "intermediate_size": 704, "num_attention_heads": 8, "num_key_value_heads": 4,
       "vocab_size": 4096, "max_position_embeddings": 2048}
 CLUSTER = {"gpu": "h100", "num_gpus": 8, "gpus_per_node": 8}
-
-
-def run(capsys, *args, limit_s=10.0):
-    t = time.perf_counter()
-    code = main([str(a) for a in args])
-    took = time.perf_counter() - t
-    out, err = capsys.readouterr()
-    assert took < limit_s, f"{args}: {took:.1f} s"
-    return code, out, err
-
-
-def one_line(code, err, expect=2, needle=None):
-    assert code == expect, err
-    assert err.startswith("plan: error:") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    if needle:
-        assert needle in err, err
-
-
-def write(tmp_path, name, obj, raw=False):
-    p = tmp_path / name
-    p.write_text(obj if raw else json.dumps(obj))
-    return str(p)
 
 
 # ---- model config ----------------------------------------------------------------------------

@@ -6,43 +6,26 @@ import inspect
 import json
 import math
 import re
-import time
 
 import pytest
 
 from planner.catalog import SYSTEMS, get_cluster, get_gpu, get_model, gpus
 from planner.catalog.gpus import GPUS
-from planner.cli import main
 from planner.cost import comm
 from planner.errors import BadInput
 from planner.plan import Plan
 from planner.search import Fixed, enumerate_candidates
 from planner.specs import Cluster
 from planner.suggest import _more_gpus
+from tests.cli_helpers import one_line, write
+from tests.cli_helpers import run as _run
+
+
+def run(capsys, *args):
+    return _run(capsys, *args, limit_s=60.0)
 
 NEW = ("b300", "gb200", "gb300", "mi300x", "h200")
 DONE_CLUSTERS = ("gb200x72", "gb300x144", "b300x16", "mi300x16", "h200x32")
-
-
-def run(capsys, *args, limit_s=60.0):
-    t = time.perf_counter()
-    code = main([str(a) for a in args])
-    took = time.perf_counter() - t
-    out, err = capsys.readouterr()
-    assert took < limit_s, f"{args}: {took:.1f} s"
-    return code, out, err
-
-
-def one_line(code, err, needle):
-    assert code == 2, err
-    assert err.startswith("plan: error:") and err.count("\n") == 1, err
-    assert needle in err, err
-
-
-def write(tmp_path, name, obj):
-    p = tmp_path / name
-    p.write_text(json.dumps(obj))
-    return str(p)
 
 
 # ---- the catalog's figures -------------------------------------------------------------------
@@ -127,7 +110,7 @@ def test_mi300x_cluster_names_the_mi300x():
 @pytest.mark.parametrize("name", ["gb200x100", "gb200x6", "gb300x76"])
 def test_gb_clusters_are_whole_racks_or_trays(capsys, name):
     code, _, err = run(capsys, "--model", "llama8b", "--cluster", name)
-    one_line(code, err, "NVL72 racks")
+    one_line(code, err, needle="NVL72 racks")
 
 
 def test_nvlink_domain_defaults_to_the_host():
@@ -270,7 +253,7 @@ BASE = {"base": "h100", "num_gpus": 16, "gpus_per_node": 4}
 def test_bad_nvlink_domain_is_one_line_exit_2(capsys, tmp_path, change, needle):
     doc = {k: v for k, v in {**BASE, **change}.items() if v is not None}
     code, _, err = run(capsys, "--model", "llama8b", "--cluster", write(tmp_path, "c.json", doc))
-    one_line(code, err, needle)
+    one_line(code, err, needle=needle)
 
 
 @pytest.mark.parametrize("value, needle", [
@@ -283,7 +266,7 @@ def test_bad_nvlink_domain_in_a_plan_is_one_line_exit_2(capsys, tmp_path, value,
     d = json.loads(out_path.read_text())
     d["cluster"]["nvlink_domain"] = value
     code, _, err = run(capsys, "show", write(tmp_path, "bad.json", d))
-    one_line(code, err, needle)
+    one_line(code, err, needle=needle)
 
 
 def test_bad_domain_in_python_is_badinput():

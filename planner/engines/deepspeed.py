@@ -3,7 +3,8 @@
 What it runs: ZeRO stages 0-3 without pipelining; with the PipelineEngine only stages 0 and 1
 (deepspeed/runtime/pipe/engine.py asserts zero stage < 2). Its pipeline schedule is its own
 1F1B-style TrainSchedule (deepspeed/runtime/pipe/schedule.py), no interleaving. PipelineModule
-partitions layers 'uniform', by 'parameters' or by 'type:<regex>' (deepspeed/runtime/pipe/module.py):
+partitions layers 'uniform', by 'parameters' or by 'type:<regex>'
+(deepspeed/runtime/pipe/module.py):
 the planner uses only splits with the same number of decoder layers on every stage, which all
 three methods produce. Recompute: activation_checkpoint_interval = 1 checkpoints every layer
 (no per-stage count); selective recompute is Megatron-DeepSpeed's model-code option for every
@@ -15,7 +16,7 @@ Not validated against published runs: none are in the validation set.
 Memory: bf16 weights, fp32 gradient accumulation (the export sets data_types.grad_accum_dtype
 "fp32"), 12 B of Adam state with the fp32 master (Rajbhandari et al. 2020, K = 12).
 """
-from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, EQUAL_SPLIT, Engine
+from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, CONTEXT_GIB, EQUAL_SPLIT, Engine)
 from planner.engines.validation import validation_of
 
 DEEPSPEED = Engine(

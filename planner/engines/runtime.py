@@ -6,14 +6,16 @@ reshard_after_forward False / True); TP with or without SP; GPipe, 1F1B (as GPip
 fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
-TP groups sit inside one host (its world check), also inside an NVL72 rack. Not overlapped: the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
+TP groups sit inside one host (its world check), also inside an NVL72 rack. Not overlapped:
+the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
 parameter broadcast after the step.
 
 How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profiler` measures
 it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradients, AdamW's m
 and v (8 B).
 """
-from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ANY_SPLIT, PER_STAGE, Engine
+from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
+                                  EAGER_LOSS_BYTES_PER_LOGIT, PER_STAGE, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
@@ -30,6 +32,7 @@ RUNTIME = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
+    allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("runtime"),
 )

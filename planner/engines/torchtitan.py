@@ -20,7 +20,8 @@ Memory: FSDP2 mixed precision (param bf16, reduce fp32): the sharded fp32 parame
 master (4 B), Adam's m and v (8 B), fp32 sharded gradients (4 B); bf16 unsharded parameters
 (2 B) while a layer computes, for every layer between forward and backward under ZeRO-2.
 """
-from planner.engines.spec import ALLOCATOR_RESERVE, CONTEXT_GIB, EAGER_LOSS_BYTES_PER_LOGIT, ALL_OR_NONE, ANY_SPLIT, Engine
+from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
+                                  EAGER_LOSS_BYTES_PER_LOGIT, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
@@ -37,6 +38,7 @@ TORCHTITAN = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
+    allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("torchtitan"),
 )
