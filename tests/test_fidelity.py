@@ -108,3 +108,52 @@ def test_summary_and_markdown(rows):
     assert s["all"]["runs"] == len(rows) and s["all_fit"]
     md = fidelity.to_markdown(rows, s, 1.0)
     assert md.count("\n| ptdp-") == 10 and "| megatron | 23 |" in md
+
+
+def _cli_args(run, tmp_path) -> list:
+    """The `plan` command line that reproduces a published row: its model and cluster files,
+    every published knob, its engine and attention kernel, no margin."""
+    import json as _json
+    model = tmp_path / f"{run['id']}-model.json"
+    model.write_text(_json.dumps(run["model"]))
+    c = run["cluster"]
+    if isinstance(c, dict):
+        cluster = tmp_path / f"{run['id']}-cluster.json"
+        cluster.write_text(_json.dumps({"base": c["gpu"], "num_gpus": c["num_gpus"],
+                                        "gpus_per_node": c.get("gpus_per_node", 8),
+                                        **({"memory_gib": c["memory_gib"]}
+                                           if "memory_gib" in c else {})}))
+    else:
+        cluster = c
+    f = fidelity.fixed_of(run)
+    args = ["--model", str(model), "--cluster", str(cluster), "--engine", run["engine"],
+            "--attention", "flash" if f.flash else "eager", "--memory-margin", "0",
+            "--seq-len", run["fixed"]["seq_len"], "--global-batch", run["fixed"]["global_batch"]]
+    for flag, v in (("--tp", f.tp), ("--pp", f.pp), ("--dp", f.dp), ("--zero", f.zero),
+                    ("--micro-batch", f.mbs), ("--vpp", f.vpp), ("--recompute", f.recompute),
+                    ("--schedule", f.schedule)):
+        if v is not None:
+            args += [flag, v]
+    if f.sp is not None:
+        args.append("--sp" if f.sp else "--no-sp")
+    return [str(a) for a in args]
+
+
+@pytest.mark.parametrize("pick", ["torchtitan-202412-table1-8b-8gpu-fsdp",
+                                  "llmfoundry-h10080gbbf16-70b-seq2048-512gpu-ac-amp_bf16-full_shard",
+                                  "ptdp-t1-1.7b"])
+def test_published_rows_reproduce_from_the_command_line(runs, rows, pick, tmp_path, capsys):
+    """Every knob the benchmark sets reaches `plan` through its flags: the CLI answers the
+    benchmark's prediction for the row (the ZeRO stage fixed to the one the benchmark chose)."""
+    import json as _json
+
+    from planner.cli import main
+    i = next(k for k, r in enumerate(runs) if r["id"] == pick)
+    run, row = runs[i], rows[i]
+    args = _cli_args(run, tmp_path)
+    if "--zero" not in args:
+        args += ["--zero", str(row["candidate"].zero)]
+    assert main(args + ["--json"]) == 0
+    plan = _json.loads(capsys.readouterr().out)
+    assert plan["engine"] == run["engine"]
+    assert plan["estimate"]["step_time_s"] == pytest.approx(row["predicted_s"], rel=1e-6)
