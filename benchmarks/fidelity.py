@@ -47,8 +47,19 @@ FIT_ROWS = {
     "fsdp": "llm-foundry's 8-64 GPU table (sequence lengths 512-65536, which separate attention "
             "from the rest); its Large Scale table (128-512 GPUs) held out",
     "torchtitan": "nothing: it runs on the eager-PyTorch figures fitted on fsdp rows "
-                  "(planner/engines/eager.py), so all its rows are held out",
+                  "(planner/engines/eager.py), so all its bf16 rows are held out",
+    "fp8": "the low-precision GEMM efficiency (planner/precision.py) on Megatron-Bridge's "
+           "Llama 3 70B H100 FP8 rows, torchao's rowwise GEMM on torchtitan's two 70B rowwise "
+           "rows; every other FP8/MXFP8 row held out",
 }
+
+
+def is_lowp_fit_row(run) -> bool:
+    """The FP8 rows planner/precision.py's fitted figures were chosen on."""
+    i = run["id"]
+    if run.get("engine") == "megatron":
+        return i.startswith("mbridge-") and "-h100-llama370b-" in i
+    return i.startswith("torchtitan-asynctp-202506-70b-float8-rowwise")
 
 
 # "Predicted to fit" asks whether the predicted reserved memory stays within the GPU's memory
@@ -58,6 +69,8 @@ FIDELITY_MARGIN_GIB = 0.0
 
 
 def is_fit_row(run) -> bool:
+    if run.get("precision", "bf16") != "bf16":
+        return is_lowp_fit_row(run)
     src = run.get("source", "")
     if run.get("engine") == "fsdp":
         return "Large Scale" not in src
@@ -94,8 +107,11 @@ def fixed_of(run) -> Fixed:
     rec = RECOMPUTE_OF.get((run.get("engine", "megatron"), rec), rec)
     return Fixed(tp=f.get("tp"), pp=f.get("pp"), dp=f.get("dp"), recompute=rec,
                  sp=f.get("sequence_parallel"), mbs=f.get("micro_batch"), vpp=f.get("vpp"),
-                 schedule=("interleaved" if f.get("vpp", 1) > 1 else None),
-                 zero=f.get("zero"), flash=run.get("attention", "flash") == "flash")
+                 # a published vpp of 1 with pipelining is plain 1F1B (not interleaving searched)
+                 schedule=("interleaved" if f.get("vpp", 1) > 1 else
+                           "1f1b" if f.get("vpp") == 1 and f.get("pp", 1) > 1 else None),
+                 zero=f.get("zero"), flash=run.get("attention", "flash") == "flash",
+                 precision=run.get("precision", "bf16"), recipe=run.get("recipe"))
 
 
 def cluster_of(run) -> Cluster:
@@ -122,6 +138,8 @@ def _published_config(run) -> str:
                          if short != "rec" else f"rec={v}")
     parts.append(f"gbs{f['global_batch']} s{f['seq_len']}")
     parts.append(run.get("attention", "flash"))
+    if run.get("precision", "bf16") != "bf16":
+        parts.append(f"{run['precision']}/{run['recipe']}")
     return " ".join(parts)
 
 
@@ -164,6 +182,7 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
     measured = run.get("memory_gib")
     return {
         "run": run["id"], "engine": engine.name, "fit": "yes" if is_fit_row(run) else "held out",
+        "precision": run.get("precision", "bf16"),
         "gpu": cluster.gpu.name, "gpus": cluster.num_gpus,
         "published_config": _published_config(run),
         "planner_chose": describe(c, best.layers, best.recompute),
@@ -209,6 +228,16 @@ def summary(rows) -> dict:
             out[f"{eng} held out"] = stats(held)
         for g in sorted({r["gpu"] for r in mine}):
             out[f"{eng} {g}"] = stats([r for r in mine if r["gpu"] == g])
+        lowp = [r for r in mine if r.get("precision", "bf16") != "bf16"]
+        if lowp:
+            out[f"{eng} fp8/mxfp8"] = stats(lowp)
+            lheld = [r for r in lowp if r["fit"] != "yes"]
+            if lheld:
+                out[f"{eng} fp8/mxfp8 held out"] = stats(lheld)
+    lowp = [r for r in rows if r.get("precision", "bf16") != "bf16"]
+    if lowp:
+        out["fp8/mxfp8"] = stats(lowp)
+        out["fp8/mxfp8 held out"] = stats([r for r in lowp if r["fit"] != "yes"])
     out["all"] = stats(rows)
     out["all_fit"] = all(r["fits"] for r in rows)
     return out

@@ -18,6 +18,7 @@ from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
 from planner.explain import alternatives, describe_candidate, ensure_estimate, render
 from planner.plan import Plan
+from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
@@ -84,6 +85,13 @@ def plan_parser() -> argparse.ArgumentParser:
                         f"implies --engine E)")
     p.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="attention kernel: flash (default) or eager (materialised scores)")
+    p.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help="what the block linears (QKV, out-proj, MLP) run in; attention, "
+                        "embedding, head and norms stay bf16 (default: bf16; fixed, not "
+                        "searched)")
+    p.add_argument("--recipe", choices=RECIPES,
+                   help="the engine's scaling recipe for a low --precision (default: the "
+                        "engine's: megatron tensorwise, torchtitan tensorwise, fsdp delayed)")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
                    help="GiB per GPU kept free below what the allocator may reserve "
                         "(default: 3%% of the GPU's memory)")
@@ -100,7 +108,7 @@ def _fixed(a) -> Fixed:
         schedule = "interleaved"
     return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=a.recompute, sp=a.sp, schedule=schedule,
-                 flash=a.attention == "flash")
+                 flash=a.attention == "flash", precision=a.precision, recipe=a.recipe)
 
 
 def _engine_of(a):

@@ -312,7 +312,9 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
               f"on {c.name} ({c.num_gpus} x {c.gpu.name}, {c.gpus_per_node} per node)")
     from planner.engines import get_engine
     engine = get_engine(plan.engine)
-    con.print(f"  engine {engine.name} ({engine.title}), {plan.attention} attention; "
+    prec = getattr(plan, "precision", "bf16")
+    prec += f" ({plan.recipe})" if getattr(plan, "recipe", None) else ""
+    con.print(f"  engine {engine.name} ({engine.title}), {prec}, {plan.attention} attention; "
               f"predictions {engine.trust()}")
     con.print(f"  {summary_line(plan)}")
     con.print(f"  seq_len={plan.batch.seq_len} global_batch={plan.batch.global_batch_size} "

@@ -16,6 +16,10 @@ Layout of `schema_version` 1:
     engine      the training engine the plan was priced for (planner.engines; "megatron" when
                 absent, as plans before engines were)
     attention   "flash" or "eager": the attention kernel the plan was priced with
+    precision   "bf16" (when absent, as plans before precision were), "fp8", "mxfp8" or "nvfp4":
+                what the block linears run in (planner.precision)
+    recipe      the engine's scaling recipe for a low precision ("tensorwise", "delayed",
+                "rowwise", "mxfp8", "nvfp4"); null for bf16
 
 `stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
 `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment). `memory_gib` is
@@ -34,6 +38,7 @@ from planner import bounds as B
 from planner import schema as S
 from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.errors import BadInput
+from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model, read_json_object
 from planner.validity import plan_problems
 
@@ -94,6 +99,8 @@ class Plan:
     search: dict = field(default_factory=dict)
     engine: str = DEFAULT_ENGINE
     attention: str = "flash"
+    precision: str = DEFAULT_PRECISION
+    recipe: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived --------------------------------------------------------
@@ -122,6 +129,8 @@ class Plan:
             "search": self.search,
             "engine": self.engine,
             "attention": self.attention,
+            "precision": self.precision,
+            "recipe": self.recipe,
         }
 
     def to_json(self) -> str:
@@ -165,7 +174,8 @@ class Plan:
                         memory_gib=s.get("memory_gib", {})) for s in d["stages"]]
         plan = cls(model=model, cluster=cluster, parallelism=parallelism, batch=batch,
                    stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}),
-                   engine=d.get("engine", DEFAULT_ENGINE), attention=d.get("attention", "flash"))
+                   engine=d.get("engine", DEFAULT_ENGINE), attention=d.get("attention", "flash"),
+                   precision=d.get("precision", DEFAULT_PRECISION), recipe=d.get("recipe"))
         plan.validate(whole_cluster=whole_cluster)
         return plan
 
@@ -216,6 +226,12 @@ class Plan:
             bad(f"engine {self.engine!r} not in {tuple(ENGINES)}")
         if self.attention not in ("flash", "eager"):
             bad(f"attention {self.attention!r} not in ('flash', 'eager')")
+        if self.precision not in PRECISIONS:
+            bad(f"precision {self.precision!r} not in {PRECISIONS}")
+        if (self.recipe is None) != (self.precision == "bf16") or (
+                self.recipe is not None and self.recipe not in RECIPES):
+            bad(f"recipe {S.show(self.recipe)} does not go with precision {self.precision!r} "
+                f"(null for bf16, else one of {', '.join(RECIPES)})")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
         problems = plan_problems(self, whole_cluster)
@@ -265,7 +281,9 @@ PLAN_SCHEMA = S.Obj({
     "stages": S.List(STAGE, 1, B.MAX_LAYERS),
     "estimate": (ESTIMATE, {}), "search": (SEARCH, {}),
     "engine": (S.Enum(*ENGINES), DEFAULT_ENGINE),
-    "attention": (S.Enum("flash", "eager"), "flash")})
+    "attention": (S.Enum("flash", "eager"), "flash"),
+    "precision": (S.Enum(*PRECISIONS), DEFAULT_PRECISION),
+    "recipe": (S.Nullable(S.Enum(*RECIPES)), None)})
 
 
 def even_split(total: int, parts: int) -> list:

@@ -32,6 +32,7 @@ from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
+from planner.precision import check_precision, default_recipe
 from planner.specs import Cluster, Model
 
 # Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
@@ -61,6 +62,10 @@ class Fixed:
     sp: bool | None = None
     schedule: str | None = None
     flash: bool = True        # software assumption, not searched
+    # fixed by the user, never searched (planner.precision): the block linears' precision
+    # and the engine's scaling recipe for it (None: the engine's default)
+    precision: str = "bf16"
+    recipe: str | None = None
 
 
 @dataclass
@@ -127,6 +132,7 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
                 engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
     check_engine(get_engine(engine), f)
+    check_precision(get_engine(engine), cluster.gpu, f.precision, f.recipe)
     n = cluster.num_gpus
     for name in ("tp", "pp", "dp", "mbs", "vpp"):
         v = getattr(f, name)
@@ -250,7 +256,8 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                                 out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp,
                                                      mbs=mbs, seq_len=seq_len, global_batch=gbs,
                                                      schedule=sch, vpp=v, recompute=rec,
-                                                     flash=f.flash))
+                                                     flash=f.flash, precision=f.precision,
+                                                     recipe=f.recipe))
     return out
 
 
@@ -615,7 +622,8 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       seconds=round(report.seconds, 3))
     return Plan(model=model, cluster=cluster, parallelism=par, batch=batch, stages=stages,
                 estimate=est, search=search, engine=engine.name,
-                attention="flash" if c.flash else "eager")
+                attention="flash" if c.flash else "eager", precision=c.precision,
+                recipe=c.recipe or default_recipe(engine, c.precision))
 
 
 def candidate_of(plan: Plan) -> Candidate:
@@ -623,4 +631,5 @@ def candidate_of(plan: Plan) -> Candidate:
     return Candidate(tp=p.tp, pp=p.pp, dp=p.dp, zero=p.zero_stage, sp=p.sequence_parallel,
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
-                     flash=plan.attention == "flash")
+                     flash=plan.attention == "flash", precision=plan.precision,
+                     recipe=plan.recipe)

@@ -46,7 +46,8 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         if best is not None:
             tips.append(f"ZeRO-{best.candidate.zero} ({describe_candidate(best.candidate)})")
     if any(getattr(fixed, k) is not None for k in ("tp", "pp", "dp", "mbs", "sp", "schedule", "vpp")):
-        best = fits(cluster, Fixed(flash=fixed.flash), seq_len, gbs)
+        best = fits(cluster, Fixed(flash=fixed.flash, precision=fixed.precision,
+                                    recipe=fixed.recipe), seq_len, gbs)
         if best is not None:
             tips.append(f"another layout: {describe_candidate(best.candidate)}")
     if not tips:
@@ -57,7 +58,8 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 break
             bigger = _more_gpus(cluster, n)
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
-            best = fits(bigger, Fixed(recompute=fixed.recompute, flash=fixed.flash), seq_len, g)
+            best = fits(bigger, Fixed(recompute=fixed.recompute, flash=fixed.flash,
+                                     precision=fixed.precision, recipe=fixed.recipe), seq_len, g)
             if best is not None:
                 tips.append(f"{n} GPUs ({describe_candidate(best.candidate)}, global batch {g})")
                 break

@@ -38,7 +38,8 @@ INEXACT = re.compile(r"nearest|cannot|instead", re.I)
 
 def mkplan(model="llama70b", cluster="h100x32", *, tp=8, pp=4, dp=1, zero=0, sp=True,
            schedule="1f1b", vpp=1, recompute="none", layers=None, rec=None, seq=4096, mbs=1,
-           nmb=16, rank_order=("pp", "dp", "tp"), engine="megatron", validate=True):
+           nmb=16, rank_order=("pp", "dp", "tp"), engine="megatron", validate=True,
+           precision="bf16", recipe=None):
     m = model if isinstance(model, Model) else get_model(model)
     c = get_cluster(cluster)
     plan = Plan(model=m, cluster=c,
@@ -49,7 +50,7 @@ def mkplan(model="llama70b", cluster="h100x32", *, tp=8, pp=4, dp=1, zero=0, sp=
                             micro_batch_size=mbs, num_microbatches=nmb),
                 stages=make_stages(m.num_layers, pp, vpp, layers_per_rank=layers,
                                    recompute_per_rank=rec),
-                engine=engine)
+                engine=engine, precision=precision, recipe=recipe)
     if validate:
         plan.validate()
     return plan
@@ -103,6 +104,16 @@ MEGATRON_PLANS = {
                        nmb=2),
     # recompute picked but applied to no layer
     "recompute-on-nothing": mkplan(recompute="full", rec=[0, 0, 0, 0], zero=0),
+    # low precision (Transformer Engine recipes)
+    "fp8-tensorwise": mkplan("llama70b", "h100x64", tp=4, pp=8, dp=2, zero=1,
+                             schedule="interleaved", vpp=5, seq=8192, nmb=64,
+                             precision="fp8", recipe="tensorwise"),
+    "fp8-delayed-fsdp": mkplan("llama8b", "h100x8", tp=1, pp=1, dp=8, zero=3, sp=False,
+                               nmb=16, seq=8192, precision="fp8", recipe="delayed"),
+    "mxfp8-b200": mkplan("llama8b", "b200x8", tp=1, pp=1, dp=8, zero=0, sp=False, mbs=2,
+                         nmb=8, seq=8192, precision="mxfp8", recipe="mxfp8"),
+    "nvfp4-gb200": mkplan("llama70b", "gb200x72", tp=4, pp=2, dp=9, zero=1, mbs=1, nmb=8,
+                          seq=8192, precision="nvfp4", recipe="nvfp4"),
 }
 
 DEEPSPEED_PLANS = {
@@ -134,6 +145,18 @@ TORCHTITAN_PLANS = {
                             rec=[32], nmb=4, engine="torchtitan"),
     "cpu-tiny": mkplan(TINY, "cpux4", tp=1, pp=2, dp=2, zero=2, sp=False, seq=128, mbs=2,
                        nmb=2, engine="torchtitan"),
+    "fp8-tensorwise-fsdp": mkplan("llama8b", "h100x8", tp=1, pp=1, dp=8, zero=3, sp=False,
+                                  mbs=2, nmb=1, seq=8192, engine="torchtitan",
+                                  precision="fp8", recipe="tensorwise"),
+    "fp8-tensorwise-ddp": mkplan("llama8b", "h100x8", tp=1, pp=1, dp=8, zero=0, sp=False,
+                                 mbs=1, nmb=2, seq=8192, engine="torchtitan",
+                                 precision="fp8", recipe="tensorwise"),
+    "fp8-rowwise-tp": mkplan("llama70b", "h100x64", tp=8, pp=1, dp=8, zero=3, recompute="full",
+                             rec=[80], mbs=2, nmb=1, seq=8192, engine="torchtitan",
+                             precision="fp8", recipe="rowwise"),
+    "mxfp8-b200": mkplan("llama8b", "b200x8", tp=1, pp=1, dp=8, zero=3, sp=False, mbs=2,
+                         nmb=1, seq=8192, engine="torchtitan", precision="mxfp8",
+                         recipe="mxfp8"),
 }
 
 HAND_PLANS = {"megatron": MEGATRON_PLANS, "deepspeed": DEEPSPEED_PLANS,
@@ -272,6 +295,14 @@ REFUSED = {
                               "recompute"),
     "torchtitan-selective": ("torchtitan", dict(zero=0, recompute="selective",
                                                 rec=[20, 20, 20, 20]), "selective"),
+    # precisions the engine does not run
+    "deepspeed-fp8": ("deepspeed", dict(tp=8, pp=4, dp=1, zero=0, precision="fp8",
+                                        recipe="tensorwise"), "fp8"),
+    "torchtitan-nvfp4": ("torchtitan", dict(model="llama8b", cluster="b200x8", tp=1, pp=1,
+                                            dp=8, zero=3, sp=False, nmb=1, precision="nvfp4",
+                                            recipe="nvfp4"), "nvfp4"),
+    "torchtitan-te-recipe": ("torchtitan", dict(zero=0, precision="fp8", recipe="delayed"),
+                             "delayed"),
 }
 
 
@@ -387,6 +418,12 @@ def megatron_parser():
     a("--global-batch-size", type=int, default=None)
     a("--seq-length", type=int, default=None)
     a("--bf16", action="store_true")
+    # Transformer Engine (megatron/training/arguments.py, _add_transformer_engine_args)
+    a("--fp8-format", default=None, choices=["e4m3", "hybrid"], dest="fp8")
+    a("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"],
+      dest="fp8_recipe")
+    a("--fp4-format", default=None, choices=["e2m1"], dest="fp4")
+    a("--fp4-recipe", default="nvfp4", choices=["nvfp4"], dest="fp4_recipe")
     a("--num-layers", type=int, default=None)
     a("--hidden-size", type=int, default=None)
     a("--ffn-hidden-size", type=int, default=None)
@@ -498,6 +535,20 @@ def notes_of(text):
     return [line for line in text.splitlines() if line.lstrip("# ").startswith("NOTE")]
 
 
+def megatron_precision(a):
+    """(precision, recipe) Megatron runs the linears in, from its TE flags."""
+    if a.fp4 is not None:
+        assert a.fp8 is None
+        return "nvfp4", a.fp4_recipe
+    if a.fp8 is None:
+        return "bf16", None
+    if a.fp8_recipe == "mxfp8":
+        assert a.fp8 == "e4m3"
+        return "mxfp8", "mxfp8"
+    assert a.fp8 == "hybrid"            # E4M3 forward, E5M2 gradients
+    return "fp8", a.fp8_recipe
+
+
 def check_megatron(plan, text):
     p, m, b = plan.parallelism, plan.model, plan.batch
     assert not [n for n in notes_of(text) if INEXACT.search(n)], notes_of(text)
@@ -525,6 +576,7 @@ def check_megatron(plan, text):
     assert a.global_batch_size // (a.micro_batch_size * p.dp) == b.num_microbatches
     assert a.seq_length == b.seq_len
     assert a.bf16 == (plan.cluster.gpu.name != "cpu")
+    assert megatron_precision(a) == (plan.precision, plan.recipe)
     assert a.use_tp_pp_dp_mapping == (tuple(p.rank_order) == ("dp", "pp", "tp"))
     assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in text) == (p.tp > 1 and not a.use_megatron_fsdp)
 
@@ -749,6 +801,13 @@ TT_KEYS = {
                     "module_fqns_per_model_part", "context_parallel_degree"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
+# low precision: [model] converters and the converter's section (torchtitan job_config Float8, MX)
+TT_PRECISION_KEYS = {
+    "model": {"converters"},
+    "float8": {"recipe_name", "filter_fqns", "enable_fsdp_float8_all_gather",
+               "precompute_float8_dynamic_scale_for_fsdp"},
+    "mx": {"recipe_name", "filter_fqns"},
+}
 TT_SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
 TT_SINGLE_STAGE = {"1F1B", "GPipe"}     # one model part per rank
 
@@ -783,13 +842,33 @@ def titan_recomputed(ac, counts, pp):
     return done
 
 
+def titan_precision(cfg, zero):
+    """(precision, recipe) of torchtitan's linears from its converters; checks the LM head stays
+    bf16 and FP8 all-gather is on exactly where FSDP2 gathers tensorwise weights."""
+    conv = cfg.get("model", {}).get("converters", [])
+    if not conv:
+        assert "float8" not in cfg and "mx" not in cfg
+        return "bf16", None
+    assert len(conv) == 1
+    if conv == ["float8"]:
+        f8 = cfg["float8"]
+        assert f8["filter_fqns"] == ["output"]
+        gather = f8.get("enable_fsdp_float8_all_gather", False)
+        assert gather == (f8["recipe_name"] == "tensorwise" and zero >= 2)
+        assert f8.get("precompute_float8_dynamic_scale_for_fsdp", False) == gather
+        return "fp8", f8["recipe_name"]
+    assert conv == ["mx"] and cfg["mx"]["filter_fqns"] == ["output"]
+    return "mxfp8", cfg["mx"]["recipe_name"]
+
+
 def check_torchtitan(plan, text):
     cfg = tomllib.loads(text)
     p, b, m = plan.parallelism, plan.batch, plan.model
     assert not [n for n in notes_of(text) if INEXACT.search(n)], notes_of(text)
-    assert set(cfg) == set(TT_KEYS)
-    for section, keys in TT_KEYS.items():
-        assert set(cfg[section]) <= keys, section
+    assert set(TT_KEYS) <= set(cfg) <= set(TT_KEYS) | set(TT_PRECISION_KEYS)
+    for section, keys in {**TT_KEYS, **TT_PRECISION_KEYS}.items():
+        assert set(cfg.get(section, {})) <= keys, section
+    assert titan_precision(cfg, p.zero_stage) == (plan.precision, plan.recipe)
     t, par, ac = cfg["training"], cfg["parallelism"], cfg["activation_checkpoint"]
 
     assert t["seq_len"] == b.seq_len

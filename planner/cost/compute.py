@@ -37,13 +37,23 @@ OVERHEAD_FWD_SHARE = 1.0 / 3.0
 OPTIMIZER_BYTES_PER_PARAM = 34.0
 
 
-def gemm_time(gpu: Gpu, m: float, n: float, k: float, count: float = 1.0) -> float:
-    """Seconds for `count` GEMMs of (m x k) @ (k x n): the slower of compute and memory."""
+def gemm_time(gpu: Gpu, m: float, n: float, k: float, count: float = 1.0, lp=None) -> float:
+    """Seconds for `count` GEMMs of (m x k) @ (k x n): the slower of compute and memory.
+
+    `lp` (planner.precision.LowPrecision): the GEMM runs in FP8 / MXFP8 / NVFP4 at that
+    format's peak and the recipe's share of the bf16 efficiency, reading quantised operands
+    and writing a bf16 output."""
     flops = 2.0 * m * n * k * count
     d = min(m, n, k)
-    eff = gpu.gemm_efficiency * d / (d + GEMM_HALF_DIM)
-    t_compute = flops / (gpu.peak_tflops * 1e12 * eff)
-    t_memory = BF16 * (m * k + k * n + m * n) * count / (gpu.hbm_gbps * 1e9)
+    shape = d / (d + GEMM_HALF_DIM)
+    if lp is None:
+        t_compute = flops / (gpu.peak_tflops * 1e12 * gpu.gemm_efficiency * shape)
+        t_memory = BF16 * (m * k + k * n + m * n) * count / (gpu.hbm_gbps * 1e9)
+    else:
+        eff = gpu.gemm_efficiency * lp.recipe.gemm_scale * shape
+        t_compute = flops / (lp.peak_tflops * 1e12 * eff)
+        t_memory = (lp.element_bytes * (m * k + k * n) + BF16 * m * n) * count \
+            / (gpu.hbm_gbps * 1e9)
     return max(t_compute, t_memory)
 
 
@@ -58,6 +68,10 @@ class LayerTime:
     gemm_op_recomputed: float = 0.0
     # host-side cost per layer and micro-batch (kernel launches, hooks), forward + backward
     overhead: float = 0.0
+    # low precision: the amax / quantising casts of the linears' operands (planner.precision
+    # Recipe), forward and backward seconds
+    cast_fwd: float = 0.0
+    cast_bwd: float = 0.0
     # Profile hook: seconds measured by `python -m profiler` ({"fwd", "bwd", and the extra
     # backward of "selective" / "full" recompute}, planner.profile.Measured.layer_time). When
     # set they replace the modelled figures below; None = the catalog model.
@@ -67,14 +81,15 @@ class LayerTime:
     def fwd(self) -> float:
         if self.measured is not None:
             return self.measured["fwd"]
-        return self.gemm_fwd + self.attn_fwd + self.elem_fwd + OVERHEAD_FWD_SHARE * self.overhead
+        return (self.gemm_fwd + self.attn_fwd + self.elem_fwd + self.cast_fwd
+                + OVERHEAD_FWD_SHARE * self.overhead)
 
     @property
     def bwd(self) -> float:
         if self.measured is not None:
             return self.measured["bwd"]
         return (GEMM_BWD_FACTOR * self.gemm_fwd + ATTN_BWD_FACTOR * self.attn_fwd
-                + ELEMENTWISE_BWD_FACTOR * self.elem_fwd
+                + ELEMENTWISE_BWD_FACTOR * self.elem_fwd + self.cast_bwd
                 + (1 - OVERHEAD_FWD_SHARE) * self.overhead)
 
     def recompute(self, mode: str) -> float:
@@ -86,7 +101,8 @@ class LayerTime:
         if mode == "selective":   # only the attention core (Korthikanti et al. 2022, Sec. 4.2)
             return self.attn_fwd
         if mode == "op":          # every op but the saved matmuls and attention
-            return self.gemm_op_recomputed + self.elem_fwd + OVERHEAD_FWD_SHARE * self.overhead
+            return (self.gemm_op_recomputed + self.elem_fwd + self.cast_fwd
+                    + OVERHEAD_FWD_SHARE * self.overhead)
         return 0.0
 
 
@@ -135,19 +151,51 @@ def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool 
 
 def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
                flash: bool = True, elementwise_traffic: float = 1.0,
-               overhead: float = 0.0) -> LayerTime:
+               overhead: float = 0.0, lp=None) -> LayerTime:
+    """`lp` (planner.precision.LowPrecision): the block linears run in low precision with
+    their scaling casts; attention, norms and the other element-wise work stay bf16."""
     tokens = b * s
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
-    q = gemm_time(gpu, tokens, h / tp, h)
-    k = v = gemm_time(gpu, tokens, kv / tp, h)
-    out = gemm_time(gpu, tokens, h, h / tp)
-    up = gemm_time(gpu, tokens, f / tp, h)                  # each of up and gate
-    down = gemm_time(gpu, tokens, h, f / tp)
+    q = gemm_time(gpu, tokens, h / tp, h, lp=lp)
+    k = v = gemm_time(gpu, tokens, kv / tp, h, lp=lp)
+    out = gemm_time(gpu, tokens, h, h / tp, lp=lp)
+    up = gemm_time(gpu, tokens, f / tp, h, lp=lp)           # each of up and gate
+    down = gemm_time(gpu, tokens, h, f / tp, lp=lp)
     gated = model.gated_mlp
     gemm = q + k + v + out + (2 if gated else 1) * up + down
     attn = attention_time(model, gpu, b, s, tp, flash)
     elem = elementwise_bytes(model, tokens, tp, sp, elementwise_traffic) / (gpu.hbm_gbps * 1e9)
-    return LayerTime(gemm, attn, elem, op_recomputed_gemms(k, out, up, down, gated), overhead)
+    cast_fwd, cast_bwd = cast_times(model, gpu, tokens, tp, lp)
+    return LayerTime(gemm, attn, elem, op_recomputed_gemms(k, out, up, down, gated), overhead,
+                     cast_fwd=cast_fwd, cast_bwd=cast_bwd)
+
+
+def linear_io_elements(model: Model, tokens: float, tp: int) -> tuple:
+    """(input elements, output elements) of one layer's block linears on one GPU, per
+    micro-batch: QKV and MLP-in read the full hidden state, out-proj and MLP-down their
+    tensor-parallel shard."""
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    up_out = (2 if model.gated_mlp else 1) * f / tp
+    inputs = h + h / tp + h + f / tp                     # qkv, proj, fc1, fc2
+    outputs = (h + 2 * kv) / tp + h + up_out + h
+    return tokens * inputs, tokens * outputs
+
+
+def cast_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp) -> tuple:
+    """(forward, backward) seconds of a low-precision recipe's scaling and casts in one layer
+    (planner.precision.Recipe): every linear's input in forward, its output gradient (and,
+    where the library re-casts, its input) in backward, the weights where cast per
+    micro-batch. Memory-bound, at HBM bandwidth."""
+    if lp is None:
+        return 0.0, 0.0
+    r = lp.recipe
+    inputs, outputs = linear_io_elements(model, tokens, tp)
+    weights = (model.attn_matmul_params() + model.mlp_matmul_params()) / tp
+    bw = gpu.hbm_gbps * 1e9
+    fwd = (r.cast_in_bytes * inputs + 0.5 * r.weight_cast_bytes * weights) / bw
+    bwd = ((r.cast_grad_bytes * outputs + r.recast_in_bytes * inputs
+            + 0.5 * r.weight_cast_bytes * weights) / bw)
+    return fwd, bwd
 
 
 def op_recomputed_gemms(k: float, out: float, up: float, down: float, gated: bool) -> float:

@@ -110,3 +110,17 @@ def op_saved_terms(model: Model) -> tuple:
 def logits_bytes(model: Model, b: int, s: int, tp: int) -> float:
     """fp32 logits of the last stage for one micro-batch (vocabulary split over tp)."""
     return 4.0 * b * s * model.vocab_size / tp
+
+
+def lowp_saved_input_savings(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
+                             element_bytes: float) -> float:
+    """Bytes of one layer's saved activations that a recipe saving its linears' quantised
+    inputs (Transformer Engine: the FP8 input of each linear for its weight gradient) does not
+    keep in bf16: the QKV and MLP-in inputs (replicated; /t under sequence parallel), the
+    out-proj and MLP-down inputs (sharded). Nothing under full recompute (only the layer input
+    is kept)."""
+    if mode not in ("none", "selective"):
+        return 0.0
+    h, f = model.hidden, model.ffn_hidden
+    d = 2.0 - element_bytes
+    return b * s * d * (2 * h / (tp if sp else 1) + (h + f) / tp)

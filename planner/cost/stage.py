@@ -16,6 +16,7 @@ from planner.cost.schedule import in_flight, pipeline_time
 from planner.engines import get_engine
 from planner.engines.facts import facts_for
 from planner.engines.spec import Engine
+from planner.precision import low_precision
 from planner.specs import Cluster, Model
 
 # Gradient-reduction buckets kept alive by DDP / the distributed optimizer: Megatron's default
@@ -46,6 +47,10 @@ class Candidate:
     # software, not searched: FlashAttention kernels (else the unfused softmax attention of
     # Megatron-LM before 2022, which also keeps the s^2 scores unless recomputed)
     flash: bool = True
+    # fixed by the user, not searched (planner.precision): bf16, fp8, mxfp8 or nvfp4 for the
+    # block linears, with the engine's scaling recipe (None: its default for the precision)
+    precision: str = "bf16"
+    recipe: str | None = None
 
     @property
     def m(self) -> int:
@@ -218,6 +223,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     facts = facts_for(engine, cluster.gpu)
     b, s, t, p, v = c.mbs, c.seq_len, c.tp, c.pp, c.vpp
     flash = c.flash
+    lp = low_precision(engine, cluster.gpu, c.precision, c.recipe)
     tp_link = comm.group_link(cluster, t, 1)
     dp_link = comm.group_link(cluster, c.dp, t)
     pp_link = comm.group_link(cluster, 2, t * c.dp)
@@ -247,9 +253,11 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     head_params = model.norm_params() + (model.vocab_size * model.hidden / t
                                          if (not model.tied_embeddings or p > 1) else 0)
 
-    lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd)
-    act_none = facts.activation_bytes(model, b, s, t, c.sp, "none", flash)
-    act_rec = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, flash)
+    # the block linears' weights on this GPU: what low precision quantises
+    linear_params = (model.attn_matmul_params() + model.mlp_matmul_params()) / t
+    lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp)
+    act_none = facts.activation_bytes(model, b, s, t, c.sp, "none", flash, lp=lp)
+    act_rec = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, flash, lp=lp)
     emb_f, emb_b = facts.embedding_time(model, b, s, t)
     head_f, head_b = facts.head_time(model, b, s, t)
     head_act = facts.logits_bytes(model, b, s, t)
@@ -271,6 +279,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # in bf16
         g_layer, g_fixed = grad_bytes * layer_params, grad_bytes * fixed_params
         w_layer, w_fixed = BF16 * layer_params, BF16 * fixed_params
+        if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
+            # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
+            w_layer -= (BF16 - lp.element_bytes) * linear_params
         dp = c.dp
         z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
                  grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
@@ -303,12 +314,16 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         infl = in_flight(schedule, p, rank, c.m, v)
         wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
+        if lp is not None and lp.recipe.weight_copy_bytes:
+            # the quantised weight copies kept beside the bf16 weights (Transformer Engine),
+            # of the shard this rank holds under ZeRO-3
+            wl += lp.recipe.weight_copy_bytes * linear_params / (dp if c.zero >= 3 else 1)
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
         if c.zero == 3 and dp > 1:
             # gathered while computing: two unsharded layers (the one in use and the prefetched
             # one) and one layer's unsharded gradients before the reduce-scatter, and likewise
             # the embedding and head this rank holds
-            other += 2 * BF16 * layer_params + grad_bytes * layer_params
+            other += 2 * w_layer + grad_bytes * layer_params
             other += (BF16 + grad_bytes) * fixed_params
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.

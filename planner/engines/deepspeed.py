@@ -15,6 +15,8 @@ How fast: Megatron-DeepSpeed runs Megatron's fused kernels, so Megatron's figure
 Not validated against published runs: none are in the validation set.
 Memory: bf16 weights, fp32 gradient accumulation (the export sets data_types.grad_accum_dtype
 "fp32"), 12 B of Adam state with the fp32 master (Rajbhandari et al. 2020, K = 12).
+Precision: bf16 only (DeepSpeed's own engine has no FP8 training path found in its sources; FP8
+through Transformer Engine would be model code, not a DeepSpeed setting).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, CONTEXT_GIB, EQUAL_SPLIT, Engine)
 from planner.engines.validation import validation_of

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 
 from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
-from planner.cost.memory import activation_bytes, logits_bytes
+from planner.cost.memory import activation_bytes, logits_bytes, lowp_saved_input_savings
 from planner.engines.spec import Engine
 from planner.specs import Gpu
 
@@ -38,12 +38,16 @@ class CatalogFacts:
         self.engine = engine
         self.gpu = engine_gpu(engine, gpu)
 
-    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0):
+    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None):
+        """`lp`: the plan's low precision (planner.precision.LowPrecision), None for bf16."""
         return layer_time(model, self.gpu, b, s, tp, sp, flash,
-                          self.engine.elementwise_traffic, self.engine.layer_overhead_s)
+                          self.engine.elementwise_traffic, self.engine.layer_overhead_s, lp)
 
-    def activation_bytes(self, model, b, s, tp, sp, mode, flash):
-        return activation_bytes(model, b, s, tp, sp, mode, flash)
+    def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
+        out = activation_bytes(model, b, s, tp, sp, mode, flash)
+        if lp is not None and lp.recipe.saves_lowp_inputs:
+            out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes)
+        return out
 
     def embedding_time(self, model, b, s, tp):
         return embedding_time(model, self.gpu, b, s, tp)
@@ -66,13 +70,15 @@ class MeasuredFacts(CatalogFacts):
         self.measured = measured
         self.comm_elem_bytes = measured.comm_elem_bytes
 
-    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0):
-        lt = super().layer_time(model, b, s, tp, sp, flash)
+    # a profile measures our runtime, which runs bf16 only (lp is always None here)
+    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None):
+        lt = super().layer_time(model, b, s, tp, sp, flash, lp=lp)
         return self.measured.layer_time(lt, b, s, tp, sp, flash, tp_comm_fwd)
 
-    def activation_bytes(self, model, b, s, tp, sp, mode, flash):
+    def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         return self.measured.activation_bytes(
-            super().activation_bytes(model, b, s, tp, sp, mode, flash), b, s, tp, sp, mode, flash)
+            super().activation_bytes(model, b, s, tp, sp, mode, flash, lp), b, s, tp, sp, mode,
+            flash)
 
     def embedding_time(self, model, b, s, tp):
         return self.measured.embedding_time(super().embedding_time(model, b, s, tp), b, s, tp)

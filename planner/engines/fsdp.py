@@ -11,6 +11,10 @@ How fast: eager PyTorch model code with FlashAttention (llm-foundry's MPT): the 
 of planner.engines.eager, fitted on llm-foundry's 8-64 GPU table (its 128-512 GPU table held
 out).
 
+Precision: FP8 as llm-foundry runs it (`precision: amp_fp8`: Composer wraps the step in
+Transformer Engine's te.fp8_autocast with DelayedScaling, format HYBRID; composer/core/
+precision.py) -- the published llm-foundry H100 FP8 table. No MXFP8/NVFP4 row or source here.
+
 Memory: FSDP mixed precision with fp32 sharded master parameters, as torchtitan.
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
@@ -33,5 +37,7 @@ FSDP = Engine(
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     loss_bytes_per_logit=FUSED_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
+    precisions=(("bf16", ()), ("fp8", ("delayed",))),
+    lowp_library="te",
     validation=validation_of("fsdp"),
 )

@@ -14,6 +14,11 @@ What it runs (megatron/training/arguments.py, megatron-core >= 0.14):
 
 How fast: the GPU catalog's efficiencies were chosen on published Megatron runs
 (benchmarks/README.md, fidelity), so every scale factor here is 1.
+Precision: FP8 through Transformer Engine (--fp8-format hybrid --fp8-recipe tensorwise|delayed;
+Megatron-Bridge's "FP8-CS" is current scaling, `tensorwise`), MXFP8 and NVFP4 on Blackwell
+(--fp8-recipe mxfp8; --fp4-format e2m1 --fp4-recipe nvfp4): megatron/training/arguments.py,
+_add_transformer_engine_args. Only the TE linears of the decoder run low precision.
+
 Memory: bf16 weights, fp32 gradient accumulation and reduction (accumulate_allreduce_grads_in_fp32
 is set for --bf16), 12 B of Adam state with the fp32 master: 18 B per parameter, 6 + 12/d with
 the distributed optimizer (Megatron-LM docs, distributed optimizer).
@@ -32,5 +37,8 @@ MEGATRON = Engine(
     zero2_gathers_every_microbatch=False,
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    precisions=(("bf16", ()), ("fp8", ("tensorwise", "delayed")), ("mxfp8", ("mxfp8",)),
+                ("nvfp4", ("nvfp4",))),
+    lowp_library="te",
     validation=validation_of("megatron"),
 )

@@ -16,6 +16,12 @@ def problems(plan, engine: Engine) -> list:
     e = engine.name
     if plan.engine != engine.name:
         out.append(f"the plan was priced for {plan.engine}, not {e} (plan with --engine {e})")
+    offered = dict(engine.precisions)
+    if plan.precision not in offered:
+        out.append(f"{e} does not run {plan.precision} (it runs: "
+                   f"{', '.join(p_ for p_, _ in engine.precisions)})")
+    elif plan.recipe is not None and plan.recipe not in offered[plan.precision]:
+        out.append(f"{e} has no {plan.recipe} recipe for {plan.precision}")
     if p.tp > 1 and engine.max_tp == 1:
         out.append(f"{e} has no tensor parallelism (tp={p.tp})")
     if p.tp > 1 and p.sequence_parallel not in engine.sp_choices:

@@ -13,6 +13,7 @@ parameter broadcast after the step.
 How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profiler` measures
 it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradients, AdamW's m
 and v (8 B).
+Precision: bf16 only (runtime/ has no FP8 path).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS_BYTES_PER_LOGIT, PER_STAGE, Engine)

@@ -102,6 +102,12 @@ class Engine:
     allocator_reserve: float = 0.0
     # 1F1B with fewer micro-batches than stages runs as GPipe (all m forwards held)
     short_1f1b_as_gpipe: bool = False
+    # ---- precision (planner.precision) -------------------------------------------------
+    # (precision, recipes it offers for it, the default first); bf16 always
+    precisions: tuple = (("bf16", ()),)
+    # the low-precision kernel library whose recipes it runs: "te" (Transformer Engine) or
+    # "torchao" (planner.precision.LIBRARIES); None: bf16 only
+    lowp_library: str | None = None
     validation: Validation | None = None
     # figures measured by `python -m profiler` (planner.profile.Measured), set by
     # planner.profile.apply_profile; read through planner.engines.facts

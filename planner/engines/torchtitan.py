@@ -16,6 +16,11 @@ How fast: eager PyTorch kernels (no torch.compile in the planner's figures): cuB
 SDPA flash attention, one kernel per element-wise op: the eager figures of
 planner.engines.eager, fitted on FSDP rows only; every torchtitan row is held out.
 
+Precision: float8 through torchao (`[model] converters = ["float8"]`, `[quantize.linear.float8]`
+/ `[float8]` recipe_name tensorwise (default, FP8 all-gather under FSDP2 with
+enable_fsdp_float8_all_gather) or rowwise), MXFP8 on Blackwell (converter "mx", recipe mxfp8):
+torchtitan docs/float8.md and docs/mxfp8.md. The `output` projection stays bf16.
+
 Memory: FSDP2 mixed precision (param bf16, reduce fp32): the sharded fp32 parameter is the
 master (4 B), Adam's m and v (8 B), fp32 sharded gradients (4 B); bf16 unsharded parameters
 (2 B) while a layer computes, for every layer between forward and backward under ZeRO-2.
@@ -40,5 +45,7 @@ TORCHTITAN = Engine(
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
+    precisions=(("bf16", ()), ("fp8", ("tensorwise", "rowwise")), ("mxfp8", ("mxfp8",))),
+    lowp_library="torchao",
     validation=validation_of("torchtitan"),
 )

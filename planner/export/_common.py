@@ -24,7 +24,8 @@ def header(plan: Plan, engine: str) -> list:
         f"tp={p.tp} pp={p.pp} dp={p.dp} vpp={p.vpp} schedule={p.schedule} "
         f"zero={p.zero_stage} sp={str(p.sequence_parallel).lower()} recompute={p.recompute}; "
         f"seq_len={b.seq_len} global_batch={b.global_batch_size} "
-        f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}",
+        f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}; "
+        f"precision={plan.precision}" + (f" recipe={plan.recipe}" if plan.recipe else ""),
     ]
 
 

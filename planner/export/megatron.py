@@ -18,6 +18,10 @@ and megatron-core (>= 0.14, where Megatron-FSDP and --pipeline-model-parallel-la
 * ZeRO-1 is --use-distributed-optimizer; ZeRO-2/3 are Megatron-FSDP sharding strategies
   (optim_grads / optim_grads_params), which Megatron does not combine with pipeline parallelism.
 * --overlap-grad-reduce and --overlap-param-gather: the overlaps the megatron engine prices.
+* precision (Transformer Engine, _add_transformer_engine_args): fp8 is --fp8-format hybrid
+  (E4M3 forward, E5M2 gradients) --fp8-recipe tensorwise|delayed; mxfp8 is --fp8-format e4m3
+  --fp8-recipe mxfp8; nvfp4 is --fp4-format e2m1 --fp4-recipe nvfp4. --bf16 stays: the rest
+  of the model (and the master weights' compute copy) is bf16.
 
 Only plans priced for the megatron engine are exported (planner.engines.runnable).
 """
@@ -31,6 +35,12 @@ from planner.export._common import (check_exportable, fmt_list, header, rank_lay
 from planner.plan import Plan
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+# planner precision -> Megatron's Transformer Engine flags, given the plan's recipe
+PRECISION_FLAGS = {
+    "fp8": lambda r: [("--fp8-format", "hybrid"), ("--fp8-recipe", r)],
+    "mxfp8": lambda r: [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
+    "nvfp4": lambda r: [("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")],
+}
 
 
 def first_last_split(num_layers: int, pp: int, vpp: int, first, last):
@@ -217,6 +227,7 @@ def megatron_args(plan: Plan) -> str:
              ("--seq-length", b.seq_len)]
     if uses_bf16(plan):
         args.append(("--bf16", None))
+    args += PRECISION_FLAGS.get(plan.precision, lambda r: [])(plan.recipe)
     _model(plan, args, notes)
 
     world = p.tp * p.pp * p.dp

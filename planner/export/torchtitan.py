@@ -18,6 +18,13 @@ torchtitan builds configs in Python; the same `section.key` names still work the
 * recompute: mode "full" recomputes every layer; "op" is mode "selective" with torchtitan's
   per-op policy (selective_ac_option "op"), on every layer.
 
+* precision: fp8 is `[model] converters = ["float8"]` with a `[float8]` section (recipe_name
+  "tensorwise" or "rowwise"; enable_fsdp_float8_all_gather and
+  precompute_float8_dynamic_scale_for_fsdp for tensorwise under FSDP2, as priced; filter_fqns
+  ["output"] keeps the LM head bf16); mxfp8 is converters ["mx"] with `[mx]` recipe_name
+  "mxfp8" (torchtitan docs/float8.md, docs/mxfp8.md; torchtitan/config/job_config.py Float8,
+  MX).
+
 Only plans priced for the torchtitan engine are exported (planner.engines.runnable).
 """
 from __future__ import annotations
@@ -55,6 +62,21 @@ def module_fqns(counts: list) -> list:
         parts.append(names)
         first += n
     return parts
+
+
+def _precision_sections(plan: Plan) -> list:
+    """[model] converters and the converter's section for a low-precision plan."""
+    if plan.precision == "fp8":
+        fp8 = {"recipe_name": plan.recipe, "filter_fqns": ["output"]}
+        if plan.recipe == "tensorwise":
+            gather = plan.parallelism.zero_stage >= 2
+            fp8["enable_fsdp_float8_all_gather"] = gather
+            fp8["precompute_float8_dynamic_scale_for_fsdp"] = gather
+        return [("model", {"converters": ["float8"]}), ("float8", fp8)]
+    if plan.precision == "mxfp8":
+        return [("model", {"converters": ["mx"]}),
+                ("mx", {"recipe_name": "mxfp8", "filter_fqns": ["output"]})]
+    return []
 
 
 def torchtitan_toml(plan: Plan) -> str:
@@ -99,12 +121,14 @@ def torchtitan_toml(plan: Plan) -> str:
         ac["mode"] = "selective"
         ac["selective_ac_option"] = "op"
 
+    sections = [("training", training), ("parallelism", par), ("activation_checkpoint", ac)]
+    sections += _precision_sections(plan)
+
     lines = [f"# {h}" for h in header(plan, "torchtitan")]
     lines.append("# a job config for torchtitan releases that read TOML (--job.config_file)")
     lines.append(f"# launch on {p.tp * p.pp * p.dp} GPUs; add [job], [model] (e.g. name = "
                  "\"llama3\", flavor) and [optimizer] as usual")
-    for name, section in (("training", training), ("parallelism", par),
-                          ("activation_checkpoint", ac)):
+    for name, section in sections:
         lines.append("")
         lines.append(f"[{name}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in section.items()]

@@ -1,0 +1,206 @@
+"""Training precision: which GPUs and engines run FP8 / MXFP8 / NVFP4, and what it costs.
+
+`plan --precision {bf16,fp8,mxfp8,nvfp4}` (default bf16) is fixed by the user, never searched.
+Low precision covers the block linears only (QKV, attention out-projection, MLP): attention,
+the embedding, the LM head and the norms stay bf16, as every engine here runs them:
+- Megatron-Core builds the decoder's linears from Transformer Engine modules
+  (TELayerNormColumnParallelLinear, TERowParallelLinear) inside `te.fp8_autocast`; the output
+  layer is Megatron's own ColumnParallelLinear (bf16), and FP8 attention is off unless
+  --fp8-dot-product-attention is set (megatron/core/transformer/transformer_config.py).
+- torchtitan's float8 converter swaps nn.Linear for torchao's Float8Linear and skips the
+  `output` projection by default (torchtitan docs/float8.md, `filter_fqns = ["output"]`).
+- llm-foundry's `precision: amp_fp8` runs Transformer Engine's te.Linear / LayerNormMLP inside
+  te.fp8_autocast (composer/core/precision.py); its attention stays bf16.
+Optimizer states, master weights and gradients keep their bf16/fp32 bytes (FP8 GEMMs take
+bf16 master weights cast per step; the optimizer never sees FP8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import BadInput
+
+PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
+DEFAULT_PRECISION = "bf16"
+
+# Architecture of each catalog GPU (planner.catalog.gpus), for what its tensor cores run.
+ARCH = {"a100": "ampere", "a100-40g": "ampere", "h100": "hopper", "h200": "hopper",
+        "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell", "gb300": "blackwell",
+        "mi300x": "cdna3", "cpu": "cpu"}
+# FP8 tensor cores: Hopper and Blackwell (NVIDIA H100 / Blackwell datasheets); MXFP8 and NVFP4
+# (block-scaled, OCP microscaling) are Blackwell tensor-core formats (NVIDIA Blackwell
+# architecture technical brief; Transformer Engine docs, "Using FP8 and FP4 with Transformer
+# Engine": MXFP8 and NVFP4 recipes require compute capability 10.0+). A100 (Ampere) has none.
+ARCHS = {"fp8": ("hopper", "blackwell"), "mxfp8": ("blackwell",), "nvfp4": ("blackwell",)}
+
+# Dense (no sparsity) tensor-core peaks, TFLOP/s, from the datasheets the catalog cites:
+# - H100 SXM / H200 SXM: FP8 3958 TFLOP/s with sparsity, 1979 dense (H100, H200 datasheets).
+# - HGX B200: FP8/FP6 72 PFLOP/s and FP4 144 PFLOP/s with sparsity over 8 GPUs: 4500 and 9000
+#   dense per GPU (NVIDIA HGX platform page / DGX B200 datasheet). MXFP8 runs at the FP8 rate.
+# - HGX B300 (Blackwell Ultra): FP8 72 PFLOP/s sparse over 8 (4500 dense per GPU), FP4 108
+#   PFLOP/s dense over 8 (13500 per GPU; HGX platform page, B300 column).
+# - GB200 NVL72: FP8/FP6 720 PFLOP/s sparse over 72 GPUs (5000 dense each), FP4 1440 PFLOP/s
+#   sparse (10000 dense each) (GB200 NVL72 product page).
+# - GB300 NVL72: FP8 720 PFLOP/s sparse (5000 dense each), FP4 1080 PFLOP/s dense over 72
+#   (15000 each) (GB300 NVL72 product page).
+LOW_PRECISION_PEAK_TFLOPS = {
+    "h100": {"fp8": 1979.0},
+    "h200": {"fp8": 1979.0},
+    "b200": {"fp8": 4500.0, "mxfp8": 4500.0, "nvfp4": 9000.0},
+    "b300": {"fp8": 4500.0, "mxfp8": 4500.0, "nvfp4": 13500.0},
+    "gb200": {"fp8": 5000.0, "mxfp8": 5000.0, "nvfp4": 10000.0},
+    "gb300": {"fp8": 5000.0, "mxfp8": 5000.0, "nvfp4": 15000.0},
+}
+
+# Bytes per element of a GEMM operand: FP8 1; MXFP8 1 + one E8M0 scale per 32 elements; NVFP4
+# 0.5 + one E4M3 scale per 16 elements (OCP Microscaling Formats spec v1.0; NVIDIA NVFP4 blog).
+ELEMENT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
+
+# Fraction of the bf16 large-GEMM efficiency (planner.catalog.gpus `gemm_efficiency`) that a
+# low-precision GEMM reaches of its own (FP8 / FP4) peak: 1.10 x 0.70 x 1979 = 1524 TFLOP/s on
+# H100. Fitted once by grid (0.80 ... 1.20 in steps of 0.05; median |error| on the fit rows
+# 19.5, 15.4, 11.8, 8.6, 5.6, 3.0, 0.6, 1.6, 3.7%) on the Megatron-Bridge Llama 3 70B H100 FP8
+# rows only (benchmarks/data/published_runs_2.json, `mbridge-*-h100-llama370b-*`, 6 rows:
+# benchmarks.fidelity.is_lowp_fit_row); every other FP8/MXFP8 row (Megatron 8B H100 and B200,
+# llm-foundry, torchtitan) is held out (benchmarks/results/fidelity_2026-12-01.md). It may
+# also absorb what Megatron-Bridge 2025-26 gained over the 2021-24 runs the bf16 figures were
+# chosen on (TP communication overlap, CUDA graphs): no H100 bf16 dense Megatron-Bridge row is
+# in the data to separate them. Applied to MXFP8 and NVFP4 too, an assumption (B200 held-out
+# rows: benchmarks results).
+LOW_PRECISION_GEMM_SCALE = 1.10
+# torchao's rowwise float8 GEMM (per-row scales, a CUTLASS/_scaled_mm rowwise kernel) against
+# its tensorwise one: fitted by grid (0.40 ... 0.75 in 0.05 steps; median |error| 9.2, 2.2,
+# 3.5, 8.2, 12.0, 15.3, 18.1, 20.5%) on torchtitan's two 70B rowwise rows (torchtitan asynctp
+# benchmark, 2025-06); the two 8B rowwise rows held out.
+ROWWISE_GEMM_SCALE = 0.45
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How an engine's kernels scale one precision: the costs the planner prices.
+
+    cast_in_bytes / cast_grad_bytes: HBM bytes per element of each linear's input (forward)
+    and of its output gradient (backward) moved by the amax reduction and the quantising casts;
+    recast_in_bytes: bytes per input element cast again in backward (a library that saves the
+    bf16 input); weight_cast_bytes: per linear weight element and micro-batch (forward +
+    backward) where weights are cast every micro-batch; weight_copy_bytes: quantised weight
+    copies kept beside the bf16 weights, per linear parameter; saves_lowp_inputs: the linears
+    save their quantised inputs for backward (instead of bf16); fsdp_lowp_all_gather: FSDP
+    gathers the linear weights already quantised (1 byte each)."""
+    name: str
+    gemm_scale: float
+    cast_in_bytes: float
+    cast_grad_bytes: float
+    recast_in_bytes: float = 0.0
+    weight_cast_bytes: float = 0.0
+    weight_copy_bytes: float = 0.0
+    saves_lowp_inputs: bool = False
+    fsdp_lowp_all_gather: bool = False
+
+
+# Transformer Engine (Megatron-Core, llm-foundry). Current ("tensorwise") scaling computes the
+# amax of each tensor (read 2 B) before TE's fused cast-transpose (read 2 B, write the FP8
+# tensor and its transpose, 1 + 1 B): 6 B per element; delayed scaling takes the scale from the
+# amax history and fuses the amax into the cast: 4 B (transformer_engine/pytorch/csrc,
+# cast_transpose; TE docs, "FP8 recipes"). Weights are cast once per step and cached across
+# micro-batches (te.Linear `is_first_microbatch`); TE keeps the FP8 weight and its transpose
+# (Hopper's FP8 GEMM takes only the TN layout): 2 B per linear parameter beside the bf16
+# weight, and saves the FP8 inputs of each linear for its weight gradient.
+# MXFP8 (Blackwell): a fused quantise writes row- and column-wise MXFP8 copies, 2 x (1 + 1/32)
+# B, from one read of 2 B, amax per 32-element block in-kernel; weights as FP8. NVFP4 (TE's
+# NVFP4BlockScaling): row- and column-wise copies of 0.5 + 1/16 B each, plus the random
+# Hadamard transform of the weight-gradient inputs (read and write 2 B more), an estimate.
+_TE_FP8 = dict(weight_copy_bytes=2.0, saves_lowp_inputs=True)
+TE_RECIPES = {
+    "tensorwise": Recipe("tensorwise", LOW_PRECISION_GEMM_SCALE, 6.0, 6.0, **_TE_FP8),
+    "delayed": Recipe("delayed", LOW_PRECISION_GEMM_SCALE, 4.0, 4.0, **_TE_FP8),
+    "mxfp8": Recipe("mxfp8", LOW_PRECISION_GEMM_SCALE, 2 + 2 * ELEMENT_BYTES["mxfp8"],
+                    2 + 2 * ELEMENT_BYTES["mxfp8"], weight_copy_bytes=2 * ELEMENT_BYTES["mxfp8"],
+                    saves_lowp_inputs=True),
+    "nvfp4": Recipe("nvfp4", LOW_PRECISION_GEMM_SCALE, 2 + 2 * ELEMENT_BYTES["nvfp4"] + 4,
+                    2 + 2 * ELEMENT_BYTES["nvfp4"] + 4,
+                    weight_copy_bytes=2 * ELEMENT_BYTES["nvfp4"], saves_lowp_inputs=True),
+}
+# torchao Float8Linear (torchtitan): dynamic scaling casts every operand of every GEMM: amax
+# (read 2 B) and cast (read 2, write 1): 5 B per element, for the input in forward, the output
+# gradient in backward, and the input again in backward (torchao's matmul_with_hp_or_float8_args
+# saves the bf16 input and weight and re-casts them in the layout the backward GEMMs need:
+# torchao/float8/float8_linear.py); the weight in forward and again in backward: 10 B per
+# weight element and micro-batch (torch.compile fuses the amax and cast; the bytes stay). No
+# FP8 weight copy kept and bf16 activations saved. Tensorwise with FSDP2 gathers the weights
+# in FP8 (torchtitan `enable_fsdp_float8_all_gather`, torchao float8 FSDP2 extension), rowwise
+# does not (torchtitan float8 converter: FP8 all-gather is for tensorwise only).
+# MXFP8 (torchao.prototype.mx_formats, torchtitan's "mx" converter): as tensorwise with
+# 1 + 1/32 B elements, no FP8 all-gather.
+_AO = dict(recast_in_bytes=5.0, weight_cast_bytes=10.0)
+TORCHAO_RECIPES = {
+    "tensorwise": Recipe("tensorwise", LOW_PRECISION_GEMM_SCALE, 5.0, 5.0,
+                         fsdp_lowp_all_gather=True, **_AO),
+    "rowwise": Recipe("rowwise", LOW_PRECISION_GEMM_SCALE * ROWWISE_GEMM_SCALE, 5.0, 5.0, **_AO),
+    "mxfp8": Recipe("mxfp8", LOW_PRECISION_GEMM_SCALE, 5.0, 5.0, **_AO),
+}
+LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES}
+RECIPES = tuple(dict.fromkeys([*TE_RECIPES, *TORCHAO_RECIPES]))
+
+
+def arch_of(gpu) -> str | None:
+    return ARCH.get(gpu.name)
+
+
+def low_precision_peak(gpu, precision: str) -> float | None:
+    """Dense TFLOP/s of `precision` on `gpu` (None where the catalog has no figure)."""
+    return LOW_PRECISION_PEAK_TFLOPS.get(gpu.name, {}).get(precision)
+
+
+def check_precision(engine, gpu, precision: str, recipe: str | None = None) -> None:
+    """BadInput (exit 2, one line) unless `engine` runs `precision` (and `recipe`) on `gpu`."""
+    if precision not in PRECISIONS:
+        raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "bf16":
+        if recipe is not None:
+            raise BadInput(f"--recipe {recipe} needs a low --precision (fp8, mxfp8, nvfp4)")
+        return
+    arch = arch_of(gpu)
+    if arch not in ARCHS[precision] or low_precision_peak(gpu, precision) is None:
+        raise BadInput(f"--precision {precision} needs a GPU with {precision.upper()} tensor "
+                       f"cores ({' or '.join(ARCHS[precision])}); {gpu.name} has none in the "
+                       f"catalog")
+    offered = dict(engine.precisions)
+    if precision not in offered:
+        runs = ", ".join(p for p, _ in engine.precisions)
+        raise BadInput(f"engine {engine.name} does not run --precision {precision} (it runs: "
+                       f"{runs})")
+    if recipe is not None and recipe not in offered[precision]:
+        raise BadInput(f"engine {engine.name} has no {recipe} recipe for {precision} (it has: "
+                       f"{', '.join(offered[precision])})")
+
+
+def default_recipe(engine, precision: str) -> str | None:
+    if precision == "bf16":
+        return None
+    return dict(engine.precisions)[precision][0]
+
+
+def recipe_of(engine, precision: str, recipe: str | None = None) -> Recipe | None:
+    """The cost figures of the engine's recipe for `precision` (None for bf16)."""
+    if precision == "bf16":
+        return None
+    name = recipe or default_recipe(engine, precision)
+    return LIBRARIES[engine.lowp_library][name]
+
+
+@dataclass(frozen=True)
+class LowPrecision:
+    """What the cost model needs of a low precision on one GPU under one engine's recipe."""
+    precision: str
+    recipe: Recipe
+    peak_tflops: float
+    element_bytes: float
+
+
+def low_precision(engine, gpu, precision: str, recipe: str | None = None) -> LowPrecision | None:
+    if precision == "bf16":
+        return None
+    check_precision(engine, gpu, precision, recipe)
+    return LowPrecision(precision, recipe_of(engine, precision, recipe),
+                        low_precision_peak(gpu, precision), ELEMENT_BYTES[precision])

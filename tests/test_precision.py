@@ -1,0 +1,156 @@
+"""--precision: FP8 speeds up within the published range, refused where it cannot run, costs
+memory for Transformer Engine's weight copies, and travels exactly into the exports."""
+
+import json
+import tomllib
+
+import pytest
+
+from planner.catalog import get_cluster, get_model
+from planner.cli import main
+from planner.cost.stage import Candidate, evaluate, stage_coefficients
+from planner.engines import get_engine
+from planner.errors import BadInput
+from planner.export import export
+from planner.plan import Plan
+from planner.precision import check_precision, low_precision_peak
+from planner.search import Fixed, search, to_plan
+
+# Published H100 BF16 -> FP8 speed-ups (issue 12: 70B / 405B / 8B pairs)
+PUBLISHED_SPEEDUP = (1.24, 1.59)
+
+
+def best(engine, precision, model="llama70b", cluster="h100x64", fixed=None, **kw):
+    m, c = get_model(model), get_cluster(cluster)
+    f = Fixed(precision=precision, **(fixed or {}))
+    rep = search(m, c, f, engine=engine, **kw)
+    assert rep.best is not None
+    return rep
+
+
+@pytest.fixture(scope="module")
+def megatron_pair():
+    return best("megatron", "bf16"), best("megatron", "fp8")
+
+
+def test_megatron_llama70b_h100x64_fp8_speedup_in_published_range(megatron_pair):
+    bf16, fp8 = megatron_pair
+    speedup = bf16.best.estimate.step_time_s / fp8.best.estimate.step_time_s
+    assert PUBLISHED_SPEEDUP[0] <= speedup <= PUBLISHED_SPEEDUP[1], speedup
+    assert fp8.best.candidate.precision == "fp8"
+
+
+def test_megatron_speedup_at_the_published_layout():
+    """Megatron-Bridge's own 70B layout (tp4 pp8 vpp5, gbs 128) priced both ways."""
+    fixed = dict(tp=4, pp=8, dp=2, vpp=5, mbs=1, schedule="interleaved")
+    t = {p: best("megatron", p, fixed=fixed, seq_len=8192, global_batch=128)
+         .best.estimate.step_time_s for p in ("bf16", "fp8")}
+    assert PUBLISHED_SPEEDUP[0] <= t["bf16"] / t["fp8"] <= PUBLISHED_SPEEDUP[1]   # 1.56
+
+
+def test_torchtitan_fp8_speedup():
+    # torchtitan (torchao tensorwise, eager figures): reported, held to the same range
+    t = {p: best("torchtitan", p).best.estimate.step_time_s for p in ("bf16", "fp8")}
+    assert PUBLISHED_SPEEDUP[0] <= t["bf16"] / t["fp8"] <= PUBLISHED_SPEEDUP[1]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--cluster", "a100x64", "--precision", "fp8"], "a100"),
+    (["--cluster", "h100x64", "--precision", "mxfp8"], "blackwell"),
+    (["--cluster", "h100x64", "--precision", "nvfp4"], "blackwell"),
+    (["--cluster", "h100x64", "--precision", "fp8", "--engine", "deepspeed"], "deepspeed"),
+    (["--cluster", "h100x64", "--precision", "fp8", "--engine", "runtime"], "runtime"),
+    (["--cluster", "b200x8", "--precision", "nvfp4", "--engine", "torchtitan"], "torchtitan"),
+    (["--cluster", "h100x64", "--precision", "fp8", "--recipe", "rowwise"], "rowwise"),
+    (["--cluster", "h100x64", "--recipe", "tensorwise"], "--recipe"),
+])
+def test_refused_in_one_line(capsys, args, needle):
+    assert main(["--model", "llama70b", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and needle.lower() in err.lower(), err
+
+
+def test_peaks_from_datasheets():
+    from planner.catalog import get_gpu
+    assert low_precision_peak(get_gpu("h100"), "fp8") == 1979.0
+    assert low_precision_peak(get_gpu("h200"), "fp8") == 1979.0
+    assert low_precision_peak(get_gpu("a100"), "fp8") is None
+    for g in ("b200", "b300", "gb200", "gb300"):
+        gpu = get_gpu(g)
+        assert low_precision_peak(gpu, "fp8") == low_precision_peak(gpu, "mxfp8") \
+            == 2 * gpu.peak_tflops
+        assert low_precision_peak(gpu, "nvfp4") >= 2 * low_precision_peak(gpu, "fp8")
+        check_precision(get_engine("megatron"), gpu, "nvfp4")
+
+
+def coeffs(engine, precision, **kw):
+    m, c = get_model("llama70b"), get_cluster("h100x64")
+    cand = Candidate(tp=4, pp=8, dp=2, zero=1, sp=True, mbs=1, seq_len=8192, global_batch=128,
+                     schedule="interleaved", vpp=5, precision=precision, **kw)
+    return m, c, cand, stage_coefficients(m, c, cand, get_engine(engine))
+
+
+def test_te_weight_copies_raise_params_and_fp8_inputs_lower_activations():
+    _, _, _, b = coeffs("megatron", "bf16")
+    _, _, _, f = coeffs("megatron", "fp8")
+    # TE keeps the FP8 weight and its transpose beside the bf16 weight: 2 B per linear param
+    assert f[0].mem_layer["params"] > b[0].mem_layer["params"] * 1.9
+    # optimizer states and gradients unchanged
+    assert f[0].mem_layer["optimizer"] == b[0].mem_layer["optimizer"]
+    assert f[0].mem_layer["grads"] == b[0].mem_layer["grads"]
+    # saved FP8 linear inputs
+    assert f[0].mem_layer["activations"] < b[0].mem_layer["activations"]
+    # faster per layer
+    assert f[0].compute_layer < b[0].compute_layer
+
+
+def test_torchtitan_fp8_all_gather_halves_linear_gather_bytes():
+    m, c = get_model("llama8b"), get_cluster("h100x8")
+    kw = dict(tp=1, pp=1, dp=8, zero=3, sp=False, mbs=2, seq_len=8192, global_batch=16)
+    e = get_engine("torchtitan")
+    b = stage_coefficients(m, c, Candidate(**kw), e)[0]
+    tw = stage_coefficients(m, c, Candidate(**kw, precision="fp8", recipe="tensorwise"), e)[0]
+    rw = stage_coefficients(m, c, Candidate(**kw, precision="fp8", recipe="rowwise"), e)[0]
+    assert tw.zf_layer < 0.6 * b.zf_layer          # forward all-gather: FP8 linear weights
+    assert rw.zf_layer == b.zf_layer               # rowwise gathers bf16
+    assert tw.mem_layer["params"] == b.mem_layer["params"]   # torchao keeps no FP8 copy
+
+
+def test_plan_json_carries_precision_and_old_plans_default_bf16(tmp_path, megatron_pair):
+    _, fp8 = megatron_pair
+    m, c = get_model("llama70b"), get_cluster("h100x64")
+    plan = to_plan(m, c, fp8.best, fp8)
+    d = json.loads(plan.to_json())
+    assert (d["precision"], d["recipe"]) == ("fp8", "tensorwise")
+    back = Plan.from_dict(d)
+    assert (back.precision, back.recipe) == ("fp8", "tensorwise")
+    del d["precision"], d["recipe"]
+    old = Plan.from_dict(d)
+    assert (old.precision, old.recipe) == ("bf16", None)
+    d["precision"] = "fp4"
+    with pytest.raises(BadInput):
+        Plan.from_dict(d)
+    # the estimate of a saved plan is re-priced in its precision
+    cand = fp8.best.candidate
+    est = evaluate(m, c, cand, fp8.best.layers, fp8.best.recompute)
+    assert est.step_time_s == pytest.approx(fp8.best.estimate.step_time_s)
+
+
+def test_exports_carry_the_knob(megatron_pair):
+    _, fp8 = megatron_pair
+    m, c = get_model("llama70b"), get_cluster("h100x64")
+    text = export(to_plan(m, c, fp8.best, fp8), "megatron")
+    assert "--fp8-format hybrid" in text and "--fp8-recipe tensorwise" in text
+    tt = best("torchtitan", "fp8", model="llama8b", cluster="h100x8")
+    cfg = tomllib.loads(export(to_plan(get_model("llama8b"), get_cluster("h100x8"), tt.best, tt),
+                               "torchtitan"))
+    assert cfg["model"]["converters"] == ["float8"]
+    assert cfg["float8"]["recipe_name"] == "tensorwise"
+    assert cfg["float8"]["filter_fqns"] == ["output"]
+
+
+def test_cli_json_has_precision(capsys):
+    assert main(["--model", "llama8b", "--cluster", "h100x8", "--precision", "fp8",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["precision"] == "fp8" and d["recipe"] == "tensorwise"
