@@ -135,6 +135,11 @@ class AlignGradPlacements:
 
     def __init__(self, params: list):
         self.params = params
+        # a Replicate gradient of a sharded parameter is sliced as soon as it is accumulated,
+        # so gradient accumulation keeps only this rank's shard (no communication)
+        for p in params:
+            if isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements):
+                p.register_post_accumulate_grad_hook(_slice_replicated_grad)
 
     @torch.no_grad()
     def __call__(self):
@@ -161,6 +166,15 @@ class AlignGradPlacements:
             for p, g in zip(ps, grads):
                 p.grad = DTensor.from_local(g, p.device_mesh, p.placements, run_check=False,
                                             shape=p.shape, stride=p.stride())
+
+
+@torch.no_grad()
+def _slice_replicated_grad(p):
+    g = p.grad
+    if (isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements)
+            and all(a == b or a.is_replicate() and b.is_shard()
+                    for a, b in zip(g.placements, p.placements))):
+        p.grad = g.redistribute(g.device_mesh, p.placements)
 
 
 class TpReplicatedGradSync:

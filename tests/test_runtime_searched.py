@@ -10,7 +10,7 @@ must the parameters under ZeRO 0/1 (5%). Few examples by default (RUNTIME_PLAN_E
 it).
 
 Not compared yet, because the cost model counts them otherwise than this runtime holds them on
-CPU: ZeRO 2/3 parameters (the gathered copy is fp32 here, the plan counts a bf16 copy; ZeRO 3's
+CPU: GPT-style models under tp (learned positions are sharded over tp here, counted whole); ZeRO 2/3 parameters (the gathered copy is fp32 here, the plan counts a bf16 copy; ZeRO 3's
 FSDP root group stays gathered through the step and its layer being computed is counted under
 `other`), and activations (fp32 here, counted as bf16).
 """
@@ -127,6 +127,13 @@ def test_searched_plans_run_as_planned(model, world, zero, pp_pick, rank_pick, g
     def close(a, b, tol):
         return abs(a - b) <= tol * b
 
+    # under tp the cost model counts learned position embeddings whole and some biases
+    # otherwise than the runtime shards them: compare GPT-style models only without tp
+    if p.tp > 1 and (model.position == "learned" or model.linear_bias):
+        for m in measured:     # still, no gradient is held less sharded than its parameter
+            if p.zero_stage <= 1:
+                assert close(m["grads"], m["params"], 0.02), (what, m)
+        return
     for rank, m in enumerate(measured):
         plan_r = planned[m["pp_rank"]]
         if p.zero_stage <= 1:
