@@ -2,7 +2,9 @@
 
 What it runs (runtime/parallelize.py, runtime/pipeline.py): ZeRO 0-3 with or without
 pipelining (ZeRO-0/1 its own gradient all-reduce after backward, ZeRO-2/3 FSDP2 with
-reshard_after_forward False / True); TP with or without SP; GPipe, 1F1B (as GPipe when there are
+reshard_after_forward False / True, gradients reduce-scattered every micro-batch; ZeRO-2 keeps
+the parameters gathered until the step's last micro-batch, so they are gathered once a step);
+TP with or without SP; GPipe, 1F1B (as GPipe when there are
 fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
@@ -28,7 +30,7 @@ RUNTIME = Engine(
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
     overlap_grad_reduce=False, overlap_param_gather=False,
-    zero2_gathers_every_microbatch=True, short_1f1b_as_gpipe=True,
+    zero2_gathers_every_microbatch=False, short_1f1b_as_gpipe=True,
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
