@@ -326,7 +326,8 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     with np.errstate(invalid="ignore"):
         t = k.t_fixed + n * k.t_layer + np.where(np.isfinite(r), r * k.t_rec, np.inf)
     for e in k.exposures():
-        t = t + _vector_exposed(k, *e, n)
+        if e[0] > 0 or e[1] > 0:
+            t = t + _vector_exposed(k, *e, n)
     return n, t
 
 
@@ -432,7 +433,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
 
     per_chunk = None
     if rules.per_chunk and lo == 0 and hi == 1:
-        per_chunk = mdl.NewIntVar(0, L, "per_chunk")   # one count for every model chunk
+        per_chunk = mdl.NewIntVar(0, -(-L // v), "per_chunk")   # one count for every model chunk
     for i, k in enumerate(coeffs):
         n = mdl.NewIntVar(v, L, f"n{i}")               # at least one layer per chunk
         r = mdl.NewIntVar(0, L, f"r{i}")
@@ -441,7 +442,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         elif hi == 0:
             mdl.Add(r == 0)
         elif per_chunk is not None:
-            vr = mdl.NewIntVar(0, v * L, f"vr{i}")
+            vr = mdl.NewIntVar(0, v * -(-L // v), f"vr{i}")
             mdl.Add(vr == v * per_chunk)
             mdl.AddMinEquality(r, [vr, n])             # chunk_recompute
         else:
@@ -478,6 +479,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.AddHint(var, val)
         for var, val in zip(r_vars, hint.recompute):
             mdl.AddHint(var, val)
+        if per_chunk is not None:
+            mdl.AddHint(per_chunk, max(-(-r // v) for r in hint.recompute))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = SOLVER_SECONDS

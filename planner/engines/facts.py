@@ -31,30 +31,52 @@ def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
     return dataclasses.replace(gpu, **changes) if changes else gpu
 
 
+def _memo(fn):
+    """Remember a fact per arguments: the search asks the same shapes for every ZeRO stage,
+    schedule and recompute choice of a candidate (arguments are frozen specs and numbers)."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        key = (fn.__name__, args, tuple(sorted(kwargs.items())))
+        try:
+            return self._memo[key]
+        except KeyError:
+            out = self._memo[key] = fn(self, *args, **kwargs)
+            return out
+        except TypeError:      # an unhashable argument: compute it
+            return fn(self, *args, **kwargs)
+    return wrapper
+
+
 class CatalogFacts:
     comm_elem_bytes = BF16   # bytes per element of the activations TP and PP move
 
     def __init__(self, engine: Engine, gpu: Gpu):
         self.engine = engine
         self.gpu = engine_gpu(engine, gpu)
+        self._memo = {}
 
+    @_memo
     def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None):
         """`lp`: the plan's low precision (planner.precision.LowPrecision), None for bf16."""
         return layer_time(model, self.gpu, b, s, tp, sp, flash,
                           self.engine.elementwise_traffic, self.engine.layer_overhead_s, lp)
 
+    @_memo
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         out = activation_bytes(model, b, s, tp, sp, mode, flash)
         if lp is not None and lp.recipe.saves_lowp_inputs:
             out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes)
         return out
 
+    @_memo
     def embedding_time(self, model, b, s, tp):
         return embedding_time(model, self.gpu, b, s, tp)
 
+    @_memo
     def head_time(self, model, b, s, tp):
         return head_time(model, self.gpu, b, s, tp)
 
+    @_memo
     def logits_bytes(self, model, b, s, tp):
         return logits_bytes(model, b, s, tp) * self.engine.loss_bytes_per_logit / FP32
 
