@@ -410,8 +410,11 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
 
 
 def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_guess=1.0,
-                engine=None, margin_gib=None):
-    """Exact layer and recompute counts per rank. Returns (Result | None, status, gap)."""
+                engine=None, margin_gib=None, cutoff_s=None):
+    """Exact layer and recompute counts per rank. Returns (Result | None, status, gap).
+
+    `cutoff_s`: only placements with a step time at most this are wanted (the search's K-th
+    best so far); INFEASIBLE then means none beats it, which CP-SAT proves faster."""
     v, m, L = c.vpp, c.m, model.num_layers
     lo, hi = _recompute_bounds(c, rules)
     mdl = cp_model.CpModel()
@@ -473,7 +476,10 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     tailmax = mdl.NewIntVar(0, tail_ub, "tailmax")
     mdl.AddMaxEquality(tailmax, tails)
     # objective x v:  m*v*Tmax + sum(T) - Tmax + v*tailmax
-    mdl.Minimize((m * v - 1) * tmax + sum(T) + v * tailmax)
+    objective = (m * v - 1) * tmax + sum(T) + v * tailmax
+    mdl.Minimize(objective)
+    if cutoff_s is not None and math.isfinite(cutoff_s):
+        mdl.Add(objective <= v * ns(cutoff_s * (1 + 1e-6)) + v * (m + len(coeffs) + 1))
     if hint is not None:
         for var, val in zip(n_vars, hint.layers):
             mdl.AddHint(var, val)
@@ -500,8 +506,9 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
 
 
 def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, heur=None,
-                    engine=None, margin_gib=None):
-    """Best layer placement for one candidate: (Result, fits)."""
+                    engine=None, margin_gib=None, cutoff_s=None):
+    """Best layer placement for one candidate: (Result, fits). With `cutoff_s`, a candidate
+    that cannot beat it comes back as its heuristic placement."""
     engine = get_engine(engine)
     rules = rules or rules_for(engine, c)
     coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
@@ -516,7 +523,7 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
                                    hint=heur if heur.estimate.fits else None,
                                    step_guess=heur.estimate.step_time_s, engine=engine,
-                                   margin_gib=margin_gib)
+                                   margin_gib=margin_gib, cutoff_s=cutoff_s)
     if res is None:   # the solver found nothing in time: the even split may still fit
         return heur, heur.estimate.fits
     if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:
@@ -576,7 +583,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             res.status = "OPTIMAL"
         else:
             res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
-                                        margin_gib)
+                                        margin_gib, cutoff_s=threshold)
             solved += 1
         if progress:
             progress(i + 1, len(scored))

@@ -175,3 +175,20 @@ def test_published_gqa_405b_at_scale_finds_a_plan():
     assert rep.best.status == "OPTIMAL"
     c = rep.best.candidate
     assert c.tp * c.pp * c.dp == 16384
+
+
+@pytest.mark.parametrize("engine", ["megatron", "runtime"])
+def test_cutoff_at_the_kth_best_changes_no_ranked_plan(engine, monkeypatch):
+    """The search tells CP-SAT to look only below the K-th best step so far; the ranked plans
+    are those of the search without that cutoff."""
+    import planner.search as S
+    model = tiny_model(layers=16, hidden=4096, heads=32, kv=8)
+    cluster = cluster_with_memory(12.0, n=8)     # tight: pipelined candidates need CP-SAT
+    with_cutoff = S.search(model, cluster, seq_len=2048, global_batch=64, engine=engine)
+    assert with_cutoff.solved > 0
+    orig = S.solve_candidate
+    monkeypatch.setattr(S, "solve_candidate",
+                        lambda *a, **k: orig(*a, **{**k, "cutoff_s": None}))
+    without = S.search(model, cluster, seq_len=2048, global_batch=64, engine=engine)
+    assert [r.estimate.step_time_s for r in with_cutoff.ranked] == pytest.approx(
+        [r.estimate.step_time_s for r in without.ranked], rel=1e-9)
