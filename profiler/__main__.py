@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,12 +36,42 @@ def _measure(argv) -> int:
         raise BadInput(f"--seq-len must be positive, got {a.seq_len}")
     from planner.catalog import get_model
     get_model(a.model)                     # refuse unknown models before starting anything
+    _check_writable(a.out)                 # and an --out that cannot be written
     from profiler.run import run_profile
     prof = run_profile(a, lambda s: print(s, flush=True))
     if prof is not None:
-        Path(a.out).write_text(json.dumps(prof, indent=1) + "\n")
+        _write_profile(prof, a.out)
         print(f"profile written to {a.out} ({prof['settings']['seconds']} s)", flush=True)
     return 0
+
+
+def _check_writable(path) -> None:
+    """Refuse an --out that cannot be written, before minutes of measuring (every rank probes
+    with a file of its own, so ranks do not race on the one path)."""
+    p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"--out {path}: is a directory")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise BadInput(f"--out {path}: cannot write (permission denied)")
+    probe = p.parent / f".{p.name}.{os.getpid()}.probe"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise BadInput(f"--out {path}: cannot write ({e.strerror})") from None
+
+
+def _write_profile(prof: dict, path) -> None:
+    """Write a profile the planner will read: checked with the planner's own profile schema
+    first. One that fails is kept beside it (`.rejected`), so the measurements are not lost."""
+    from planner.profile import validate
+    text = json.dumps(prof, indent=1) + "\n"
+    try:
+        validate(json.loads(text), str(path))
+    except BadInput as e:
+        Path(str(path) + ".rejected").write_text(text)
+        raise BadInput(f"{e} (measurements kept in {path}.rejected)") from None
+    Path(path).write_text(text)
 
 
 def _merge(argv) -> int:
@@ -49,8 +80,9 @@ def _merge(argv) -> int:
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     from planner.profile import load_profile, merge_profiles
+    _check_writable(a.out)
     merged = merge_profiles([load_profile(x) for x in a.profiles])
-    Path(a.out).write_text(json.dumps(merged.data, indent=1) + "\n")
+    _write_profile(merged.data, a.out)
     print(f"merged {len(a.profiles)} profiles into {a.out}")
     return 0
 

@@ -245,3 +245,23 @@ def test_min_statistic_pairs_forward_and_backward_of_one_repeat(prof):
     assert any("min of the repeats" in n for n in notes)
     k = stage_coefficients(model, cluster, _cand(), engine)[0]
     assert k.compute_layer == pytest.approx(0.006)      # repeat 2: 5 + 1 ms, not 1 + 1 ms
+
+
+def test_profiler_refuses_an_unwritable_out_before_measuring(tmp_path):
+    """No minutes of measuring lost to an --out that cannot be written: refused at once."""
+    import time
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "profiler", "--model", "llama8b", "--out",
+                        str(tmp_path / "no-such-dir" / "p.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot write" in r.stderr and time.perf_counter() - t < 30
+
+
+def test_profiler_writes_only_what_the_planner_reads(tmp_path):
+    """A profile the planner's schema refuses is not written as the profile; it is kept."""
+    from profiler.__main__ import _write_profile
+    out = tmp_path / "p.json"
+    with pytest.raises(BadInput, match="rejected"):
+        _write_profile({"format": "nonsense"}, out)
+    assert not out.exists() and (tmp_path / "p.json.rejected").exists()
