@@ -502,13 +502,18 @@ def show_path(path) -> str:
 # ---- the runtime's checkpoint metadata (runtime/checkpoint.py meta.json) ---------------------
 
 def checkpoint_meta_schema():
-    """{model: Model fields, parallelism: plan parallelism, seed, data, step, world_size}."""
-    from planner.bounds import MAX_GPUS
+    """{model: Model fields, parallelism: plan parallelism, seed, data, global_batch_size,
+    seq_len, step, world_size, files: {relative path: {bytes, sha256}}} (runtime.checkpoint)."""
+    from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
     from planner.plan import PARALLELISM
     from planner.specs import MODEL_SCHEMA
+    file_entry = Obj({"bytes": Int(0, 2 ** 62), "sha256": Str(64, 64)})
     return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM,
                 "seed": Int(-2 ** 63, 2 ** 64), "data": (Nullable(Str(4096)), None),
-                "step": Int(0, 2 ** 62), "world_size": Int(1, MAX_GPUS)}, extra=False)
+                "global_batch_size": (Int(1, MAX_BATCH), None),
+                "seq_len": (Int(1, MAX_SEQ_LEN), None),
+                "step": Int(0, 2 ** 62), "world_size": Int(1, MAX_GPUS),
+                "files": (Map(file_entry, Str(4096), max_len=1 << 20), None)}, extra=False)
 
 
 def read_checkpoint_meta(path) -> dict:

@@ -41,6 +41,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict,
                                                      set_optimizer_state_dict)
 
+from planner.errors import BadInput
+
 STEP_DIR = re.compile(r"^step-(\d+)(\.old)?$")
 MARKER = "COMPLETE"
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -177,7 +179,7 @@ def verify(path, checksums: bool = True):
     path = Path(path)
     try:
         meta = read_meta(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, BadInput):
         return "meta.json is missing or unreadable"
     files = meta.get("files")
     if not isinstance(files, dict) or not files:
@@ -213,7 +215,10 @@ def latest(root: str):
 
 
 def read_meta(path) -> dict:
-    return json.loads((Path(path) / "meta.json").read_text())
+    """The checkpoint's meta.json, checked with the planner's schema (planner.schema): a
+    damaged or foreign one raises BadInput in one line."""
+    from planner.schema import read_checkpoint_meta
+    return read_checkpoint_meta(path)
 
 
 def restore_rng(path, world_size: int) -> bool:

@@ -197,7 +197,10 @@ def test_interrupted_replacement_keeps_the_previous_copy(tmp_path, monkeypatch):
         opt = torch.optim.AdamW(model.parameters())
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
-        ckpt.save(tmp_path, 1, ckpt.TrainState([model], [opt], False), {"seed": 0})
+        # the metadata a run writes (runtime.train: run identity + parallelism)
+        meta = {"model": LLAMA.to_dict(), "seed": 0, "data": "synthetic",
+                "parallelism": {"tp": 1, "pp": 1, "dp": 1}}
+        ckpt.save(tmp_path, 1, ckpt.TrainState([model], [opt], False), meta)
         saved = {k: v.clone() for k, v in model.state_dict().items()}
         with torch.no_grad():
             model.weight.add_(1.0)
@@ -209,7 +212,7 @@ def test_interrupted_replacement_keeps_the_previous_copy(tmp_path, monkeypatch):
             real(src, dst)
         monkeypatch.setattr(ckpt.os, "rename", rename)
         with pytest.raises(KeyboardInterrupt):
-            ckpt.save(tmp_path, 1, ckpt.TrainState([model], [opt], False), {"seed": 0})
+            ckpt.save(tmp_path, 1, ckpt.TrainState([model], [opt], False), meta)
         monkeypatch.setattr(ckpt.os, "rename", real)
         assert not (tmp_path / "step-00000001").exists()
         step, path = ckpt.choose(tmp_path)
