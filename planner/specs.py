@@ -410,17 +410,23 @@ def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Mode
 
     i = MODEL_FIELDS
     flag, eps, theta = S.Bool(), MODEL_FIELDS["norm_eps"], MODEL_FIELDS["rope_theta"]
-    if mt in ("llama", "mistral", "qwen2"):
+    def standard(max_pos: int, grouped_kv: bool) -> dict:
+        """The fields every config with Hugging Face's usual key names shares."""
         heads = get("num_attention_heads", i["num_heads"])
-        kw = dict(
+        return dict(
             num_layers=get("num_hidden_layers", i["num_layers"]),
             hidden=get("hidden_size", i["hidden"]),
             ffn_hidden=get("intermediate_size", i["ffn_hidden"]), num_heads=heads,
-            num_kv_heads=get("num_key_value_heads", i["num_kv_heads"], heads),
+            num_kv_heads=(get("num_key_value_heads", i["num_kv_heads"], heads) if grouped_kv
+                          else heads),
             vocab_size=get("vocab_size", i["vocab_size"]),
-            max_seq_len=get("max_position_embeddings", i["max_seq_len"], 4096), gated_mlp=True,
-            activation=act("hidden_act", "silu"), norm="rmsnorm", position="rope",
-            tied_embeddings=get("tie_word_embeddings", flag, False),
+            max_seq_len=get("max_position_embeddings", i["max_seq_len"], max_pos),
+            position="rope", tied_embeddings=get("tie_word_embeddings", flag, False))
+
+    if mt in ("llama", "mistral", "qwen2"):
+        kw = dict(
+            standard(4096, grouped_kv=True), gated_mlp=True,
+            activation=act("hidden_act", "silu"), norm="rmsnorm",
             attn_bias=get("attention_bias", flag, mt == "qwen2"), linear_bias=False,
             norm_eps=get("rms_norm_eps", eps, 1e-5), rope_theta=get("rope_theta", theta, 10000.0))
     elif mt == "gpt2":
@@ -437,15 +443,9 @@ def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Mode
             dropout=get("resid_pdrop", MODEL_FIELDS["dropout"], 0.1),
             norm_eps=get("layer_norm_epsilon", eps, 1e-5))
     elif mt == "gpt_neox":
-        heads = get("num_attention_heads", i["num_heads"])
         kw = dict(
-            num_layers=get("num_hidden_layers", i["num_layers"]),
-            hidden=get("hidden_size", i["hidden"]),
-            ffn_hidden=get("intermediate_size", i["ffn_hidden"]), num_heads=heads,
-            num_kv_heads=heads, vocab_size=get("vocab_size", i["vocab_size"]),
-            max_seq_len=get("max_position_embeddings", i["max_seq_len"], 2048), gated_mlp=False,
-            activation=act("hidden_act", "gelu"), norm="layernorm", position="rope",
-            tied_embeddings=get("tie_word_embeddings", flag, False), attn_bias=True,
+            standard(2048, grouped_kv=False), gated_mlp=False,
+            activation=act("hidden_act", "gelu"), norm="layernorm", attn_bias=True,
             linear_bias=True, parallel_residual=get("use_parallel_residual", flag, True),
             norm_eps=get("layer_norm_eps", eps, 1e-5),
             rope_theta=get("rotary_emb_base", theta, 10000.0))
@@ -460,16 +460,9 @@ def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Mode
             activation="gelu", norm="layernorm", position="alibi", tied_embeddings=True,
             attn_bias=True, linear_bias=True, norm_eps=get("layer_norm_epsilon", eps, 1e-5))
     else:   # nemotron
-        heads = get("num_attention_heads", i["num_heads"])
         kw = dict(
-            num_layers=get("num_hidden_layers", i["num_layers"]),
-            hidden=get("hidden_size", i["hidden"]),
-            ffn_hidden=get("intermediate_size", i["ffn_hidden"]), num_heads=heads,
-            num_kv_heads=get("num_key_value_heads", i["num_kv_heads"], heads),
-            vocab_size=get("vocab_size", i["vocab_size"]),
-            max_seq_len=get("max_position_embeddings", i["max_seq_len"], 4096), gated_mlp=False,
-            activation=act("hidden_act", "relu2"), norm="layernorm", position="rope",
-            tied_embeddings=get("tie_word_embeddings", flag, False),
+            standard(4096, grouped_kv=True), gated_mlp=False,
+            activation=act("hidden_act", "relu2"), norm="layernorm",
             attn_bias=get("attention_bias", flag, False), linear_bias=get("mlp_bias", flag, False),
             norm_eps=get("norm_eps", eps, 1e-5), rope_theta=get("rope_theta", theta, 10000.0))
     try:
