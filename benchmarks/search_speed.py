@@ -167,11 +167,11 @@ def n_splits(total: int, parts: int) -> int:
     return math.comb(total - 1, parts - 1) if total >= parts else 0
 
 
-def _least_recompute(k, n: int, cap: float, c, fixed_all: bool):
+def _least_recompute(k, n: int, cap: float, c, all_layers_recomputed: bool):
     """Fewest recomputed layers making rank k fit with n layers (None if none does)."""
     if c.recompute == "none":
         return 0 if k.memory(n, 0)["total"] <= cap else None
-    if fixed_all:
+    if all_layers_recomputed:
         return n if k.memory(n, n)["total"] <= cap else None
     lo, hi = 0, n                      # memory falls as r grows: bisect on r
     if k.memory(n, hi)["total"] > cap:
@@ -190,7 +190,7 @@ def splits_of(L: int, p: int, v: int) -> int:
     return n_splits(L - p * (v - 1), p)
 
 
-def brute_force_candidate(model, cluster, c, fixed_all=False):
+def brute_force_candidate(model, cluster, c, all_layers_recomputed=False):
     """Exact best (step, layers, recompute) of one candidate by enumeration; None if none fits.
 
     Every rank holds n >= vpp layers (at least one per chunk), as the planner requires.
@@ -208,7 +208,7 @@ def brute_force_candidate(model, cluster, c, fixed_all=False):
     for s, k in enumerate(coeffs):
         for kk in range(1, K + 1):
             n = kk + v - 1
-            r = _least_recompute(k, n, cap, c, fixed_all)
+            r = _least_recompute(k, n, cap, c, all_layers_recomputed)
             if r is None:
                 break              # more layers never fit better
             T[s, kk], tail[s, kk], R[s, kk] = k.time(n, r), k.tail(n), r

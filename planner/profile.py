@@ -25,9 +25,10 @@ How measured figures replace catalog ones (`apply_profile`):
 * the cluster's Gpu gets the measured achieved GEMM efficiency, attention efficiency, memory
   bandwidth, memory per device, and per link class the bus bandwidth, point-to-point bandwidth
   and per-hop latency fitted to `planner.cost.comm`'s own formulas;
-* `Cluster.measured` (a `Measured`) gives `planner.cost.stage` the measured per-layer forward,
-  backward and recompute seconds, saved-activation bytes per layer, embedding and LM head (+ loss)
-  seconds and saved bytes, and optimizer seconds per parameter.
+* the `runtime` engine it returns carries a `Measured`, through which the cost model
+  (planner.engines.facts.MeasuredFacts) reads the measured per-layer forward, backward and
+  recompute seconds, saved-activation bytes per layer, embedding and LM head (+ loss) seconds and
+  saved bytes, and optimizer seconds per parameter.
 
 Measured values are used as they are at the measured shapes (interpolated in micro-batch size);
 elsewhere (another sequence length, tensor-parallel degree, sequence parallelism, a model scaled

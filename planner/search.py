@@ -274,8 +274,9 @@ class Rules:
 
 
 def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
-    fixed_all = f is not None and f.recompute not in (None, "none")
-    return Rules(all_layers_recomputed=fixed_all or engine.all_layers_recomputed(c.recompute),
+    recompute_fixed = f is not None and f.recompute not in (None, "none")
+    return Rules(all_layers_recomputed=(recompute_fixed
+                                        or engine.all_layers_recomputed(c.recompute)),
                  per_chunk=engine.recompute_count(c.recompute) == PER_CHUNK,
                  equal_split=engine.stage_layers == EQUAL_SPLIT)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner import bounds as B
@@ -255,10 +255,6 @@ class Cluster:
     gpus_per_node: int = 8
     # GPUs sharing NVLink; None: gpus_per_node. A multiple of gpus_per_node that divides num_gpus.
     nvlink_domain: int | None = None
-    # Figures measured by `python -m profiler` (a planner.profile.Measured, set by
-    # planner.profile.apply_profile); the cost model uses them in place of catalog formulas.
-    # Not part of the plan JSON.
-    measured: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         who = _who("cluster", self.name)

@@ -38,7 +38,7 @@ def compositions(total, parts, least):
             yield [first] + rest
 
 
-def brute_force(model, cluster, c, fixed_all=False, engine="runtime", margin_gib=None):
+def brute_force(model, cluster, c, all_layers_recomputed=False, engine="runtime", margin_gib=None):
     """Best estimate over every split and every recompute count the engine allows: any count
     per rank (runtime), or one count R per model chunk, a rank recomputing min(v*R, n)
     (Megatron's --recompute-num-layers)."""
@@ -48,7 +48,7 @@ def brute_force(model, cluster, c, fixed_all=False, engine="runtime", margin_gib
     for layers in compositions(model.num_layers, c.pp, c.vpp):
         if c.recompute == "none":
             options = [[0] * c.pp]
-        elif fixed_all:
+        elif all_layers_recomputed:
             options = [layers]
         elif per_chunk:
             options = [[min(c.vpp * r, n) for n in layers] for r in range(max(layers) + 1)]
