@@ -27,6 +27,7 @@ MAX_BATCH = 2 ** 40
 MAX_LAYERS = 1024
 MAX_HIDDEN = 2 ** 20
 MAX_HEADS = 2 ** 16
+MAX_EXPERTS = 2 ** 12      # routed experts per layer (DeepSeek-V3 256, Kimi K2 384)
 MAX_VOCAB = 2 ** 26
 
 

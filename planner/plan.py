@@ -5,8 +5,8 @@ Layout of `schema_version` 1:
     model       {name, num_layers, num_params, spec: {...Model fields...}}
     cluster     {name, num_gpus, gpus_per_node, nvlink_domain, gpu, gpu_memory_gib,
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
-    parallelism {tp, pp, dp, cp, zero_stage, sequence_parallel, vpp, schedule, recompute,
-                 rank_order}
+    parallelism {tp, pp, dp, cp, ep, etp, zero_stage, sequence_parallel, vpp, schedule,
+                 recompute, rank_order}   (ep, etp: 1 when absent)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -59,6 +59,11 @@ class Parallelism:
     schedule: str = "1f1b"
     recompute: str = "none"
     cp: int = 1
+    # expert parallelism (MoE models), folded out of dp x cp as Megatron's MoE parallel folding
+    # does: ep ranks split the routed experts, etp is the experts' own tensor parallelism;
+    # neither multiplies the world (expert data parallel = dp * cp * tp / (ep * etp))
+    ep: int = 1
+    etp: int = 1
     rank_order: tuple = RANK_ORDER
 
     @property
@@ -246,6 +251,7 @@ PARALLELISM = S.Obj({
     "zero_stage": (S.Enum(0, 1, 2, 3), 0), "sequence_parallel": (S.Bool(), False),
     "vpp": (S.Int(1, B.MAX_LAYERS), 1), "schedule": (S.Enum(*SCHEDULES), "1f1b"),
     "recompute": (S.Enum(*RECOMPUTE), "none"), "cp": (S.Int(1, B.MAX_GPUS), 1),
+    "ep": (S.Int(1, B.MAX_GPUS), 1), "etp": (S.Int(1, B.MAX_GPUS), 1),
     "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 3), list(RANK_ORDER))})
 BATCH = S.Obj({"seq_len": S.Int(1, B.MAX_SEQ_LEN), "global_batch_size": S.Int(1, B.MAX_BATCH),
                "micro_batch_size": S.Int(1, B.MAX_BATCH),

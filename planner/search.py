@@ -131,6 +131,9 @@ def check_engine(engine: Engine, f: Fixed) -> None:
 def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
                 engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
+    if model.is_moe:
+        raise BadInput(f"model {model.name}: mixture-of-experts models are not supported yet "
+                       f"({model.num_experts} experts)")
     check_engine(get_engine(engine), f)
     check_precision(get_engine(engine), cluster.gpu, f.precision, f.recipe)
     n = cluster.num_gpus

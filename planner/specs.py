@@ -41,6 +41,12 @@ MODEL_FIELDS = {
     "dropout": S.Num(ge=0.0, lt=1.0),
     "norm_eps": S.Num(gt=0.0, le=1.0),
     "rope_theta": S.Num(gt=0.0, le=1e12),
+    "num_experts": S.Int(0, B.MAX_EXPERTS),
+    "experts_per_token": S.Int(0, B.MAX_EXPERTS),
+    "moe_ffn_hidden": S.Int(0, 4 * B.MAX_HIDDEN),
+    "shared_expert_ffn_hidden": S.Int(0, 4 * B.MAX_HIDDEN),
+    "first_dense_layers": S.Int(0, B.MAX_LAYERS),
+    "moe_layer_interval": S.Int(1, B.MAX_LAYERS),
 }
 
 
@@ -72,6 +78,16 @@ class Model:
     dropout: float = 0.0
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # mixture of experts; num_experts 0: a dense model. Hugging Face names: num_local_experts /
+    # n_routed_experts / num_experts, num_experts_per_tok, moe_intermediate_size, the shared
+    # experts' width (DeepSeek n_shared_experts x moe_intermediate_size, Qwen2-MoE
+    # shared_expert_intermediate_size), first_k_dense_replace, interleave_moe_layer_step.
+    num_experts: int = 0            # routed experts per MoE layer
+    experts_per_token: int = 0      # top-k
+    moe_ffn_hidden: int = 0         # one routed expert's FFN width
+    shared_expert_ffn_hidden: int = 0   # the shared experts together, run by every token
+    first_dense_layers: int = 0     # the first k layers have a dense FFN of ffn_hidden
+    moe_layer_interval: int = 1     # after them every k-th layer is MoE, the others dense
 
     def __post_init__(self):
         who = _who("model", self.name)
@@ -86,6 +102,33 @@ class Model:
         if self.num_heads % self.num_kv_heads:
             raise BadInput(f"{who}: num_heads {self.num_heads} is not divisible by "
                            f"num_kv_heads {self.num_kv_heads}")
+        if self.num_experts:
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise BadInput(f"{who}: experts_per_token {self.experts_per_token} must be "
+                               f"1..num_experts {self.num_experts}")
+            if self.moe_ffn_hidden < 1:
+                raise BadInput(f"{who}: an MoE model needs moe_ffn_hidden >= 1")
+            if self.num_moe_layers < 1:
+                raise BadInput(f"{who}: first_dense_layers {self.first_dense_layers} and "
+                               f"moe_layer_interval {self.moe_layer_interval} leave no MoE layer")
+        elif self.experts_per_token or self.moe_ffn_hidden or self.shared_expert_ffn_hidden:
+            raise BadInput(f"{who}: experts_per_token, moe_ffn_hidden and "
+                           f"shared_expert_ffn_hidden need num_experts >= 1")
+
+    # ---- layer kinds ------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def moe_layer(self, i: int) -> bool:
+        """Layer i (0-based) has a routed-expert FFN: after the first dense layers, every
+        moe_layer_interval-th one (Hugging Face Llama 4: layers step-1, 2*step-1, ...)."""
+        j = i - self.first_dense_layers
+        return self.is_moe and j >= 0 and (j + 1) % self.moe_layer_interval == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer(i) for i in range(self.num_layers))
 
     @property
     def head_dim(self) -> int:
@@ -113,8 +156,30 @@ class Model:
         return n
 
     def layer_params(self) -> int:
+        """A dense layer (every layer of a dense model)."""
         return (self.attn_matmul_params() + self.mlp_matmul_params() + self.bias_params()
                 + 2 * self.norm_params())
+
+    def expert_params(self) -> int:
+        """One routed expert's FFN weights (gated like the dense FFN)."""
+        return (3 if self.gated_mlp else 2) * self.hidden * self.moe_ffn_hidden
+
+    def router_params(self) -> int:
+        return self.hidden * self.num_experts
+
+    def shared_expert_params(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden * self.shared_expert_ffn_hidden
+
+    def moe_layer_params(self) -> int:
+        """An MoE layer: attention, norms, router, shared experts and every routed expert."""
+        return (self.attn_matmul_params() + 2 * self.norm_params() + self.router_params()
+                + self.shared_expert_params() + self.num_experts * self.expert_params()
+                + ((self.hidden + 2 * self.kv_dim) if self.attn_bias else 0))
+
+    def moe_layer_active_params(self) -> int:
+        """What one token runs through in an MoE layer: top-k experts, not all."""
+        return (self.moe_layer_params()
+                - (self.num_experts - self.experts_per_token) * self.expert_params())
 
     def embedding_params(self) -> int:
         """Token (and learned position) embeddings: held by the first stage."""
@@ -126,7 +191,16 @@ class Model:
         return self.norm_params() + (0 if self.tied_embeddings else self.vocab_size * self.hidden)
 
     def num_params(self) -> int:
-        return self.num_layers * self.layer_params() + self.embedding_params() + self.head_params()
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.layer_params() + moe * self.moe_layer_params()
+                + self.embedding_params() + self.head_params())
+
+    def active_params(self) -> int:
+        """Parameters one token runs through (num_params for a dense model)."""
+        moe = self.num_moe_layers
+        return ((self.num_layers - moe) * self.layer_params()
+                + moe * self.moe_layer_active_params()
+                + self.embedding_params() + self.head_params())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

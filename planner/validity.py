@@ -132,6 +132,10 @@ def plan_problems(plan, whole_cluster: bool = False) -> list:
     out = []
     if p.cp != 1:
         out.append("context parallel (cp > 1) is not supported yet")
+    if p.ep != 1 or p.etp != 1:
+        out.append("expert parallel (ep or etp > 1) is not supported yet")
+    if m.is_moe:
+        out.append(f"model {m.name}: mixture-of-experts models are not supported yet")
     if p.vpp > 1 and p.schedule != "interleaved":
         out.append("vpp > 1 needs the interleaved schedule")
     if p.vpp > 1 and p.pp == 1:
