@@ -88,6 +88,33 @@ def torch_interleaved_ok(m: int, pp: int) -> bool:
     return m % rounds == 0
 
 
+def ep_blockers(model, ep: int, etp: int, tp: int, dp: int, cp: int = 1) -> list:
+    """Why expert parallelism ep with expert tensor parallelism etp cannot split this model on
+    this grid, as phrases. Megatron's MoE parallel folding (megatron/core/parallel_state.py,
+    initialize_model_parallel with expert_model_parallel_size and
+    expert_tensor_parallel_size): the expert grid etp x ep x expert-dp x pp covers the same
+    ranks as tp x cp x dp x pp, so ep * etp divides tp * cp * dp; ep splits the routed experts
+    and etp each expert's FFN."""
+    out = []
+    if (ep > 1 or etp > 1) and not model.is_moe:
+        out.append(f"model {model.name} has no experts (ep and etp need an MoE model)")
+        return out
+    if not model.is_moe:
+        return out
+    if model.num_experts % ep:
+        out.append(f"ep {ep} does not divide the {model.num_experts} experts")
+    if model.moe_ffn_hidden % etp:
+        out.append(f"etp {etp} does not divide the expert FFN ({model.moe_ffn_hidden})")
+    if (tp * cp * dp) % (ep * etp):
+        out.append(f"ep*etp = {ep * etp} does not divide tp*cp*dp = {tp * cp * dp} "
+                   f"(experts are folded out of the dense grid)")
+    return out
+
+
+def ep_ok(model, ep: int, etp: int, tp: int, dp: int, cp: int = 1) -> bool:
+    return not ep_blockers(model, ep, etp, tp, dp, cp)
+
+
 def batch_ok(global_batch: int, dp: int, mbs: int = 1) -> bool:
     """The global batch splits into dp ranks of micro-batches of mbs sequences."""
     return global_batch % (dp * mbs) == 0
@@ -132,10 +159,7 @@ def plan_problems(plan, whole_cluster: bool = False) -> list:
     out = []
     if p.cp != 1:
         out.append("context parallel (cp > 1) is not supported yet")
-    if p.ep != 1 or p.etp != 1:
-        out.append("expert parallel (ep or etp > 1) is not supported yet")
-    if m.is_moe:
-        out.append(f"model {m.name}: mixture-of-experts models are not supported yet")
+    out += ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp)
     if p.vpp > 1 and p.schedule != "interleaved":
         out.append("vpp > 1 needs the interleaved schedule")
     if p.vpp > 1 and p.pp == 1:
