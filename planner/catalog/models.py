@@ -31,7 +31,80 @@ MODELS = {
                        num_kv_heads=96, vocab_size=51200, max_seq_len=2048, gated_mlp=False,
                        activation="gelu", norm="layernorm", position="learned",
                        tied_embeddings=True, attn_bias=True, linear_bias=True, dropout=0.1),
+
+    # ---- mixtures of experts (the Hugging Face config.json of the repository named) ----
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts (num_local_experts) of 14336, top 2,
+    # rope_theta 1e6, max_position_embeddings 32768, sliding_window null
+    "mixtral-8x7b": Model("mixtral-8x7b", num_layers=32, hidden=4096, ffn_hidden=14336,
+                          num_heads=32, num_kv_heads=8, vocab_size=32000, max_seq_len=32768,
+                          rope_theta=1e6, num_experts=8, experts_per_token=2,
+                          moe_ffn_hidden=14336, **_LLAMA),
+    # mistralai/Mixtral-8x22B-v0.1 config.json: 8 experts of 16384, top 2, 65536 positions
+    "mixtral-8x22b": Model("mixtral-8x22b", num_layers=56, hidden=6144, ffn_hidden=16384,
+                           num_heads=48, num_kv_heads=8, vocab_size=32000, max_seq_len=65536,
+                           rope_theta=1e6, num_experts=8, experts_per_token=2,
+                           moe_ffn_hidden=16384, **_LLAMA),
+    # deepseek-ai/DeepSeek-V3 config.json: 61 layers, first_k_dense_replace 3 (dense
+    # intermediate_size 18432), n_routed_experts 256 of moe_intermediate_size 2048, top 8,
+    # n_shared_experts 1, MLA q_lora_rank 1536, kv_lora_rank 512, qk_rope_head_dim 64,
+    # qk_nope_head_dim 128, v_head_dim 128, num_nextn_predict_layers 1, rms_norm_eps 1e-6,
+    # max_position_embeddings 163840 (yarn factor 40 x 4096)
+    "deepseek-v3": Model("deepseek-v3", num_layers=61, hidden=7168, ffn_hidden=18432,
+                         num_heads=128, num_kv_heads=128, vocab_size=129280,
+                         max_seq_len=163840, norm_eps=1e-6, num_experts=256,
+                         experts_per_token=8, moe_ffn_hidden=2048,
+                         shared_expert_ffn_hidden=2048, first_dense_layers=3, q_lora_rank=1536,
+                         kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                         v_head_dim=128, mtp_layers=1, **_LLAMA),
+    # Qwen/Qwen3-30B-A3B config.json: 48 layers, head_dim 128 (queries 4096 wide at hidden
+    # 2048), num_experts 128 of moe_intermediate_size 768, top 8, decoder_sparse_step 1,
+    # mlp_only_layers [], rope_theta 1e6, max_position_embeddings 40960
+    "qwen3-30b-a3b": Model("qwen3-30b-a3b", num_layers=48, hidden=2048, ffn_hidden=6144,
+                           num_heads=32, num_kv_heads=4, vocab_size=151936, max_seq_len=40960,
+                           rope_theta=1e6, norm_eps=1e-6, head_dim_override=128,
+                           num_experts=128, experts_per_token=8, moe_ffn_hidden=768, **_LLAMA),
+    # Qwen/Qwen3-235B-A22B config.json: 94 layers, head_dim 128, 128 experts of 1536, top 8
+    "qwen3-235b-a22b": Model("qwen3-235b-a22b", num_layers=94, hidden=4096, ffn_hidden=12288,
+                             num_heads=64, num_kv_heads=4, vocab_size=151936,
+                             max_seq_len=40960, rope_theta=1e6, norm_eps=1e-6,
+                             head_dim_override=128, num_experts=128, experts_per_token=8,
+                             moe_ffn_hidden=1536, **_LLAMA),
+    # openai/gpt-oss-20b config.json: 24 layers, hidden 2880, head_dim 64, 64 heads, 8 KV
+    # heads, 32 experts (num_local_experts) of intermediate_size 2880 with biases, top 4,
+    # attention_bias true, sinks, layer_types alternating sliding (sliding_window 128) and
+    # full, rope_theta 150000, max_position_embeddings 131072 (yarn factor 32 x 4096)
+    "gpt-oss-20b": Model("gpt-oss-20b", num_layers=24, hidden=2880, ffn_hidden=2880,
+                         num_heads=64, num_kv_heads=8, vocab_size=201088, max_seq_len=131072,
+                         rope_theta=150000.0, head_dim_override=64, attn_bias=True,
+                         attention_sinks=True, sliding_window=128, full_attention_interval=2,
+                         num_experts=32, experts_per_token=4, moe_ffn_hidden=2880,
+                         expert_bias=True, **_LLAMA),
+    # openai/gpt-oss-120b config.json: as gpt-oss-20b with 36 layers and 128 experts
+    "gpt-oss-120b": Model("gpt-oss-120b", num_layers=36, hidden=2880, ffn_hidden=2880,
+                          num_heads=64, num_kv_heads=8, vocab_size=201088, max_seq_len=131072,
+                          rope_theta=150000.0, head_dim_override=64, attn_bias=True,
+                          attention_sinks=True, sliding_window=128, full_attention_interval=2,
+                          num_experts=128, experts_per_token=4, moe_ffn_hidden=2880,
+                          expert_bias=True, **_LLAMA),
+    # meta-llama/Llama-4-Scout-17B-16E config.json text_config (the language model only):
+    # 48 layers, head_dim 128, 16 experts (num_local_experts) of intermediate_size 8192 and a
+    # shared expert of 8192, top 1, interleave_moe_layer_step 1, rope_theta 500000,
+    # max_position_embeddings 10485760; its chunked attention (attention_chunk_size 8192) is
+    # priced as full attention
+    "llama4-scout": Model("llama4-scout", num_layers=48, hidden=5120, ffn_hidden=16384,
+                          num_heads=40, num_kv_heads=8, vocab_size=202048,
+                          max_seq_len=10485760, rope_theta=500000.0,
+                          num_experts=16, experts_per_token=1, moe_ffn_hidden=8192,
+                          shared_expert_ffn_hidden=8192, **_LLAMA),
+    # meta-llama/Llama-4-Maverick-17B-128E config.json text_config: 128 experts, MoE on every
+    # second layer (interleave_moe_layer_step 2), the others dense of intermediate_size_mlp
+    # 16384, max_position_embeddings 1048576
+    "llama4-maverick": Model("llama4-maverick", num_layers=48, hidden=5120, ffn_hidden=16384,
+                             num_heads=40, num_kv_heads=8, vocab_size=202048,
+                             max_seq_len=1048576, rope_theta=500000.0, num_experts=128,
+                             experts_per_token=1, moe_ffn_hidden=8192,
+                             shared_expert_ffn_hidden=8192, moe_layer_interval=2, **_LLAMA),
 }
 
 ALIASES = {"llama8b": "llama3-8b", "llama70b": "llama3-70b", "llama405b": "llama3-405b",
-           "gpt3": "gpt3-175b"}
+           "gpt3": "gpt3-175b", "mixtral": "mixtral-8x7b", "deepseekv3": "deepseek-v3"}
