@@ -106,9 +106,53 @@ class LayerTime:
         return 0.0
 
 
+# ---- the model's attention shape (head_dim, MLA, sliding window): planner.specs.Model ----
+def attention_width(model: Model) -> float:
+    """The "h" of the attention-core FLOP formulas: heads x (query-key head + value head) / 2,
+    which is hidden for a model whose heads are hidden / num_heads wide (MLA: 192 and 128)."""
+    return model.num_heads * (model.head_dim + model.value_head_dim) / 2.0
+
+
+def mean_attended_keys(model: Model, s: int, causal: bool = True) -> float:
+    """Keys a query attends to, averaged over the queries and the layers: s/2 causal (s
+    non-causal, as Megatron-LM counts model FLOPs); under a sliding window w < s a query sees
+    at most w keys: (s*w - w^2/2)/s causal, w non-causal."""
+    full = s / 2.0 if causal else float(s)
+    w = model.sliding_window
+    if not w or w >= s:
+        return full
+    local = (s * w - w * w / 2.0) / s if causal else float(w)
+    share = model.num_sliding_layers / model.num_layers
+    return share * local + (1.0 - share) * full
+
+
 def attention_flops(model: Model, b: int, s: int) -> float:
-    """Forward FLOPs of QK^T and PV for a causal mask: half of 4*b*s^2*h (flash skips the rest)."""
-    return 0.5 * 4.0 * b * s * s * model.hidden
+    """Forward FLOPs of QK^T and PV of one (average) layer for a causal mask: 2 matmuls of
+    2*b*s*keys*width each; 4*b*s*(s/2)*h for full attention (flash skips the masked half)."""
+    return 4.0 * b * s * mean_attended_keys(model, s) * attention_width(model)
+
+
+def attention_projection_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp=None) -> tuple:
+    """(q, k, v, out) forward GEMM seconds of one layer's attention projections on one GPU:
+    q num_heads*head_dim wide, k and v kv_dim, out from num_heads*value_head_dim. MLA
+    (Model.q_lora_rank): the down projections (q_a, kv_a) replicated across tensor parallel
+    ranks as Megatron-LM's MLASelfAttention builds them (linear_q_down_proj,
+    linear_kv_down_proj), the up projections and the output sharded by heads; q counts
+    q_a + q_b, k kv_a, v kv_b."""
+    h = model.hidden
+    if model.is_mla:
+        r = model.q_lora_rank
+        q = (gemm_time(gpu, tokens, r, h, lp=lp)
+             + gemm_time(gpu, tokens, model.q_dim / tp, r, lp=lp) if r
+             else gemm_time(gpu, tokens, model.q_dim / tp, h, lp=lp))
+        k = gemm_time(gpu, tokens, model.kv_lora_rank + model.qk_rope_head_dim, h, lp=lp)
+        v = gemm_time(gpu, tokens, model.num_heads * (model.qk_nope_head_dim + model.v_head_dim)
+                      / tp, model.kv_lora_rank, lp=lp)
+    else:
+        q = gemm_time(gpu, tokens, model.q_dim / tp, h, lp=lp)
+        k = v = gemm_time(gpu, tokens, model.kv_dim / tp, h, lp=lp)
+    out = gemm_time(gpu, tokens, h, model.attn_out_dim / tp, lp=lp)
+    return q, k, v, out
 
 
 def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
@@ -125,7 +169,7 @@ def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
     norms = 2 * (h + h)                                  # read + write, two norms
     residual = 2 * (3 * h)                               # two adds: read 2, write 1
     dropout = 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
-    rope = 2 * (h + kv) if model.position == "rope" else 0
+    rope = 2 * (model.q_dim + kv) if model.position == "rope" else 0
     act = (3 * f) if model.gated_mlp else (2 * f)        # gated: read 2, write 1
     return traffic * BF16 * tokens * ((norms + residual + dropout) * rep + (rope + act) / tp)
 
@@ -155,10 +199,8 @@ def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
     """`lp` (planner.precision.LowPrecision): the block linears run in low precision with
     their scaling casts; attention, norms and the other element-wise work stay bf16."""
     tokens = b * s
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
-    q = gemm_time(gpu, tokens, h / tp, h, lp=lp)
-    k = v = gemm_time(gpu, tokens, kv / tp, h, lp=lp)
-    out = gemm_time(gpu, tokens, h, h / tp, lp=lp)
+    h, f = model.hidden, model.ffn_hidden
+    q, k, v, out = attention_projection_times(model, gpu, tokens, tp, lp)
     up = gemm_time(gpu, tokens, f / tp, h, lp=lp)           # each of up and gate
     down = gemm_time(gpu, tokens, h, f / tp, lp=lp)
     gated = model.gated_mlp
@@ -176,8 +218,8 @@ def linear_io_elements(model: Model, tokens: float, tp: int) -> tuple:
     tensor-parallel shard."""
     h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
     up_out = (2 if model.gated_mlp else 1) * f / tp
-    inputs = h + h / tp + h + f / tp                     # qkv, proj, fc1, fc2
-    outputs = (h + 2 * kv) / tp + h + up_out + h
+    inputs = h + model.attn_out_dim / tp + h + f / tp    # qkv, proj, fc1, fc2
+    outputs = (model.q_dim + 2 * kv) / tp + h + up_out + h
     return tokens * inputs, tokens * outputs
 
 

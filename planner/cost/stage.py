@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost import comm
-from planner.cost.compute import BF16
+from planner.cost.compute import BF16, attention_width, mean_attended_keys
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.schedule import in_flight, pipeline_time
 from planner.engines import get_engine
@@ -359,11 +359,14 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
 def model_flops_per_step(model: Model, seq_len: int, global_batch: int) -> float:
     """Model FLOPs of one step (no recompute), counted as Megatron-LM counts them:
     6 x matmul parameters x tokens + non-causal attention 12*B*s^2*h per layer; for GPT this is
-    72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) (Narayanan et al. 2021, Appendix)."""
+    72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) (Narayanan et al. 2021, Appendix). The attention
+    term takes the model's attention width and window (compute.attention_width,
+    mean_attended_keys: s keys a query, fewer under a sliding window)."""
     tokens = seq_len * global_batch
     matmul = model.num_layers * (model.attn_matmul_params() + model.mlp_matmul_params()) \
         + model.vocab_size * model.hidden
-    attn = model.num_layers * 12.0 * global_batch * seq_len ** 2 * model.hidden
+    attn = (model.num_layers * 12.0 * global_batch * seq_len
+            * mean_attended_keys(model, seq_len, causal=False) * attention_width(model))
     return 6.0 * matmul * tokens + attn
 
 
