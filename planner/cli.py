@@ -4,6 +4,7 @@
     plan show plan.json [--export FMT]
     plan sweep --model M --clusters h100x8,h100x16 [--csv FILE] [--plot FILE]
     plan launch plan.json --nnodes N [--slurm]
+    plan models
 
 Exit codes: 0 a plan that fits, 2 bad input, 3 nothing fits. Errors are one line on stderr.
 """
@@ -288,7 +289,15 @@ def run_sweep(argv) -> int:
     return run_sweep_cli(argv, _Parser)
 
 
-COMMANDS = {"show": run_show, "launch": run_launch, "sweep": run_sweep}
+def run_models(argv) -> int:
+    _Parser(prog="plan models", description="The catalog's models: total and active "
+                                            "parameters.").parse_args(argv)
+    from planner.catalog import model_table
+    print(model_table(), end="")
+    return 0
+
+
+COMMANDS = {"show": run_show, "launch": run_launch, "sweep": run_sweep, "models": run_models}
 
 
 def main(argv=None) -> int:

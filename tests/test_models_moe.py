@@ -287,3 +287,48 @@ def test_old_plans_read_without_the_new_fields():
 def test_inconsistent_fields_refused(bad, match):
     with pytest.raises(BadInput, match=match):
         MODELS["llama3-8b"].scaled(**bad)
+
+
+# ---- the attention shape in the cost model -------------------------------------------------
+from planner.cost.compute import attention_flops, attention_width  # noqa: E402
+from planner.cost.stage import model_flops_per_step  # noqa: E402
+
+
+def _pairs(s: int, w: int) -> int:
+    """Brute force: (query, key) pairs a causal mask with a window of w keys allows."""
+    return sum(min(t + 1, w or s) for t in range(s))
+
+
+@pytest.mark.parametrize("s", [512, 4096])
+def test_sliding_window_attention_flops_count_the_pairs(s):
+    oss = get_model("gpt-oss-20b")
+    full = oss.scaled(sliding_window=0, full_attention_interval=0)
+    per_pair = 2 * 2 * oss.num_heads * oss.head_dim      # QK^T and PV, 2 FLOPs a MAC
+    brute = (oss.num_sliding_layers * _pairs(s, 128)
+             + (oss.num_layers - oss.num_sliding_layers) * _pairs(s, 0)) / oss.num_layers
+    assert attention_flops(oss, 1, s) == pytest.approx(per_pair * brute, rel=1.0 / s)
+    assert attention_flops(full, 1, s) == pytest.approx(per_pair * _pairs(s, 0), rel=1.0 / s)
+
+
+def test_attention_width_follows_the_heads():
+    """The FLOPs of QK^T and PV follow the heads' widths, not hidden: Qwen3-30B-A3B's
+    queries are 32 x 128 = 4096 wide at hidden 2048; DeepSeek-V3 scores 192-wide heads and
+    sums 128-wide values (128 heads)."""
+    assert attention_width(get_model("qwen3-30b-a3b")) == 4096
+    assert attention_width(get_model("deepseek-v3")) == 128 * (192 + 128) / 2
+    assert attention_width(get_model("llama3-8b")) == 4096
+    # Megatron's formula for a dense GPT, unchanged: 72*B*s*l*h^2*(1 + s/(6h) + V/(12hl))
+    g = get_model("gpt3-175b")
+    B, s, l, h, V = 8, 2048, g.num_layers, g.hidden, g.vocab_size
+    assert model_flops_per_step(g, s, B) == pytest.approx(
+        72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l)), rel=1e-3)
+
+
+def test_plan_models_lists_total_and_active(capsys):
+    from planner.cli import main
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("deepseek-v3 "))
+    assert "671.03B" in row and "37.55B" in row and "1 MTP" in row and "256 top-8" in row
+    assert main(["--model", "mixtral-8x7b", "--cluster", "h100x64"]) == 2   # not planned yet
+    assert "mixture-of-experts" in capsys.readouterr().err

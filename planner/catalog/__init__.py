@@ -29,15 +29,38 @@ def _check_arg(name, what: str) -> None:
 
 
 def get_model(name: str) -> Model:
-    """A catalog name or alias, or a path to a Hugging Face config.json."""
+    """A catalog name or alias, or a path to a Hugging Face config.json (or its model
+    directory)."""
     _check_arg(name, "--model")
     if _is_path(name):
         return load_model_file(name)
     key = ALIASES.get(name.lower(), name.lower())
     if key not in MODELS:
         known = ", ".join(list(MODELS) + list(ALIASES))
-        raise BadInput(f"unknown model {name[:80]!r}; known: {known} (or a path to a config.json)")
+        raise BadInput(f"unknown model {name[:80]!r}; known: {known} (or a path to a "
+                       f"config.json or a model directory)")
     return MODELS[key]
+
+
+def model_table() -> str:
+    """The catalog's models, one a line: total and active (per token) parameters of the main
+    model, layers (and MTP modules), experts and top-k; aliases after."""
+    rows = [("model", "total", "active", "layers", "experts")]
+    for m in MODELS.values():
+        experts = (f"{m.num_experts} top-{m.experts_per_token}, {m.num_moe_layers} MoE layers"
+                   if m.is_moe else "dense")
+        mtp = (f" +{m.mtp_layers} MTP ({m.mtp_params() / 1e9:.2f}B)" if m.mtp_layers else "")
+        rows.append((m.name, f"{(m.num_params() - m.mtp_params()) / 1e9:.2f}B",
+                     f"{(m.active_params() - m.mtp_active_params()) / 1e9:.2f}B",
+                     str(m.num_layers) + mtp, experts))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r[:4], widths))) + "  " + r[4]
+             for r in rows]
+    lines.append("aliases: " + ", ".join(f"{a} = {t}" for a, t in ALIASES.items()))
+    lines.append("total and active (what one token runs through) count the embedding and "
+                 "the head, not the MTP modules (shown beside the layers)")
+    return "\n".join(lines) + "\n"
 
 
 def get_gpu(name: str) -> Gpu:
