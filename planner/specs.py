@@ -231,6 +231,25 @@ class Model:
         """Width of the keys (and, but for MLA, of the values) attention reads."""
         return self.num_kv_heads * self.head_dim
 
+    def attention_features(self) -> list:
+        """What this model's attention has beyond Llama's (heads hidden / num_heads wide,
+        every layer full causal, no sinks), one phrase each: what an export or the runtime
+        must carry, or refuse the plan over."""
+        out = []
+        if self.head_dim_override:
+            out.append(f"head_dim {self.head_dim} (not hidden / num_heads)")
+        if self.is_mla:
+            out.append(f"multi-head latent attention (kv_lora_rank {self.kv_lora_rank}, "
+                       f"q_lora_rank {self.q_lora_rank})")
+        if self.sliding_window:
+            out.append(f"sliding-window attention ({self.sliding_window} tokens on "
+                       f"{self.num_sliding_layers} of {self.num_layers} layers)")
+        if self.attention_sinks:
+            out.append("attention sinks")
+        if self.mtp_layers:
+            out.append(f"{self.mtp_layers} multi-token prediction layer(s)")
+        return out
+
     # ---- parameter counts -------------------------------------------------
     def norm_params(self) -> int:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
@@ -670,7 +689,7 @@ def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Mode
     i = MODEL_FIELDS
     flag, eps, theta = S.Bool(), MODEL_FIELDS["norm_eps"], MODEL_FIELDS["rope_theta"]
     count = S.Int(0, B.MAX_HIDDEN)
-    layers_n = get("num_hidden_layers", i["num_layers"], 1) if "n_layer" not in cfg else 1
+    layers_n = get("num_hidden_layers", i["num_layers"], 1)     # for layer patterns
 
     def max_seq(max_pos: int) -> int:
         """max_position_embeddings, or what rope scaling stretches the trained context to:
@@ -737,9 +756,7 @@ def model_from_hf_config(cfg: dict, name: str, where: str | None = None) -> Mode
         first_sliding = get("max_window_layers", S.Int(0, B.MAX_LAYERS), 0)
         if first_sliding >= layers_n:
             return dict(sliding_window=0, full_attention_interval=0)
-        if first_sliding == 0 and "layer_types" not in cfg:
-            return windows(all_layers=True)
-        if "layer_types" in cfg:
+        if first_sliding == 0 or "layer_types" in cfg:
             return windows(all_layers=True)
         hf_warn(where, f"use_sliding_window from layer {first_sliding} on is not modelled; "
                        f"every layer priced as full attention")

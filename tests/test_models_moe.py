@@ -332,3 +332,32 @@ def test_plan_models_lists_total_and_active(capsys):
     assert "671.03B" in row and "37.55B" in row and "1 MTP" in row and "256 top-8" in row
     assert main(["--model", "mixtral-8x7b", "--cluster", "h100x64"]) == 2   # not planned yet
     assert "mixture-of-experts" in capsys.readouterr().err
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from planner.cost.compute import mean_attended_keys  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(s=st.integers(1, 300), w=st.integers(0, 400), k=st.integers(0, 4),
+       layers=st.integers(1, 12))
+def test_mean_attended_keys_brute_force(s, w, k, layers):
+    """Against counting the allowed (query, key) pairs layer by layer. The formula is the
+    continuous s^2/2 count of the causal triangle (as the full-attention formula has always
+    been), so it differs from the integer count by half a key a query."""
+    m = MODELS["llama3-8b"].scaled(num_layers=layers, sliding_window=w,
+                                   full_attention_interval=k if w else 0)
+    pairs = sum(sum(min(t + 1, w) if m.sliding_layer(i) else t + 1 for t in range(s))
+                for i in range(layers)) / layers
+    assert mean_attended_keys(m, s) * s == pytest.approx(pairs, abs=s / 2 + 1e-9)
+    noncausal = sum(min(w, s) if m.sliding_layer(i) else s for i in range(layers)) / layers
+    assert mean_attended_keys(m, s, causal=False) == pytest.approx(noncausal)
+
+
+def test_attention_features_name_what_an_engine_must_carry():
+    assert MODELS["llama3-70b"].attention_features() == []
+    oss = " ".join(MODELS["gpt-oss-120b"].attention_features())
+    assert "head_dim 64" in oss and "128 tokens on 18 of 36" in oss and "sinks" in oss
+    ds = " ".join(MODELS["deepseek-v3"].attention_features())
+    assert "latent" in ds and "multi-token" in ds
