@@ -123,7 +123,23 @@ def test_ep2_edp2_zero3_recompute(tmp_path, one_process):
                      recompute_per_rank=[2])
     r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", tmp_path / "m.jsonl")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert_same_curve(steps_of(tmp_path / "m.jsonl"), one_process, range(1, STEPS + 1))
+    got = steps_of(tmp_path / "m.jsonl")
+    assert_same_curve(got, one_process, range(1, STEPS + 1))
+    # per rank, from the spec: AdamW state is 2 x the shard (dense parameters / dp plus
+    # experts / (ep * expert-dp)); gradients the shard plus the root group's unsharded output
+    # and final-norm gradients (reduce-scattered at the end of the backward, so alive while
+    # the recomputed layers run their forward again); parameters the shard plus, gathered, the
+    # root group (embedding, final norm, output) and the largest layer with its ep-local experts
+    m = MOE
+    experts = m.num_moe_layers * m.num_experts * m.expert_params()
+    shard = (m.num_params() - experts) / 4 + experts / (2 * 2)
+    root = m.embedding_params() + m.head_params()
+    layer = max(m.layer_params(), m.moe_layer_params() - m.num_experts * m.expert_params() / 2)
+    for mem in got[1]["measured_memory_gib"]:
+        assert mem["grads"] == pytest.approx(4 * (shard + m.head_params()) / 2**30,
+                                             rel=0.02), mem
+        assert mem["optimizer"] == pytest.approx(8 * shard / 2**30, rel=0.02), mem
+        assert mem["params"] == pytest.approx(4 * (shard + root + layer) / 2**30, rel=0.02), mem
 
 
 def rank_params(plan_path, pp_rank: int, ep: int) -> int:
