@@ -111,9 +111,8 @@ def _dispatch(module, inputs, mesh):
     rows = _all_to_all(x, out_splits, in_splits, group)
     # received rows are grouped by source rank, then expert: regroup by expert, then source
     starts = (torch.cumsum(recv.flatten(), 0) - recv.flatten()).view(ep, local)
-    perm = [torch.arange(int(starts[s, e]), int(starts[s, e] + recv[s, e]))
-            for e in range(local) for s in range(ep)]
-    perm = torch.cat(perm).to(x.device) if perm else torch.zeros(0, dtype=torch.int64)
+    perm = torch.cat([torch.arange(int(starts[s, e]), int(starts[s, e] + recv[s, e]))
+                      for e in range(local) for s in range(ep)]).to(x.device)
     module._ep_splits = (in_splits, out_splits, perm)
     return rows[perm], recv.sum(dim=0).tolist()
 
