@@ -384,7 +384,7 @@ class Trainer:
         experts = ([q for part in self.parts for n, q in part.named_parameters()
                     if expert.is_expert_param(clean_name(n))]
                    if self.expert_mesh is not None else [])
-        params = [q for q in params if all(q is not e for e in experts)]
+        params = [q for q in params if id(q) not in {id(e) for e in experts}]
         kw = dict(lr=self.args.lr, weight_decay=self.args.weight_decay, betas=(0.9, 0.95),
                   eps=1e-8, foreach=True)
         self.grad_sync = self.param_sync = self.expert_grad_sync = self.expert_param_sync = None
