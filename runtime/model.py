@@ -12,7 +12,9 @@ outside. The layout-relevant conventions are:
   stage that has the output but not the embedding keeps its own copy (see `runtime.pipeline`).
 
 Covers the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the GPT family (LayerNorm, GELU MLP,
-learned positions, biases), relu2 activations and parallel residuals. ALiBi is refused.
+learned positions, biases), relu2 activations and parallel residuals, and mixtures of experts
+(`MoEFeedForward` on the layers `Model.moe_layer` names: top-k router, stacked expert weights,
+shared experts; `runtime.expert` splits the experts over ep ranks). ALiBi is refused.
 
 Parameters are initialised by `init_full_tensor(name, shape, spec, seed)`: each full tensor comes
 from a generator seeded by (seed, parameter name), so every layout starts from the same weights.
@@ -117,15 +119,18 @@ def _activation(name: str):
 
 
 class FeedForward(nn.Module):
-    """Gated: w2(act(w1 x) * w3 x); plain: w2(act(w1 x))."""
+    """Gated: w2(act(w1 x) * w3 x); plain: w2(act(w1 x)). `width`/`bias` default to the dense
+    FFN's (`ffn_hidden`, `linear_bias`); an MoE layer's shared experts are one FeedForward of
+    `shared_expert_ffn_hidden` without biases (as `Model.shared_expert_params` counts them)."""
 
-    def __init__(self, spec: Model):
+    def __init__(self, spec: Model, width: int | None = None, bias: bool | None = None):
         super().__init__()
+        width = spec.ffn_hidden if width is None else width
+        bias = spec.linear_bias if bias is None else bias
         self.act = _activation(spec.activation)
-        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.linear_bias)
-        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=spec.linear_bias)
-        self.w3 = (nn.Linear(spec.hidden, spec.ffn_hidden, bias=spec.linear_bias)
-                   if spec.gated_mlp else None)
+        self.w1 = nn.Linear(spec.hidden, width, bias=bias)
+        self.w2 = nn.Linear(width, spec.hidden, bias=bias)
+        self.w3 = nn.Linear(spec.hidden, width, bias=bias) if spec.gated_mlp else None
 
     def forward(self, x):
         h = self.act(self.w1(x))
@@ -134,20 +139,92 @@ class FeedForward(nn.Module):
         return self.w2(h)
 
 
+def _local(t):
+    """A parameter's local tensor: expert parallelism (`runtime.expert`) makes the stacked expert
+    weights DTensors split over the ep ranks; the grouped matmul runs on this rank's experts."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class GroupedExperts(nn.Module):
+    """The routed experts of an MoE layer as stacked weights: `w1` (and `w3` when gated)
+    [experts, hidden, moe_ffn_hidden], `w2` [experts, moe_ffn_hidden, hidden], no biases (as
+    `Model.expert_params` counts them). `forward(x, counts)`: the rows of `x` are sorted by
+    expert, `counts[e]` rows for expert e; each expert's rows go through its FFN (a grouped
+    matmul as one matmul per expert on its slice of rows; torch._grouped_mm has no CPU
+    backward in torch 2.13)."""
+
+    def __init__(self, spec: Model):
+        super().__init__()
+        e, h, f = spec.num_experts, spec.hidden, spec.moe_ffn_hidden
+        self.act = _activation(spec.activation)
+        self.w1 = nn.Parameter(torch.empty(e, h, f))
+        self.w2 = nn.Parameter(torch.empty(e, f, h))
+        self.w3 = nn.Parameter(torch.empty(e, h, f)) if spec.gated_mlp else None
+
+    def forward(self, x, counts: list):
+        w1, w2 = _local(self.w1), _local(self.w2)
+        w3 = _local(self.w3) if self.w3 is not None else None
+        out = []
+        for e, rows in enumerate(torch.split(x, counts)):
+            h = self.act(rows @ w1[e])
+            if w3 is not None:
+                h = h * (rows @ w3[e])
+            out.append(h @ w2[e])
+        return torch.cat(out) if out else x[:0]
+
+
+class MoEFeedForward(nn.Module):
+    """Router, routed experts and shared experts (Mixtral / Qwen3-MoE / DeepSeek-V3 shape).
+
+    Routing, dropless and deterministic: router logits (a linear without bias, fp32 softmax
+    over all experts), the top-k experts of each token, their probabilities renormalised to
+    sum to 1 (Mixtral; Qwen3-MoE with norm_topk_prob: softmax then top-k then normalise, which
+    equals a softmax over the top-k logits). No token is dropped (no capacity factor) and no
+    auxiliary load-balancing loss is added. The (token, expert) pairs are sorted by expert
+    (stable), run through `experts`, put back in token order and summed with their weights;
+    the shared experts (a dense FFN every token runs) are added."""
+
+    def __init__(self, spec: Model):
+        super().__init__()
+        self.top_k = spec.experts_per_token
+        self.num_experts = spec.num_experts
+        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
+        self.experts = GroupedExperts(spec)
+        self.shared_expert = (FeedForward(spec, spec.shared_expert_ffn_hidden, bias=False)
+                              if spec.shared_expert_ffn_hidden else None)
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)              # [tokens, k]
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        flat = chosen.flatten()                                        # pair j = token j // k
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        y = self.experts(x[order // self.top_k], counts)               # sorted by expert
+        y = y[torch.argsort(order)].view(-1, self.top_k, shape[-1])    # back in pair order
+        out = (y * weights.unsqueeze(-1)).sum(dim=1)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(x)
+        return out.view(shape)
+
+
 class DecoderLayer(nn.Module):
     """One transformer block; constructible on its own from a Model spec (the profiler times it).
 
     Sequential residual: x + attn(n1 x), then + mlp(n2 .); parallel: x + attn(n1 x) + mlp(n2 x).
+    `moe`: the FFN is an `MoEFeedForward` (layer i of a Transformer: `spec.moe_layer(i)`).
     """
 
-    def __init__(self, spec: Model):
+    def __init__(self, spec: Model, moe: bool = False):
         super().__init__()
         check_supported(spec)
         self.parallel_residual = spec.parallel_residual
         self.attention_norm = make_norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = make_norm(spec)
-        self.feed_forward = FeedForward(spec)
+        self.feed_forward = MoEFeedForward(spec) if moe else FeedForward(spec)
         self.dropout = nn.Dropout(spec.dropout) if spec.dropout > 0 else None
 
     def _drop(self, x):
@@ -170,7 +247,8 @@ class Transformer(nn.Module):
         self.pos_embeddings = (nn.Embedding(spec.max_seq_len, spec.hidden)
                                if spec.position == "learned" else None)
         self.emb_dropout = nn.Dropout(spec.dropout) if spec.dropout > 0 else None
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(spec, moe=spec.moe_layer(i))
+                                     for i in range(spec.num_layers)})
         self.norm = make_norm(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -233,8 +311,8 @@ def init_full_tensor(name: str, shape, spec: Model, seed: int, device="cpu") -> 
         return torch.ones(shape, device=device)
     g = torch.Generator(device=device).manual_seed(_seed_of(seed, name))
     std = 0.02
-    if parent in ("wo", "w2"):   # output projections of residual branches (GPT-2 scaling)
-        std = 0.02 / math.sqrt(2 * spec.num_layers)
+    if parent in ("wo", "w2") or (parent, leaf) == ("experts", "w2"):
+        std = 0.02 / math.sqrt(2 * spec.num_layers)   # residual-branch outputs (GPT-2 scaling)
     t = torch.empty(shape, device=device)
     t.normal_(0.0, std, generator=g)
     return t

@@ -25,7 +25,8 @@ def check_layout(plan) -> None:
     """Refuse a plan this runtime cannot lay out: the rules of planner.validity, which the
     search and Plan.validate share (so a plan the search emits is never refused here)."""
     from planner.validity import plan_problems
-    problems = plan_problems(plan)
+    from runtime.expert import runtime_problems
+    problems = plan_problems(plan) + runtime_problems(plan)   # + this runtime's MoE limits
     if problems:
         raise LayoutError(problems[0])
 
@@ -214,11 +215,19 @@ def apply_ac(part: nn.Module, stage, mode: str) -> list:
 
 # ---- FSDP2 (ZeRO 2/3) -----------------------------------------------------------------------
 
-def apply_fsdp(part: nn.Module, dp_mesh, zero_stage: int, on_gpu: bool) -> None:
+def apply_fsdp(part: nn.Module, dp_mesh, zero_stage: int, on_gpu: bool,
+               edp_mesh=None) -> None:
+    """`edp_mesh`: with expert parallelism, the routed experts (split over ep) are sharded and
+    their gradients reduce-scattered over the expert-data-parallel ranks only (FSDP divides
+    them by edp; `runtime.expert.ExpertGradScale` makes that dp)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     reshard = zero_stage == 3
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if on_gpu else MixedPrecisionPolicy())
+    if edp_mesh is not None:
+        from runtime.expert import moe_modules
+        for moe in moe_modules(part):
+            fully_shard(moe.experts, mesh=edp_mesh, reshard_after_forward=reshard, mp_policy=mp)
     for name, layer in part.layers.items():
         fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
     # the root group holds embeddings, final norm and output (together, so tying keeps working)

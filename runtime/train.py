@@ -333,6 +333,10 @@ class Trainer:
         self.pp_rank = self.pp_mesh.get_local_rank()
         self.tp_rank = self.tp_mesh.get_local_rank()
         self.dp_group = self.dp_mesh.get_group()
+        from runtime import expert
+        # expert parallelism: dp unflattened into (edp, ep) on a mesh of the same ranks
+        self.expert_mesh = expert.build_expert_mesh(plan, self.device.type)
+        self.edp_mesh = self.expert_mesh["edp"] if self.expert_mesh is not None else None
 
         with torch.device("meta"):
             whole = Transformer(spec)
@@ -344,9 +348,11 @@ class Trainer:
         for st, part in stage_parts:
             if p.tp > 1:
                 tp_replicated += par.apply_tp(part, self.tp_mesh, p.sequence_parallel, spec)
+            if self.expert_mesh is not None:
+                expert.apply_ep(part, self.expert_mesh["ep"])
             self.recomputed += par.apply_ac(part, st, p.recompute)
             if p.zero_stage >= 2:
-                par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu)
+                par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu, self.edp_mesh)
             par.materialize_and_init(part, spec, self.args.seed, self.device)
         self.parts = [part for _, part in stage_parts]
         self.align_grads = (par.AlignGradPlacements([q for part in self.parts
@@ -374,11 +380,21 @@ class Trainer:
 
         # optimizers (one per part) and ZeRO 0/1 gradient / parameter sync
         params = [q for part in self.parts for q in part.parameters()]
+        # under ep, the routed experts' gradients and ZeRO 1 ownership go over edp, not dp
+        experts = ([q for part in self.parts for n, q in part.named_parameters()
+                    if expert.is_expert_param(clean_name(n))]
+                   if self.expert_mesh is not None else [])
+        params = [q for q in params if id(q) not in {id(e) for e in experts}]
         kw = dict(lr=self.args.lr, weight_decay=self.args.weight_decay, betas=(0.9, 0.95),
                   eps=1e-8, foreach=True)
-        self.grad_sync = self.param_sync = None
+        self.grad_sync = self.param_sync = self.expert_grad_sync = self.expert_param_sync = None
         if p.zero_stage <= 1:
             self.grad_sync = par.GradAllReduce(params, self.dp_group, p.dp)
+            if experts:
+                self.expert_grad_sync = par.GradAllReduce(experts, self.edp_mesh.get_group(),
+                                                          expert.expert_grad_divisor(plan))
+        elif experts:
+            self.expert_grad_sync = expert.ExpertGradScale(experts, plan)
         def adamw(ps):
             # foreach kernels cannot mix DTensors and plain tensors: one group of each kind
             groups = [g for g in ([q for q in ps if isinstance(q, DTensor)],
@@ -389,6 +405,13 @@ class Trainer:
         if p.zero_stage == 1 and p.dp > 1:
             owners = par.zero1_owners(params, p.dp)
             mine = {id(q) for q, o in zip(params, owners) if o == self.dp_rank}
+            if experts:
+                edp = self.edp_mesh.size()
+                e_owners = par.zero1_owners(experts, edp)
+                mine |= {id(q) for q, o in zip(experts, e_owners)
+                         if o == self.edp_mesh.get_local_rank()}
+                self.expert_param_sync = par.Zero1ParamSync(experts, e_owners,
+                                                            self.edp_mesh.get_group(), edp)
             self.optims = [adamw([q for q in part.parameters() if id(q) in mine])
                            for part in self.parts]
             self.param_sync = par.Zero1ParamSync(params, owners, self.dp_group, p.dp)
@@ -462,6 +485,8 @@ class Trainer:
             self.tied_sync()
         if self.grad_sync is not None:
             self.grad_sync()
+        if self.expert_grad_sync is not None:
+            self.expert_grad_sync()
         # the tied output copy of a pipeline's last stage is the embedding: count it once
         norm_params = [q for part in self.parts for n, q in part.named_parameters()
                        if not (self.tied_sync is not None and n == "output.weight")]
@@ -471,6 +496,8 @@ class Trainer:
                 opt.step()
         if self.param_sync is not None:
             self.param_sync()
+        if self.expert_param_sync is not None:
+            self.expert_param_sync()
         sample()
 
         # mean over the dp replicas of the last stage (tp rank 0 speaks for its group)
