@@ -75,6 +75,12 @@ class Engine:
     tp_within_host: bool = False
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
+    # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it
+    # runs no MoE layers as the planner prices them
+    moe_dispatchers: tuple = ()
+    # expert tensor parallel degrees beyond 1 it allows: "any" (Megatron's
+    # --expert-tensor-parallel-size), "tp" (only etp = tp: torchtitan), "none"
+    moe_etp: str = "none"
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
@@ -120,6 +126,9 @@ class Engine:
         if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1):
             return False
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
+
+    def etp_ok(self, etp: int, tp: int) -> bool:
+        return etp == 1 or self.moe_etp == "any" or (self.moe_etp == "tp" and etp == tp)
 
     def tp_domain(self, cluster) -> int:
         """GPUs a tensor-parallel group may span: the NVLink domain (NVL72 trays share one), or
