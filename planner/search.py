@@ -286,6 +286,8 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                                 continue
                             for rec in recs:
                                 for ep, etp in experts:
+                                    if not engine.ep_layout_ok(ep, etp, tp, zero):
+                                        continue
                                     out.append(Candidate(
                                         tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                         seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
@@ -304,7 +306,7 @@ def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int) -> 
     eps = [f.ep] if f.ep else divisors(model.num_experts)
     etps = [f.etp] if f.etp else sorted({1, tp})
     return [(ep, etp) for etp in etps for ep in eps
-            if engine.etp_ok(etp, tp) and V.ep_ok(model, ep, etp, tp, dp)]
+            if V.ep_ok(model, ep, etp, tp, dp)]
 
 
 def layer_kinds(model: Model) -> list | None:
@@ -678,12 +680,17 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.AddHint(var, val)
         if per_chunk is not None:
             mdl.AddHint(per_chunk, max(-(-r // v) for r in hint.recompute))
+        if bounds is not None:
+            acc = 0
+            for b, n_ in zip(bounds[1:-1], hint.layers):
+                acc += n_
+                mdl.AddHint(b, acc)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = SOLVER_SECONDS
     # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
     # wide integer coefficients while the search itself needs milliseconds.
-    solver.parameters.cp_model_presolve = False
+    solver.parameters.cp_model_presolve = P is not None   # element constraints need it
     st = solver.Solve(mdl)
     status = solver.StatusName(st)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -81,6 +81,9 @@ class Engine:
     # expert tensor parallel degrees beyond 1 it allows: "any" (Megatron's
     # --expert-tensor-parallel-size), "tp" (only etp = tp: torchtitan), "none"
     moe_etp: str = "none"
+    # expert parallelism only over sharded data parallelism (torchtitan: ep borrows from
+    # dp_shard x cp, and from tp when etp = 1; DDP replicas cannot hold experts)
+    ep_needs_sharded_dp: bool = False
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
@@ -129,6 +132,12 @@ class Engine:
 
     def etp_ok(self, etp: int, tp: int) -> bool:
         return etp == 1 or self.moe_etp == "any" or (self.moe_etp == "tp" and etp == tp)
+
+    def ep_layout_ok(self, ep: int, etp: int, tp: int, zero: int) -> bool:
+        """The engine can lay out ep x etp experts on this grid with this ZeRO stage."""
+        if not self.etp_ok(etp, tp):
+            return False
+        return not (self.ep_needs_sharded_dp and zero < 2 and tp % (ep * etp))
 
     def tp_domain(self, cluster) -> int:
         """GPUs a tensor-parallel group may span: the NVLink domain (NVL72 trays share one), or
