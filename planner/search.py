@@ -268,8 +268,9 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
             if model.is_moe:
                 if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
                     sps = [x for x in sps if x]
-                if layer_kinds(model) and pp > 1:
-                    # dense and MoE layers mixed: the exact placement covers one chunk per rank
+                if layer_kinds(model) and pp > 1 and not f.vpp:
+                    # dense and MoE layers mixed: the exact placement covers one chunk per rank;
+                    # interleaving only where asked for (then placed by the even split)
                     scheds = [(sch, v) for sch, v in scheds if v == 1]
             for mbs in mbss:
                 if per_dp % mbs:
@@ -718,6 +719,9 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
                              margin_gib=margin_gib)
     if c.pp == 1 or rules.equal_split:
         return heur, heur.estimate.fits
+    if c.vpp > 1 and coeffs[0].moe is not None:
+        heur.status = "EVEN_SPLIT"   # layer kinds over interleaved chunks: not solved exactly
+        return heur, heur.estimate.fits
     caps = max_layers([lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
         return heur, False
@@ -800,6 +804,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 open_bound = min(open_bound, max(lb, res.bound_s or 0.0))
             elif res.status == "UNKNOWN":
                 limit_hit += 1
+                open_bound = min(open_bound, lb)
+            elif res.status == "EVEN_SPLIT":
+                solved -= 1          # placed by the even split, not solved
                 open_bound = min(open_bound, lb)
         if progress:
             progress(i + 1, len(scored))

@@ -167,3 +167,15 @@ def test_torchtitan_ep_needs_sharded_dp():
     assert e.ep_layout_ok(8, 1, 1, 2)
     assert not e.ep_layout_ok(2, 2, 4, 3)      # etp must be 1 or tp
     assert get_engine("megatron").ep_layout_ok(2, 2, 4, 1)
+
+
+def test_fixed_interleaving_of_layer_kinds_is_placed_and_says_so():
+    model = tiny_moe(layers=8, first_dense=2)
+    cl = get_cluster("h100x8")
+    rep = search(model, cl, Fixed(pp=2, vpp=2, tp=1, mbs=1), seq_len=2048, global_batch=64,
+                 engine="megatron")
+    assert rep.best.candidate.vpp == 2
+    assert rep.best.status == "EVEN_SPLIT"
+    # an even split of whole chunks; the gap of the whole search is reported, not hidden
+    assert rep.best.layers == [4, 4]
+    assert rep.gap >= 0.0
