@@ -27,6 +27,7 @@ from ortools.sat.python import cp_model
 
 from planner import validity as V
 from planner.bounds import divisors
+from planner.cost.moe import layer_kinds
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
 from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
@@ -310,17 +311,6 @@ def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int) -> 
             if V.ep_ok(model, ep, etp, tp, dp)]
 
 
-def layer_kinds(model: Model) -> list | None:
-    """Prefix counts of MoE layers (P[i] = MoE layers among the first i) of a model mixing
-    dense and MoE layers; None when every layer is alike."""
-    if not model.is_moe or model.num_moe_layers == model.num_layers:
-        return None
-    P = [0]
-    for i in range(model.num_layers):
-        P.append(P[-1] + int(model.moe_layer(i)))
-    return P
-
-
 def lower_coeffs(k):
     """Stage coefficients no layer of either kind is below (per-layer time and memory the
     smaller kind's, hiding compute and recompute savings the larger's): bounds and memory
@@ -409,14 +399,18 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     return n, t
 
 
-def _rank_min_times_kinds(k, L: int, Q: int, v: int, cap: float, c: Candidate, rules: Rules):
+def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candidate,
+                          rules: Rules):
     """_rank_min_times of a rank of a model with L layers, Q of them MoE: a rank holding n
     layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
     over those q, with the least recompute its memory needs (each recomputed layer saving at
     most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound."""
-    low, d = lower_coeffs(k), k.moe
+    d = k.moe
     n = np.arange(v, L + 1, dtype=float)[:, None]
-    q = np.arange(0, Q + 1, dtype=float)[None, :]
+    if L - Q <= Q:   # over the rank's dense layers (fewer choices), else its MoE layers
+        q = n - np.arange(0, L - Q + 1, dtype=float)[None, :]
+    else:
+        q = np.arange(0, Q + 1, dtype=float)[None, :] + 0 * n
     ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
     mem0 = k.mem_total_fixed() + n * k.mem_total_layer() + q * sum(d.mem_layer.values())
     save = max(k.mem_rec, k.mem_rec + d.mem_rec)
@@ -441,7 +435,8 @@ def _rank_min_times_kinds(k, L: int, Q: int, v: int, cap: float, c: Candidate, r
     return n, t
 
 
-def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None) -> float:
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
+                low=None) -> float:
     """A step time no placement of this candidate can beat.
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
@@ -452,8 +447,9 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None) 
     """
     p, m, v = c.pp, c.m, c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
-        per_rank = [_rank_min_times_kinds(k, L, Q, v, cap, c, rules) for k in coeffs]
-        low = [lower_coeffs(k) for k in coeffs]
+        low = low or [lower_coeffs(k) for k in coeffs]
+        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules)
+                    for k, lk in zip(coeffs, low)]
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
         coeffs = low
@@ -510,16 +506,22 @@ def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, P: l
     """_min_recompute for a rank holding layers [start, start + n) of dense and MoE layers
     (prefix counts P), recomputing its first r."""
     q = P[start + n] - P[start]
-    if c.recompute == "none":
-        options = [0]
-    elif rules.all_layers_recomputed:
-        options = [n]
-    else:
-        options = range(n + 1)
-    for r in options:
-        if k.memory(n, r, q, P[start + r] - P[start])["total"] <= cap:
-            return r
-    return None
+    def fits(r):
+        return k.memory(n, r, q, P[start + r] - P[start])["total"] <= cap
+
+    if c.recompute == "none" or rules.all_layers_recomputed:
+        r = 0 if c.recompute == "none" else n
+        return r if fits(r) else None
+    if not fits(n):
+        return None
+    lo, hi = 0, n        # memory does not grow with r: the least r that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
@@ -773,7 +775,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
         P = layer_kinds(model) if coeffs[0].moe is not None else None
-        lb = (lower_bound(coeffs, c, L, cap, rules, Q=P[-1]) if P is not None
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=P[-1], low=low) if P is not None
               else lower_bound(coeffs, c, L, cap, rules))
         scored.append((lb, c, coeffs, heur, rules))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best

@@ -32,6 +32,7 @@ Sec. 2.2, Switch Sec. 2.2), i.e. the same scaling with the factor known.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from planner.cost import comm
@@ -199,8 +200,6 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     """Stage coefficients of an MoE model from those of its dense layer (`coeffs`): every
     layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
     with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs)."""
-    import dataclasses
-
     from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
     from planner.cost.memory import model_state_bytes
     from planner.cost.stage import StageCoeffs, dp_collectives
@@ -244,7 +243,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         act_rec = act_none
     dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
                     + model.bias_params()) / t + 2 * model.norm_params()
-    all_moe = model.num_moe_layers == model.num_layers
+    all_moe = layer_kinds(model) is None
     out = []
     for k, fl in zip(coeffs, infl):
         # working memory: the larger layer's full activations are live while it computes;
@@ -254,7 +253,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
-        moe_k = dataclasses.replace(
+        moe_k = _replace(
             k, mem_fixed=mem_fixed,
             compute_layer=k.compute_layer + d_fwd + d_bwd,
             compute_rec=k.compute_rec + d_rec,
@@ -280,7 +279,16 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             setattr(delta, f, getattr(moe_k, f) - getattr(k, f))
         delta.mem_layer = {key: moe_k.mem_layer.get(key, 0.0) - k.mem_layer.get(key, 0.0)
                            for key in set(moe_k.mem_layer) | set(k.mem_layer)}
-        out.append(dataclasses.replace(k, mem_fixed=mem_fixed, moe=delta))
+        out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
+    return out
+
+
+def _replace(k, **changes):
+    """dataclasses.replace for StageCoeffs (no __post_init__), without its cost."""
+    import copy
+    out = copy.copy(k)
+    for f, v in changes.items():
+        setattr(out, f, v)
     return out
 
 
@@ -289,9 +297,24 @@ def moe_counts(model: Model, pp: int, vpp: int, layers: list, recompute: list) -
     counts, laid out as planner.plan.make_stages lays them (contiguous stages in model order,
     a stage recomputing its first `recompute_layers`)."""
     from planner.plan import make_stages
+    P = layer_kinds(model) or list(range(model.num_layers + 1)) if model.is_moe else None
     q, rq = [0] * pp, [0] * pp
+    if P is None:
+        return q, rq
     for st in make_stages(model.num_layers, pp, vpp, layers, recompute):
         a, e = st.layers
-        q[st.pp_rank] += sum(model.moe_layer(i) for i in range(a, e))
-        rq[st.pp_rank] += sum(model.moe_layer(i) for i in range(a, a + st.recompute_layers))
+        q[st.pp_rank] += P[e] - P[a]
+        rq[st.pp_rank] += P[a + st.recompute_layers] - P[a]
     return q, rq
+
+
+@functools.lru_cache(maxsize=64)
+def layer_kinds(model: Model) -> list | None:
+    """Prefix counts of MoE layers (P[i] = MoE layers among the first i) of a model mixing
+    dense and MoE layers; None when every layer is alike."""
+    if not model.is_moe:
+        return None
+    P = [0]
+    for i in range(model.num_layers):
+        P.append(P[-1] + int(model.moe_layer(i)))
+    return None if P[-1] == model.num_layers else P
