@@ -18,7 +18,7 @@ from planner.plan import Plan
 
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "PP comm",
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
-         "ep_comm": "EP dispatch (all-to-all)"}
+         "ep_comm": "EP dispatch+combine"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 REJECTED_SHOWN = 3
 NOT_DIVISIBLE_SHOWN = 3

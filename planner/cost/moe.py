@@ -29,6 +29,12 @@ moe_expert_capacity_factor=None). `imbalance` >= 1 scales the busiest rank's sha
 all-to-all and of the expert GEMMs (the slowest rank sets the pace of the collective); a
 capacity factor pads every expert's tokens to capacity_factor x the balanced share (GShard
 Sec. 2.2, Switch Sec. 2.2), i.e. the same scaling with the factor known.
+
+Not modelled yet (benchmarks/results/fidelity_moe_*.md: the published BF16 GPT-OSS rows run
+~30% slower than predicted): the alltoall dispatcher's device-to-host sync of the token counts,
+the host overhead of the router / permute kernels, a grouped GEMM slower than a dense one, the
+shared expert's and the dispatch's overlap (--moe-shared-expert-overlap, a2a overlap), MTP
+layers and MLA attention (no Model fields yet), the FP8 weight copies of the experts.
 """
 from __future__ import annotations
 
