@@ -71,6 +71,10 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro-batch", type=_positive("--micro-batch"))
     p.add_argument("--vpp", type=_positive("--vpp"))
+    p.add_argument("--ep", type=_positive("--ep"),
+                   help="expert parallelism (MoE models; searched when absent)")
+    p.add_argument("--etp", type=_positive("--etp"),
+                   help="expert tensor parallelism (MoE models; searched when absent)")
     p.add_argument("--recompute", choices=("none", "selective", "full", "op"),
                    help="op: torchtitan's per-op selective checkpointing")
     p.add_argument("--sp", dest="sp", action="store_true", default=None)
@@ -109,7 +113,8 @@ def _fixed(a) -> Fixed:
         schedule = "interleaved"
     return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=a.recompute, sp=a.sp, schedule=schedule,
-                 flash=a.attention == "flash", precision=a.precision, recipe=a.recipe)
+                 flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
+                 ep=a.ep, etp=a.etp)
 
 
 def _engine_of(a):

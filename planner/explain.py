@@ -17,7 +17,8 @@ from planner.errors import BadInput
 from planner.plan import Plan
 
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "PP comm",
-         "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer"}
+         "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
+         "ep_comm": "EP dispatch+combine"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 REJECTED_SHOWN = 3
 NOT_DIVISIBLE_SHOWN = 3
@@ -34,6 +35,8 @@ def _fmt_time(s: float) -> str:
 def summary_line(plan: Plan) -> str:
     p, b = plan.parallelism, plan.batch
     parts = [f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"zero={p.zero_stage}"]
+    if plan.model.is_moe:
+        parts.insert(3, _experts(plan.model, p.tp, p.dp, p.ep, p.etp))
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
     if p.pp > 1:
@@ -45,9 +48,17 @@ def summary_line(plan: Plan) -> str:
     return " ".join(parts)
 
 
+def _experts(model, tp: int, dp: int, ep: int, etp: int) -> str:
+    """ep, etp and the expert data parallelism MoE parallel folding leaves."""
+    from planner.cost.moe import expert_dp
+    return f"ep={ep} etp={etp} (expert-dp={expert_dp(tp, dp, ep, etp)})"
+
+
 def describe_candidate(c) -> str:
     """One line for a search candidate (planner.cost.Candidate)."""
     s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}"
+    if c.ep > 1 or c.etp > 1:
+        s = f"tp={c.tp} pp={c.pp} dp={c.dp} ep={c.ep} etp={c.etp} zero={c.zero}"
     if c.tp > 1:
         s += " sp" if c.sp else " no-sp"
     if c.pp > 1:
@@ -336,6 +347,10 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             bits.append(f"{s['candidates']} candidates, {s.get('solved', 0)} solved exactly, "
                         f"{s.get('pruned_memory', 0)} out of memory, "
                         f"{s.get('pruned_bound', 0)} pruned by bound")
+        if "search_gap" in s:
+            bits.append(f"whole-search gap {s['search_gap'] * 100:.2f}%")
+        if s.get("solver_limit_hit"):
+            bits.append(f"{s['solver_limit_hit']} stopped at the solver's time limit")
         if "seconds" in s:
             bits.append(f"{s['seconds']:.2f} s")
         if s.get("profile"):

@@ -27,6 +27,7 @@ from ortools.sat.python import cp_model
 
 from planner import validity as V
 from planner.bounds import divisors
+from planner.cost.moe import layer_kinds
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
 from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
@@ -66,6 +67,9 @@ class Fixed:
     # and the engine's scaling recipe for it (None: the engine's default)
     precision: str = "bf16"
     recipe: str | None = None
+    # expert parallelism of an MoE model and its expert tensor parallelism
+    ep: int | None = None
+    etp: int | None = None
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Result:
     estimate: object
     status: str = "HEURISTIC"
     gap: float = 0.0
+    bound_s: float | None = None   # no placement of this candidate beats this step time
 
 
 @dataclass
@@ -94,6 +99,10 @@ class SearchReport:
     global_batch: int = 0
     engine: object = None            # the Engine planned for
     margin_gib: float | None = None  # --memory-margin (None: the default)
+    # the whole search: (best - least bound of any candidate not solved to optimality) / best,
+    # and the candidates whose solve stopped at SOLVER_SECONDS
+    gap: float = 0.0
+    solver_limit_hit: int = 0
 
 
 def default_seq_len(model: Model) -> int:
@@ -131,10 +140,24 @@ def check_engine(engine: Engine, f: Fixed) -> None:
 def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
                 engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
+    eng = get_engine(engine)
+    if model.is_moe and not eng.moe_dispatchers:
+        raise BadInput(f"engine {eng.name} runs no mixture-of-experts layers as the planner "
+                       f"prices them (model {model.name}: {model.num_experts} experts); "
+                       f"use --engine megatron or torchtitan")
+    if not model.is_moe and ((f.ep or 1) > 1 or (f.etp or 1) > 1):
+        raise BadInput(f"--ep/--etp need a mixture-of-experts model ({model.name} is dense)")
     if model.is_moe:
-        raise BadInput(f"model {model.name}: mixture-of-experts models are not supported yet "
-                       f"({model.num_experts} experts)")
-    check_engine(get_engine(engine), f)
+        for name in ("ep", "etp"):
+            v = getattr(f, name)
+            if v is not None and v < 1:
+                raise BadInput(f"--{name} must be positive, got {v}")
+        if f.ep is not None and model.num_experts % f.ep:
+            raise BadInput(f"--ep {f.ep} does not divide the model's {model.num_experts} experts")
+        if f.etp is not None and model.moe_ffn_hidden % f.etp:
+            raise BadInput(f"--etp {f.etp} does not divide the expert FFN "
+                           f"({model.moe_ffn_hidden})")
+    check_engine(eng, f)
     check_precision(get_engine(engine), cluster.gpu, f.precision, f.recipe)
     n = cluster.num_gpus
     for name in ("tp", "pp", "dp", "mbs", "vpp"):
@@ -242,6 +265,14 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                     elif f.vpp in (None, 1):
                         scheds.append((sch, 1))
             recs = searched_recompute(engine, f)
+            experts = expert_layouts(model, f, engine, tp, dp)
+            if model.is_moe:
+                if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
+                    sps = [x for x in sps if x]
+                if layer_kinds(model) and pp > 1 and not f.vpp:
+                    # dense and MoE layers mixed: the exact placement covers one chunk per rank;
+                    # interleaving only where asked for (then placed by the even split)
+                    scheds = [(sch, v) for sch, v in scheds if v == 1]
             for mbs in mbss:
                 if per_dp % mbs:
                     continue
@@ -256,12 +287,45 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                             if sp and tp == 1:
                                 continue
                             for rec in recs:
-                                out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp,
-                                                     mbs=mbs, seq_len=seq_len, global_batch=gbs,
-                                                     schedule=sch, vpp=v, recompute=rec,
-                                                     flash=f.flash, precision=f.precision,
-                                                     recipe=f.recipe))
+                                for ep, etp in experts:
+                                    if not engine.ep_layout_ok(ep, etp, tp, zero):
+                                        continue
+                                    out.append(Candidate(
+                                        tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
+                                        seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
+                                        recompute=rec, flash=f.flash, precision=f.precision,
+                                        recipe=f.recipe, ep=ep, etp=etp))
     return out
+
+
+def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int) -> list:
+    """(ep, etp) choices of a (tp, dp) grid: (1, 1) for a dense model; for an MoE model every
+    ep dividing the experts and etp in {1, tp} (the experts' tensor parallelism inside the
+    attention's NVLink group, where it pays) that the engine runs and MoE parallel folding
+    allows (planner.validity.ep_ok)."""
+    if not model.is_moe:
+        return [(1, 1)]
+    eps = [f.ep] if f.ep else divisors(model.num_experts)
+    etps = [f.etp] if f.etp else sorted({1, tp})
+    return [(ep, etp) for etp in etps for ep in eps
+            if V.ep_ok(model, ep, etp, tp, dp)]
+
+
+def lower_coeffs(k):
+    """Stage coefficients no layer of either kind is below (per-layer time and memory the
+    smaller kind's, hiding compute and recompute savings the larger's): bounds and memory
+    pruning computed on them are sound for any placement of dense and MoE layers."""
+    if k.moe is None:
+        return k
+    import dataclasses
+    d = k.moe
+    lo = {f: min(getattr(k, f), getattr(k, f) + getattr(d, f))
+          for f in ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "ep_layer", "ep_rec",
+                    "zf_layer", "zb_layer", "grad_layer", "gather_layer", "opt_layer")}
+    hi = {f: max(getattr(k, f), getattr(k, f) + getattr(d, f))
+          for f in ("fwd_layer", "bwd_layer", "mem_rec")}
+    mem = {key: min(val, val + d.mem_layer.get(key, 0.0)) for key, val in k.mem_layer.items()}
+    return dataclasses.replace(k, moe=None, mem_layer=mem, **lo, **hi)
 
 
 # ---- per-candidate pieces ---------------------------------------------------
@@ -335,7 +399,44 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     return n, t
 
 
-def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules) -> float:
+def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candidate,
+                          rules: Rules):
+    """_rank_min_times of a rank of a model with L layers, Q of them MoE: a rank holding n
+    layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
+    over those q, with the least recompute its memory needs (each recomputed layer saving at
+    most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound."""
+    d = k.moe
+    n = np.arange(v, L + 1, dtype=float)[:, None]
+    if L - Q <= Q:   # over the rank's dense layers (fewer choices), else its MoE layers
+        q = n - np.arange(0, L - Q + 1, dtype=float)[None, :]
+    else:
+        q = np.arange(0, Q + 1, dtype=float)[None, :] + 0 * n
+    ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
+    mem0 = k.mem_total_fixed() + n * k.mem_total_layer() + q * sum(d.mem_layer.values())
+    save = max(k.mem_rec, k.mem_rec + d.mem_rec)
+    if c.recompute == "none":
+        r = np.where(mem0 <= cap, 0.0, np.inf)
+    elif rules.all_layers_recomputed:
+        r = np.where(mem0 - n * save <= cap, n, np.inf)
+    elif save > 0:
+        r = np.maximum(0.0, np.ceil((mem0 - cap) / save))
+        r = np.where(r <= n, r, np.inf)
+    else:
+        r = np.where(mem0 <= cap, 0.0, np.inf)
+    r = np.where(ok, r, np.inf)
+    with np.errstate(invalid="ignore"):
+        t = (k.t_fixed + n * k.t_layer + q * d.t_layer
+             + np.where(np.isfinite(r), r * low.t_rec, np.inf))
+    t = t.min(axis=1)
+    n = n[:, 0]
+    for e in low.exposures():
+        if e[0] > 0 or e[1] > 0:
+            t = t + _vector_exposed(low, *e, n)
+    return n, t
+
+
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
+                low=None) -> float:
     """A step time no placement of this candidate can beat.
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
@@ -345,7 +446,16 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules) -> float
     least L/p layers. (Engine rules only restrict placements further: still a bound.)
     """
     p, m, v = c.pp, c.m, c.vpp
-    per_rank = [_rank_min_times(k, L, v, cap, c, rules) for k in coeffs]
+    if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
+        low = low or [lower_coeffs(k) for k in coeffs]
+        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules)
+                    for k, lk in zip(coeffs, low)]
+        kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
+                       + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
+        coeffs = low
+    else:
+        per_rank = [_rank_min_times(k, L, v, cap, c, rules) for k in coeffs]
+        kinds_total = 0.0
     values = np.unique(np.concatenate([t[np.isfinite(t)] for _, t in per_rank]))
     if values.size == 0:
         return math.inf
@@ -367,7 +477,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules) -> float
                   + L * min(k.mem_total_layer() for k in coeffs) - p * cap)
         mr = max(k.mem_rec for k in coeffs)
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
-    total = (sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)
+    total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
              + need * min(k.t_rec for k in coeffs))
     t_star = max(float(values[lo]), total / p)
     total = max(total, t_star)
@@ -391,6 +501,29 @@ def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
     return r if r <= n else None
 
 
+def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, P: list,
+                         start: int):
+    """_min_recompute for a rank holding layers [start, start + n) of dense and MoE layers
+    (prefix counts P), recomputing its first r."""
+    q = P[start + n] - P[start]
+    def fits(r):
+        return k.memory(n, r, q, P[start + r] - P[start])["total"] <= cap
+
+    if c.recompute == "none" or rules.all_layers_recomputed:
+        r = 0 if c.recompute == "none" else n
+        return r if fits(r) else None
+    if not fits(n):
+        return None
+    lo, hi = 0, n        # memory does not grow with r: the least r that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
     """Layers of a rank recomputed when each of its v chunks recomputes its first `per_chunk`
     (Megatron's --recompute-num-layers): a chunk shorter than that recomputes all it has."""
@@ -403,9 +536,15 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     if split is None:
         split = even_split(model.num_layers, c.pp)
     rec = []
+    P = layer_kinds(model) if coeffs[0].moe is not None else None
+    start = 0
     for k, n in zip(coeffs, split):
-        r = _min_recompute(k, n, cap, c, rules)
+        if P is None:
+            r = _min_recompute(k, n, cap, c, rules)
+        else:
+            r = _min_recompute_kinds(k, n, cap, c, rules, P, start)
         rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+        start += n
     if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
         per_chunk = max(math.ceil(r / c.vpp) for r in rec)
         rec = [chunk_recompute(per_chunk, n, c.vpp) for n in split]
@@ -425,18 +564,47 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     unit = TIME_UNITS / step_guess
     ns = lambda x: int(round(x * unit))   # noqa: E731
     n_vars, r_vars, T, tails = [], [], [], []
+    # dense and MoE layers mixed (one chunk per rank): rank i holds layers [b_i, b_i+1) and
+    # recomputes its first r_i; its MoE counts are differences of the prefix counts P taken
+    # at those boundaries (element constraints), exact for contiguous stages
+    P = layer_kinds(model) if coeffs[0].moe is not None else None
+    Q = P[-1] if P is not None else 0
     # tight variable bounds keep the objective far from int64 overflow
-    t_ub = 2 * max(ns(k.time(L, L)) for k in coeffs) + 1
-    tail_ub = 2 * max(ns(k.tail(L) + k.grad_fixed + L * k.grad_layer
-                         + k.gather_fixed + L * k.gather_layer) for k in coeffs) + 1
+    t_ub = 2 * max(ns(k.time(L, L, q, rq)) for k in coeffs
+                   for q, rq in ((0, 0), (Q, 0), (Q, Q))) + 1
+    tail_ub = 2 * max(ns(k.tail(L, q) + k.grad_fixed + L * k.grad_layer
+                         + k.gather_fixed + L * k.gather_layer
+                         + (q * max(0.0, k.moe.grad_layer + k.moe.gather_layer)
+                            if k.moe else 0.0))
+                      for k in coeffs for q in (0, Q)) + 1
 
-    def exposure(c_layer, c_fixed, h_layer, h_fixed, a, n, ub, name):
+    def exposure(c_layer, c_fixed, h_layer, h_fixed, a, n, ub, name, q=None, dc=0.0, dh=0.0):
         """Var >= the collective's exposed time, as in StageCoeffs.exposed_comm:
-        max(c_layer, comm - hidden) + a * comm, with comm and hidden linear in n."""
+        max(c_layer, comm - hidden) + a * comm, with comm and hidden linear in n (and in the
+        MoE layers q, each adding dc and dh)."""
         e = mdl.NewIntVar(0, ub, name)
-        mdl.Add(e >= ns(c_layer + a * c_fixed) + ns(a * c_layer) * n)
-        mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n)
+        if q is None:
+            mdl.Add(e >= ns(c_layer + a * c_fixed) + ns(a * c_layer) * n)
+            mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n)
+            return e
+        mdl.Add(e >= ns(min(c_layer, c_layer + dc) + a * c_fixed) + ns(a * c_layer) * n
+                + ns(a * dc) * q)
+        mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n
+                + ns((1 + a) * dc - dh) * q)
         return e
+
+    bounds = q_vars = None
+    if P is not None:
+        bounds = [mdl.NewConstant(0)] + [mdl.NewIntVar(1, L - 1, f"b{i}")
+                                         for i in range(1, len(coeffs))] + [mdl.NewConstant(L)]
+        at = []
+        for i, b in enumerate(bounds):
+            pb = mdl.NewIntVar(0, Q, f"P{i}")
+            mdl.AddElement(b, P, pb)
+            at.append(pb)
+        q_vars = [mdl.NewIntVar(0, Q, f"q{i}") for i in range(len(coeffs))]
+        for i, qv in enumerate(q_vars):
+            mdl.Add(qv == at[i + 1] - at[i])
 
     per_chunk = None
     if rules.per_chunk and lo == 0 and hi == 1:
@@ -454,23 +622,47 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.AddMinEquality(r, [vr, n])             # chunk_recompute
         else:
             mdl.Add(r <= n)
-        # memory (bytes)
-        mdl.Add(int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
-                - int(k.mem_rec) * r <= int(cap))
-        # per micro-batch time, with the ZeRO-2/3 collectives' exposure
+        mem_expr = (int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
+                    - int(k.mem_rec) * r)
         t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
+        tail_expr = ns(k.opt_fixed) + ns(k.opt_layer) * n
+        q = dz = dt = None
+        if P is not None:   # this rank's MoE layers q and recomputed MoE layers rq
+            q, d = q_vars[i], k.moe
+            mdl.Add(bounds[i + 1] == bounds[i] + n)
+            if hi == 0:
+                rq = 0
+            elif lo == hi == 1:
+                rq = q
+            else:
+                idx = mdl.NewIntVar(0, L, f"rs{i}")
+                mdl.Add(idx == bounds[i] + r)
+                pr = mdl.NewIntVar(0, Q, f"pr{i}")
+                mdl.AddElement(idx, P, pr)
+                rq = mdl.NewIntVar(0, Q, f"rq{i}")
+                mdl.Add(rq == pr - at[i])
+            mem_expr = (mem_expr + int(math.ceil(sum(d.mem_layer.values()))) * q
+                        - int(d.mem_rec) * rq)
+            t_expr = t_expr + ns(d.t_layer) * q + ns(d.t_rec) * rq
+            tail_expr = tail_expr + ns(d.opt_layer) * q
+            dz = [(e[0], e[2]) for e in d.exposures()]
+            dt = [(e[0], e[2]) for e in d.tail_exposures()]
+        # memory (bytes)
+        mdl.Add(mem_expr <= int(cap))
+        # per micro-batch time, with the ZeRO-2/3 collectives' exposure
         for j, (cl, cf, hl, hf) in enumerate(k.exposures()):
-            if cl > 0 or cf > 0:
+            dc, dh = dz[j] if dz else (0.0, 0.0)
+            if cl > 0 or cf > 0 or dc > 0:
                 t_expr = t_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, t_ub,
-                                           f"e{i}_{j}")
+                                           f"e{i}_{j}", q, dc, dh)
         t = mdl.NewIntVar(0, t_ub, f"T{i}")
         mdl.Add(t == t_expr)
         # step tail: gradient reduction, parameter gather, optimizer
-        tail_expr = ns(k.opt_fixed) + ns(k.opt_layer) * n
         for j, (cl, cf, hl, hf) in enumerate(k.tail_exposures()):
-            if cl > 0 or cf > 0:
+            dc, dh = dt[j] if dt else (0.0, 0.0)
+            if cl > 0 or cf > 0 or dc > 0:
                 tail_expr = tail_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, tail_ub,
-                                                 f"x{i}_{j}")
+                                                 f"x{i}_{j}", q, dc, dh)
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
         n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)   # noqa: E702
@@ -491,12 +683,17 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.AddHint(var, val)
         if per_chunk is not None:
             mdl.AddHint(per_chunk, max(-(-r // v) for r in hint.recompute))
+        if bounds is not None:
+            acc = 0
+            for b, n_ in zip(bounds[1:-1], hint.layers):
+                acc += n_
+                mdl.AddHint(b, acc)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = SOLVER_SECONDS
     # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
     # wide integer coefficients while the search itself needs milliseconds.
-    solver.parameters.cp_model_presolve = False
+    solver.parameters.cp_model_presolve = P is not None   # element constraints need it
     st = solver.Solve(mdl)
     status = solver.StatusName(st)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -506,7 +703,10 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     layers = [solver.Value(x) for x in n_vars]
     rec = [solver.Value(x) for x in r_vars]
     est = evaluate(model, cluster, c, layers, rec, coeffs, engine, margin_gib)
-    return Result(c, layers, rec, est, status=status, gap=gap), status, gap
+    # the objective is v x the step in units; rounding moves it by < one unit per term
+    bound_s = max(0.0, (bound - v * (m + len(coeffs) + 1)) / (v * unit))
+    return (Result(c, layers, rec, est, status=status, gap=gap, bound_s=bound_s), status,
+            gap)
 
 
 def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, heur=None,
@@ -521,7 +721,10 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
                              margin_gib=margin_gib)
     if c.pp == 1 or rules.equal_split:
         return heur, heur.estimate.fits
-    caps = max_layers(coeffs, cap, c.vpp, rules, c)
+    if c.vpp > 1 and coeffs[0].moe is not None:
+        heur.status = "EVEN_SPLIT"   # layer kinds over interleaved chunks: not solved exactly
+        return heur, heur.estimate.fits
+    caps = max_layers([lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
         return heur, False
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
@@ -529,6 +732,7 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
                                    step_guess=heur.estimate.step_time_s, engine=engine,
                                    margin_gib=margin_gib, cutoff_s=cutoff_s)
     if res is None:   # the solver found nothing in time: the even split may still fit
+        heur.status = status   # UNKNOWN: stopped at the limit; INFEASIBLE: none beats cutoff
         return heur, heur.estimate.fits
     if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:
         heur.status, heur.gap = res.status, res.gap   # rounding ties: keep the better one
@@ -562,24 +766,32 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     for c in cands:
         rules = rules_for(engine, c, f)
         coeffs = stage_coefficients(model, cluster, c, engine)
-        caps = max_layers(coeffs, cap, c.vpp, rules, c)
+        low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
+        caps = max_layers(low, cap, c.vpp, rules, c)
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
-        scored.append((lower_bound(coeffs, c, L, cap, rules), c, coeffs, heur, rules))
+        P = layer_kinds(model) if coeffs[0].moe is not None else None
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=P[-1], low=low) if P is not None
+              else lower_bound(coeffs, c, L, cap, rules))
+        scored.append((lb, c, coeffs, heur, rules))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
     # of them is a threshold a candidate's bound must beat to be worth an exact solve.
     scored.sort(key=lambda x: x[0])
     plans = {c: h for _, c, _, h, _ in scored if h.estimate.fits}   # best known plan per candidate
     solved, pruned_bound = 0, 0
+    # least step time a candidate not solved to optimality might still reach (the whole
+    # search's gap), and how many solves stopped at the time limit
+    open_bound, limit_hit = math.inf, 0
     for i, (lb, c, coeffs, heur, rules) in enumerate(scored):
         times = sorted(r.estimate.step_time_s for r in plans.values())
         threshold = times[top - 1] if len(times) >= top else math.inf
         if lb > threshold * (1 + 1e-9):
             pruned_bound = len(scored) - i
+            open_bound = min(open_bound, lb)
             break
         if c.pp == 1 or rules.equal_split or (
                 heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
@@ -589,6 +801,15 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
                                         margin_gib, cutoff_s=threshold)
             solved += 1
+            if res.status == "FEASIBLE":
+                limit_hit += 1
+                open_bound = min(open_bound, max(lb, res.bound_s or 0.0))
+            elif res.status == "UNKNOWN":
+                limit_hit += 1
+                open_bound = min(open_bound, lb)
+            elif res.status == "EVEN_SPLIT":
+                solved -= 1          # placed by the even split, not solved
+                open_bound = min(open_bound, lb)
         if progress:
             progress(i + 1, len(scored))
         if fits:
@@ -601,11 +822,15 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             consider_closest(heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                                        margin_gib=margin_gib))
     rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]
+    gap = 0.0
+    if ranked:
+        best_s = ranked[0].estimate.step_time_s
+        gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
                         seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
                         seq_len=seq_len, global_batch=gbs, engine=engine,
-                        margin_gib=margin_gib)
+                        margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit)
 
 
 def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
@@ -621,7 +846,7 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
     c = r.candidate
     engine = get_engine(engine if engine is not None else report.engine if report else None)
     par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, zero_stage=c.zero, sequence_parallel=c.sp,
-                      vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
+                      ep=c.ep, etp=c.etp, vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
                   num_microbatches=c.m)
@@ -633,7 +858,8 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
     if report is not None:
         search.update(candidates=report.candidates, solved=report.solved,
                       pruned_memory=report.pruned_memory, pruned_bound=report.pruned_bound,
-                      seconds=round(report.seconds, 3))
+                      seconds=round(report.seconds, 3), search_gap=report.gap,
+                      solver_limit_hit=report.solver_limit_hit)
     return Plan(model=model, cluster=cluster, parallelism=par, batch=batch, stages=stages,
                 estimate=est, search=search, engine=engine.name,
                 attention="flash" if c.flash else "eager", precision=c.precision,
@@ -646,4 +872,4 @@ def candidate_of(plan: Plan) -> Candidate:
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
                      flash=plan.attention == "flash", precision=plan.precision,
-                     recipe=plan.recipe)
+                     recipe=plan.recipe, ep=p.ep, etp=p.etp)

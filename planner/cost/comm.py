@@ -76,3 +76,23 @@ def p2p(nbytes: float, link: Link) -> float:
     if nbytes <= 0:
         return 0.0
     return nbytes / (link.p2p_gbps * 1e9) + link.latency_s
+
+
+def all_to_all(nbytes: float, n: int, cluster: Cluster, stride: int = 1) -> float:
+    """All-to-all over n ranks `stride` apart, each sending `nbytes` in total (n slices, one
+    staying local). nccl-tests (doc/PERFORMANCE.md, alltoall): busbw = algbw * (n-1)/n, so a
+    rank moves (n-1)/n of its data. Inside one NVLink domain every slice goes over NVLink at
+    the point-to-point bandwidth; across domains a rank's slices to the k-1 other members of its
+    domain go over NVLink and the (n-k)/n to other domains over its own NIC, concurrently: the
+    slower share sets the time. NCCL issues the n-1 sends as one group (ncclGroupStart/End), so
+    latency is paid about once per peer class, not per peer."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    gpu, d = cluster.gpu, cluster.nvlink_domain
+    span = n * stride
+    if span <= d and d % span == 0:
+        return (n - 1) / n * nbytes / (gpu.nvlink_p2p_gbps * 1e9) + gpu.nvlink_latency_us * 1e-6
+    k = max(1, min(n, math.gcd(span, d) // stride))   # group members sharing a domain
+    intra = (k - 1) / n * nbytes / (gpu.nvlink_p2p_gbps * 1e9)
+    inter = (n - k) / n * nbytes / (gpu.internode_gbps_per_gpu * 1e9)
+    return max(intra, inter) + gpu.internode_latency_us * 1e-6

@@ -51,6 +51,9 @@ class Candidate:
     # block linears, with the engine's scaling recipe (None: its default for the precision)
     precision: str = "bf16"
     recipe: str | None = None
+    # expert parallelism of an MoE model (planner.cost.moe), folded out of tp x dp
+    ep: int = 1
+    etp: int = 1
 
     @property
     def m(self) -> int:
@@ -106,6 +109,14 @@ class StageCoeffs:
     mem_rec: float = 0.0                             # activations saved per recomputed layer
     # a collective hidden behind compute still slows it: NCCL runs on SMs (planner.specs.Gpu)
     overlap_slowdown: float = 0.0
+    # expert-parallel token dispatch and combine per layer (forward + backward), and what a
+    # recomputed layer runs again (planner.cost.moe)
+    ep_layer: float = 0.0
+    ep_rec: float = 0.0
+    # a model with dense and MoE layers: the per-layer fields above describe a dense layer and
+    # `moe` holds what one MoE layer adds to each (its layer fields; q of a rank's n layers are
+    # MoE, rq of its r recomputed ones). None: every layer is alike.
+    moe: "StageCoeffs | None" = None
 
     @property
     def t_fixed(self) -> float:
@@ -113,11 +124,11 @@ class StageCoeffs:
 
     @property
     def t_layer(self) -> float:
-        return self.compute_layer + self.tp_layer
+        return self.compute_layer + self.tp_layer + self.ep_layer
 
     @property
     def t_rec(self) -> float:
-        return self.compute_rec + self.tp_rec
+        return self.compute_rec + self.tp_rec + self.ep_rec
 
     def exposures(self):
         """(c_layer, c_fixed, h_layer, h_fixed) of the per-micro-batch ZeRO collectives."""
@@ -131,26 +142,43 @@ class StageCoeffs:
         return ((self.grad_layer, self.grad_fixed) + g, (self.gather_layer, self.gather_fixed) + a)
 
     def exposed_comm(self, c_layer: float, c_fixed: float, h_layer: float, h_fixed: float,
-                     n: int) -> float:
+                     n: int, q: int = 0, dc: float = 0.0, dh: float = 0.0) -> float:
         """Time a collective of c_fixed + n*c_layer adds when it overlaps h_fixed + n*h_layer of
         compute: what sticks out (at least its last layer's bucket, which has nothing left to
-        hide behind), plus the compute it slows while it runs."""
-        comm = c_fixed + n * c_layer
+        hide behind), plus the compute it slows while it runs. q of the n layers are MoE layers,
+        each adding dc to the collective and dh to the compute (the smaller bucket is the
+        floor)."""
+        comm = c_fixed + n * c_layer + q * dc
         if comm <= 0:
             return 0.0
-        return max(c_layer, comm - (h_fixed + n * h_layer)) + self.overlap_slowdown * comm
+        return (max(min(c_layer, c_layer + dc), comm - (h_fixed + n * h_layer + q * dh))
+                + self.overlap_slowdown * comm)
 
-    def zero_exposed(self, n: int) -> float:
+    def _moe_deltas(self, which: str):
+        """(dc, dh) per exposure of one MoE layer; zeros without layer kinds."""
+        if self.moe is None:
+            n = len(self.exposures()) if which == "zero" else len(self.tail_exposures())
+            return [(0.0, 0.0)] * n
+        es = self.moe.exposures() if which == "zero" else self.moe.tail_exposures()
+        return [(e[0], e[2]) for e in es]
+
+    def zero_exposed(self, n: int, q: int = 0) -> float:
         """ZeRO-2/3 collectives of one micro-batch, overlapping its forward and its backward."""
-        return sum(self.exposed_comm(*e, n) for e in self.exposures())
+        return sum(self.exposed_comm(*e, n, q, *d)
+                   for e, d in zip(self.exposures(), self._moe_deltas("zero")))
 
-    def time(self, n: int, r: int) -> float:
-        return self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n)
+    def time(self, n: int, r: int, q: int = 0, rq: int = 0) -> float:
+        t = self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n, q)
+        if self.moe is not None:
+            t += q * self.moe.t_layer + rq * self.moe.t_rec
+        return t
 
-    def tail(self, n: int) -> float:
+    def tail(self, n: int, q: int = 0) -> float:
         """Once per step: the gradient reduction, the parameter all-gather and the optimizer."""
-        return (sum(self.exposed_comm(*e, n) for e in self.tail_exposures())
-                + self.opt_fixed + n * self.opt_layer)
+        out = (sum(self.exposed_comm(*e, n, q, *d)
+                   for e, d in zip(self.tail_exposures(), self._moe_deltas("tail")))
+               + self.opt_fixed + n * self.opt_layer)
+        return out + (q * self.moe.opt_layer if self.moe is not None else 0.0)
 
     def tail_lower(self, n: int) -> float:
         """A lower bound on tail(n): every collective hidden but its last bucket."""
@@ -162,10 +190,14 @@ class StageCoeffs:
                 out += exposed + self.overlap_slowdown * comm
         return out
 
-    def memory(self, n: int, r: int) -> dict:
+    def memory(self, n: int, r: int, q: int = 0, rq: int = 0) -> dict:
         out = {k: self.mem_fixed.get(k, 0.0) + n * self.mem_layer.get(k, 0.0)
                for k in ("params", "grads", "optimizer", "activations", "other")}
         out["activations"] -= r * self.mem_rec
+        if self.moe is not None:
+            for k in out:
+                out[k] += q * self.moe.mem_layer.get(k, 0.0)
+            out["activations"] -= rq * self.moe.mem_rec
         out["total"] = sum(out.values())
         return out
 
@@ -215,6 +247,38 @@ def capacity_bytes(cluster: Cluster, engine: Engine | None = None,
                    margin_gib: float | None = None) -> float:
     """Bytes the plan's tensors may take on one GPU (MemoryBudget.allocatable_bytes)."""
     return memory_budget(cluster, engine, margin_gib).allocatable_bytes
+
+
+def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, g_fixed: float,
+                   w_layer: float, w_fixed: float) -> dict:
+    """Seconds of the data-parallel collectives over `dp` ranks for gradients of g_* bytes and
+    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields)."""
+    z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
+             grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
+    if dp > 1:
+        ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
+        rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
+        ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
+        if zero == 0:
+            z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
+        elif zero == 1:
+            z.update(grad_layer=rs(g_layer), grad_fixed=rs(g_fixed),
+                     gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
+        elif zero == 2:
+            # gradients reduce-scattered every micro-batch (sharded gradients cannot
+            # accumulate unsharded); parameters gathered once after the step, or (FSDP's
+            # SHARD_GRAD_OP) again in every micro-batch's forward
+            z.update(zb_layer=rs(g_layer), zb_fixed=rs(g_fixed))
+            if engine.zero2_gathers_every_microbatch:
+                z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed))
+            else:
+                z.update(gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
+        else:
+            # ZeRO-3: all-gather for forward and again for backward, reduce-scatter grads,
+            # every micro-batch (Rajbhandari et al. 2020, Sec. 5.3)
+            z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed),
+                     zb_layer=ag(w_layer) + rs(g_layer), zb_fixed=ag(w_fixed) + rs(g_fixed))
+    return z
 
 
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
@@ -283,31 +347,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
             w_layer -= (BF16 - lp.element_bytes) * linear_params
         dp = c.dp
-        z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
-                 grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
-        if dp > 1:
-            ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
-            rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
-            ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
-            if c.zero == 0:
-                z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
-            elif c.zero == 1:
-                z.update(grad_layer=rs(g_layer), grad_fixed=rs(g_fixed),
-                         gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
-            elif c.zero == 2:
-                # gradients reduce-scattered every micro-batch (sharded gradients cannot
-                # accumulate unsharded); parameters gathered once after the step, or (FSDP's
-                # SHARD_GRAD_OP) again in every micro-batch's forward
-                z.update(zb_layer=rs(g_layer), zb_fixed=rs(g_fixed))
-                if engine.zero2_gathers_every_microbatch:
-                    z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed))
-                else:
-                    z.update(gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
-            else:
-                # ZeRO-3: all-gather for forward and again for backward, reduce-scatter grads,
-                # every micro-batch (Rajbhandari et al. 2020, Sec. 5.3)
-                z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed),
-                         zb_layer=ag(w_layer) + rs(g_layer), zb_fixed=ag(w_fixed) + rs(g_fixed))
+        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed)
         local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
 
         # memory
@@ -353,6 +393,11 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             overlap_slowdown=facts.gpu.overlap_slowdown,
             **z,
         ))
+    if model.is_moe:
+        from planner.cost.moe import with_moe_layers
+        return with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
+                               tp_fwd=tp_fwd, infl=[in_flight(schedule, p, i, c.m, v)
+                                                    for i in range(p)])
     return coeffs
 
 
@@ -365,6 +410,11 @@ def model_flops_per_step(model: Model, seq_len: int, global_batch: int) -> float
     tokens = seq_len * global_batch
     matmul = model.num_layers * (model.attn_matmul_params() + model.mlp_matmul_params()) \
         + model.vocab_size * model.hidden
+    if model.is_moe:   # an MoE layer's token runs its router, shared and top-k experts
+        from planner.cost.moe import flops_per_token_layer
+        q = model.num_moe_layers
+        matmul += q * (flops_per_token_layer(model)
+                       - model.attn_matmul_params() - model.mlp_matmul_params())
     attn = (model.num_layers * 12.0 * global_batch * seq_len
             * mean_attended_keys(model, seq_len, causal=False) * attention_width(model))
     return 6.0 * matmul * tokens + attn
@@ -404,26 +454,37 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     engine = get_engine(engine)
     coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
     budget = memory_budget(cluster, engine, margin_gib)
-    times = [k.time(n, r) for k, n, r in zip(coeffs, layers, recompute)]
+    if coeffs[0].moe is not None:   # dense and MoE layers: how many of each a rank holds
+        from planner.cost.moe import moe_counts
+        qs, rqs = moe_counts(model, c.pp, c.vpp, layers, recompute)
+    else:
+        qs = rqs = [0] * len(coeffs)
+    times = [k.time(n, r, q, rq) for k, n, r, q, rq in zip(coeffs, layers, recompute, qs, rqs)]
     pipe, bubble = pipeline_time(times, c.m, c.vpp)
-    tails = [k.tail(n) for k, n in zip(coeffs, layers)]
+    tails = [k.tail(n, q) for k, n, q in zip(coeffs, layers, qs)]
     step = pipe + max(tails)
     crit = max(range(len(times)), key=lambda i: times[i])
-    k, n, r = coeffs[crit], layers[crit], recompute[crit]
+    k, n, r, q, rq = coeffs[crit], layers[crit], recompute[crit], qs[crit], rqs[crit]
     tk = max(range(len(tails)), key=lambda i: tails[i])
     kt, nt = coeffs[tk], layers[tk]
-    opt = kt.opt_fixed + nt * kt.opt_layer
+    opt = kt.opt_fixed + nt * kt.opt_layer + (qs[tk] * kt.moe.opt_layer if kt.moe else 0.0)
+    km = k.moe
     breakdown = {
-        "compute": c.m * (k.compute_fixed + n * k.compute_layer + r * k.compute_rec),
-        "tp_comm": c.m * (n * k.tp_layer + r * k.tp_rec),
+        "compute": c.m * (k.compute_fixed + n * k.compute_layer + r * k.compute_rec
+                          + (q * km.compute_layer + rq * km.compute_rec if km else 0.0)),
+        "tp_comm": c.m * (n * k.tp_layer + r * k.tp_rec
+                          + (q * km.tp_layer + rq * km.tp_rec if km else 0.0)),
         "pp_comm": c.m * k.pp_fixed,
-        "dp_comm_exposed": c.m * k.zero_exposed(n) + tails[tk] - opt,
+        "dp_comm_exposed": c.m * k.zero_exposed(n, q) + tails[tk] - opt,
         "bubble": bubble,
         "optimizer": opt,
     }
+    if model.is_moe:   # expert-parallel dispatch and combine (all-to-all or all-gather)
+        breakdown["ep_comm"] = c.m * (n * k.ep_layer + r * k.ep_rec
+                                      + (q * km.ep_layer + rq * km.ep_rec if km else 0.0))
     mems = []
-    for kk, nn, rr in zip(coeffs, layers, recompute):
-        m = {key: val / GIB for key, val in kk.memory(nn, rr).items()}
+    for kk, nn, rr, qq, rqq in zip(coeffs, layers, recompute, qs, rqs):
+        m = {key: val / GIB for key, val in kk.memory(nn, rr, qq, rqq).items()}
         m["reserved"] = budget.reserved(m["total"])
         mems.append(m)
     cap = budget.usable_gib

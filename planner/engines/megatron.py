@@ -19,6 +19,11 @@ Megatron-Bridge's "FP8-CS" is current scaling, `tensorwise`), MXFP8 and NVFP4 on
 (--fp8-recipe mxfp8; --fp4-format e2m1 --fp4-recipe nvfp4): megatron/training/arguments.py,
 _add_transformer_engine_args. Only the TE linears of the decoder run low precision.
 
+MoE (megatron/core/transformer/moe): --num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+--moe-shared-expert-intermediate-size, --moe-layer-freq, --expert-model-parallel-size and
+--expert-tensor-parallel-size (MoE parallel folding), --moe-grouped-gemm, and the alltoall or
+allgather token dispatcher.
+
 Memory: bf16 weights, fp32 gradient accumulation and reduction (accumulate_allreduce_grads_in_fp32
 is set for --bf16), 12 B of Adam state with the fp32 master: 18 B per parameter, 6 + 12/d with
 the distributed optimizer (Megatron-LM docs, distributed optimizer).
@@ -35,6 +40,9 @@ MEGATRON = Engine(
     recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=False,
+    # --moe-token-dispatcher-type alltoall | allgather (megatron/core/transformer/moe/
+    # token_dispatcher.py); --expert-tensor-parallel-size any divisor (MoE parallel folding)
+    moe_dispatchers=("alltoall", "allgather"), moe_etp="any",
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "delayed")), ("mxfp8", ("mxfp8",)),

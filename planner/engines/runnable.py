@@ -22,6 +22,11 @@ def problems(plan, engine: Engine) -> list:
                    f"{', '.join(p_ for p_, _ in engine.precisions)})")
     elif plan.recipe is not None and plan.recipe not in offered[plan.precision]:
         out.append(f"{e} has no {plan.recipe} recipe for {plan.precision}")
+    if plan.model.is_moe and not engine.moe_dispatchers:
+        out.append(f"{e} runs no mixture-of-experts layers as the planner prices them")
+    elif plan.model.is_moe and not engine.ep_layout_ok(p.ep, p.etp, p.tp, p.zero_stage):
+        out.append(f"{e} cannot lay out ep={p.ep} etp={p.etp} with tp={p.tp} and "
+                   f"ZeRO-{p.zero_stage}")
     if p.tp > 1 and engine.max_tp == 1:
         out.append(f"{e} has no tensor parallelism (tp={p.tp})")
     if p.tp > 1 and p.sequence_parallel not in engine.sp_choices:

@@ -75,6 +75,15 @@ class Engine:
     tp_within_host: bool = False
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
+    # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it
+    # runs no MoE layers as the planner prices them
+    moe_dispatchers: tuple = ()
+    # expert tensor parallel degrees beyond 1 it allows: "any" (Megatron's
+    # --expert-tensor-parallel-size), "tp" (only etp = tp: torchtitan), "none"
+    moe_etp: str = "none"
+    # expert parallelism only over sharded data parallelism (torchtitan: ep borrows from
+    # dp_shard x cp, and from tp when etp = 1; DDP replicas cannot hold experts)
+    ep_needs_sharded_dp: bool = False
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
@@ -120,6 +129,15 @@ class Engine:
         if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1):
             return False
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
+
+    def etp_ok(self, etp: int, tp: int) -> bool:
+        return etp == 1 or self.moe_etp == "any" or (self.moe_etp == "tp" and etp == tp)
+
+    def ep_layout_ok(self, ep: int, etp: int, tp: int, zero: int) -> bool:
+        """The engine can lay out ep x etp experts on this grid with this ZeRO stage."""
+        if not self.etp_ok(etp, tp):
+            return False
+        return not (self.ep_needs_sharded_dp and zero < 2 and tp % (ep * etp))
 
     def tp_domain(self, cluster) -> int:
         """GPUs a tensor-parallel group may span: the NVLink domain (NVL72 trays share one), or

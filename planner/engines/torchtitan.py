@@ -40,6 +40,9 @@ TORCHTITAN = Engine(
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
+    # [parallelism] expert_parallel_degree (all-to-all dispatch) and
+    # expert_tensor_parallel_degree, 1 or the tp degree (torchtitan/config/job_config.py)
+    moe_dispatchers=("alltoall",), moe_etp="tp", ep_needs_sharded_dp=True,
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

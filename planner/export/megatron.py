@@ -204,6 +204,38 @@ def _model(plan: Plan, args: list, notes: list) -> None:
                  f"to a multiple of 128 x tp = {128 * plan.parallelism.tp}")
 
 
+def moe_layer_freq(model) -> str:
+    """--moe-layer-freq as the Python list Megatron evaluates (1 = MoE layer, 0 = dense),
+    one entry per layer (megatron/training/arguments.py, moe_freq_type)."""
+    return "[" + ",".join("1" if model.moe_layer(i) else "0"
+                          for i in range(model.num_layers)) + "]"
+
+
+def _experts(plan: Plan, args: list, notes: list) -> None:
+    """MoE flags: the experts, their parallelism and the dispatcher the plan was priced with
+    (planner.cost.moe.dispatcher)."""
+    m, p, b = plan.model, plan.parallelism, plan.batch
+    if not m.is_moe:
+        return
+    from planner.cost.moe import dispatcher
+    from planner.engines import get_engine
+    engine = get_engine(plan.engine)
+    args += [("--num-experts", m.num_experts), ("--moe-router-topk", m.experts_per_token),
+             ("--moe-ffn-hidden-size", m.moe_ffn_hidden)]
+    if m.shared_expert_ffn_hidden:
+        args.append(("--moe-shared-expert-intermediate-size", m.shared_expert_ffn_hidden))
+    if m.num_moe_layers != m.num_layers:
+        args.append(("--moe-layer-freq", moe_layer_freq(m)))
+    args += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
+             ("--moe-grouped-gemm", None),
+             ("--moe-token-dispatcher-type",
+              dispatcher(m, plan.cluster, b.micro_batch_size, b.seq_len, p.tp, p.ep, p.etp,
+                         engine.moe_dispatchers))]
+    notes.append("MoE priced dropless (no --moe-expert-capacity-factor) with balanced routing, "
+                 "as Megatron-Bridge benchmarks run it (--moe-router-force-load-balancing); "
+                 "an uneven real routing is slower")
+
+
 def megatron_args(plan: Plan) -> str:
     """The plan as Megatron-LM arguments (a sourceable bash fragment; see the module doc)."""
     check_exportable(plan, "megatron")
@@ -229,6 +261,7 @@ def megatron_args(plan: Plan) -> str:
         args.append(("--bf16", None))
     args += PRECISION_FLAGS.get(plan.precision, lambda r: [])(plan.recipe)
     _model(plan, args, notes)
+    _experts(plan, args, notes)
 
     world = p.tp * p.pp * p.dp
     lines = ["#!/usr/bin/env bash"]

@@ -25,6 +25,9 @@ torchtitan builds configs in Python; the same `section.key` names still work the
   "mxfp8" (torchtitan docs/float8.md, docs/mxfp8.md; torchtitan/config/job_config.py Float8,
   MX).
 
+* experts: expert_parallel_degree = ep and expert_tensor_parallel_degree = etp (1 or tp); the
+  experts themselves (count, top-k, widths) are the model flavor's, set in [model].
+
 Only plans priced for the torchtitan engine are exported (planner.engines.runnable).
 """
 from __future__ import annotations
@@ -111,6 +114,10 @@ def torchtitan_toml(plan: Plan) -> str:
         par["pipeline_parallel_microbatch_size"] = b.micro_batch_size
         par["module_fqns_per_model_part"] = module_fqns(stage_layers(plan))
     par["context_parallel_degree"] = 1
+    if plan.model.is_moe:
+        # experts over ep ranks carved out of dp_shard (x tp when etp = 1), all-to-all dispatch
+        par["expert_parallel_degree"] = p.ep
+        par["expert_tensor_parallel_degree"] = p.etp
 
     ac = {}
     if not recompute_active(plan):

@@ -1,0 +1,326 @@
+"""Mixture-of-experts layers: router, token dispatch and combine, routed experts, shared experts.
+
+Per GPU and per micro-batch, for one MoE layer, as Megatron-Core runs it
+(megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py GroupedMLP) under
+MoE parallel folding (megatron/core/parallel_state.py): the routed experts are split over `ep`
+ranks and each expert's FFN over `etp` ranks; the expert grid etp x ep x expert-dp covers the
+same ranks as the dense grid tp x cp x dp (planner.validity.ep_blockers), laid out etp
+innermost, then ep, then expert-dp.
+
+Tokens: with tensor parallelism Megatron requires sequence parallelism for MoE (megatron/
+training/arguments.py: "sequence parallel must be used with MoE and tensor parallel"), so a GPU
+enters the MoE layer with T = b*s/tp tokens (b*s without tp). With top-k routing each token
+goes to k experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2021; Switch, Fedus et al.
+2022): the GPU sends T*k token copies of `hidden` elements.
+
+Dispatchers (Megatron --moe-token-dispatcher-type):
+- alltoall (MoEAlltoAllTokenDispatcher): an all-to-all over the ep group to dispatch and one to
+  combine in forward, the same two transposed in backward; with etp > 1 the received tokens
+  are all-gathered over the etp group and the expert outputs reduce-scattered back.
+- allgather (MoEAllGatherTokenDispatcher): every rank all-gathers the hidden states of its
+  ep x etp group (T*hidden each, not T*k), computes its local experts on the tokens routed to
+  them, and reduce-scatters the outputs; cheaper than all-to-all when k > ep roughly.
+The planner prices both and uses the cheaper (`dispatcher`), which the export then names.
+
+Routing is taken balanced and dropless, as the benchmarks run it (Megatron-Bridge performance
+configs set moe_router_force_load_balancing=true, e.g. scripts/moe_model_zoo/examples/qwen3/
+launch_qwen235b.sh; dropless = no capacity factor, Megatron's default
+moe_expert_capacity_factor=None). `imbalance` >= 1 scales the busiest rank's share of the
+all-to-all and of the expert GEMMs (the slowest rank sets the pace of the collective); a
+capacity factor pads every expert's tokens to capacity_factor x the balanced share (GShard
+Sec. 2.2, Switch Sec. 2.2), i.e. the same scaling with the factor known.
+
+Not modelled yet (benchmarks/results/fidelity_moe_*.md: the published BF16 GPT-OSS rows run
+~30% slower than predicted): the alltoall dispatcher's device-to-host sync of the token counts,
+the host overhead of the router / permute kernels, a grouped GEMM slower than a dense one, the
+shared expert's and the dispatch's overlap (--moe-shared-expert-overlap, a2a overlap), MTP
+layers and MLA attention (no Model fields yet), the FP8 weight copies of the experts.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from planner.cost import comm
+from planner.cost.compute import BF16, gemm_time
+from planner.specs import Cluster, Model
+
+DISPATCHERS = ("alltoall", "allgather")
+# Balanced routing (moe_router_force_load_balancing, the benchmark rows): the busiest rank gets
+# exactly its share. A real run's imbalance is the user's figure (see module docstring).
+BALANCED = 1.0
+# Router: a (T x hidden) @ (hidden x E) GEMM in fp32 (Megatron --moe-router-dtype fp32, the
+# Megatron-Bridge default for the DeepSeek/Qwen3 recipes) and the softmax/top-k over T x E
+# scores, memory-bound: read the logits, write probabilities and the top-k (4 + 4 + 4 bytes).
+ROUTER_SCORE_BYTES = 12.0
+FP32 = 4
+# Token permutation (Megatron moe_permute / unpermute, fused with --moe-permute-fusion): each
+# token copy is read and written once to sort it by expert before dispatch and once more to
+# restore order after combine (2 x 2 passes of T*k*hidden bf16 elements, forward).
+PERMUTE_PASSES = 2
+
+
+def tokens_in(b: int, s: int, tp: int) -> float:
+    """Tokens a GPU holds entering the MoE layer (sequence parallel under tp)."""
+    return b * s / tp
+
+
+def expert_dp(tp: int, dp: int, ep: int, etp: int, cp: int = 1) -> int:
+    """Expert data parallelism under MoE parallel folding: tp*cp*dp / (ep*etp)."""
+    return max(1, tp * cp * dp // (ep * etp))
+
+
+@dataclass(frozen=True)
+class MoeLayer:
+    """One MoE layer on one GPU for one micro-batch: seconds and bytes."""
+    dispatcher: str
+    router_fwd: float         # router GEMM and top-k
+    experts_fwd: float        # routed experts' grouped GEMMs
+    shared_fwd: float         # shared experts' GEMMs
+    elem_fwd: float           # activation of the expert FFNs and token permutation
+    comm_fwd: float           # dispatch + combine (and the etp gather / scatter)
+    expert_params: float      # routed-expert parameters on this GPU
+    dense_params: float       # attention, norms, router, shared experts on this GPU
+    activation_bytes: float   # saved for backward beyond attention and norms (mode "none")
+    tokens_per_expert: float
+
+
+def _dispatch_comm(model: Model, cluster: Cluster, T: float, tp: int, ep: int, etp: int,
+                   imbalance: float, dispatcher: str) -> float:
+    """Forward seconds of dispatch + combine for one layer (backward moves the same)."""
+    h, k = model.hidden, model.experts_per_token
+    if dispatcher == "alltoall":
+        # all-to-all over ep ranks etp apart: T*k token copies out, as many back
+        a2a = comm.all_to_all(imbalance * BF16 * T * k * h, ep, cluster, stride=etp)
+        t = 2 * a2a
+        if etp > 1:   # tokens gathered over the etp group for the sharded experts, and back
+            link = comm.group_link(cluster, etp, 1)
+            x = imbalance * BF16 * T * k * h * etp
+            t += comm.all_gather(x, etp, link) + comm.reduce_scatter(x, etp, link)
+        return t
+    # allgather: hidden states of the ep*etp group gathered, outputs reduce-scattered
+    n = ep * etp
+    link = comm.group_link(cluster, n, 1)
+    x = BF16 * T * h * n
+    return comm.all_gather(x, n, link) + comm.reduce_scatter(x, n, link)
+
+
+def dispatcher(model: Model, cluster: Cluster, b: int, s: int, tp: int, ep: int, etp: int,
+               allowed=DISPATCHERS, imbalance: float = BALANCED) -> str:
+    """The cheaper of the engine's dispatchers for this layout (alltoall on ties)."""
+    T = tokens_in(b, s, tp)
+    options = [d for d in DISPATCHERS if d in allowed] or ["alltoall"]
+    return min(options, key=lambda d: (_dispatch_comm(model, cluster, T, tp, ep, etp,
+                                                      imbalance, d), d != "alltoall"))
+
+
+def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
+              allowed=DISPATCHERS, imbalance: float = BALANCED,
+              capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
+              lp=None) -> MoeLayer:
+    """`gpu`: the GPU as the engine drives it (planner.engines.facts.engine_gpu)."""
+    h, E, k, f = model.hidden, model.num_experts, model.experts_per_token, model.moe_ffn_hidden
+    T = tokens_in(b, s, tp)
+    # the slowest rank's share: imbalance, or a capacity factor's padding (dropless: none)
+    load = imbalance if capacity_factor is None else max(imbalance, capacity_factor)
+    local_experts = E // ep
+    # tokens each local expert computes: the ep*etp ranks' T*k copies spread over E experts
+    per_expert = load * T * k * ep * etp / E
+    gated = 3 if model.gated_mlp else 2
+    # grouped GEMM (Megatron GroupedMLP, cutlass grouped GEMM; MegaBlocks, Gale et al. 2023):
+    # one (tokens_per_expert x h) @ (h x f/etp) per local expert, each paying the tile
+    # quantisation roll-off of planner.cost.compute.gemm_time on its token dimension
+    up = gemm_time(gpu, per_expert, f / etp, h, local_experts, lp=lp)
+    down = gemm_time(gpu, per_expert, h, f / etp, local_experts, lp=lp)
+    experts = (gated - 1) * up + down
+    sf = model.shared_expert_ffn_hidden
+    shared = 0.0
+    if sf:
+        # the shared expert is a dense MLP over the layer's b*s tokens split over tp
+        shared = ((gated - 1) * gemm_time(gpu, b * s, sf / tp, h, lp=lp)
+                  + gemm_time(gpu, b * s, h, sf / tp, lp=lp))
+    router = (gemm_time(gpu, T, E, h) * FP32 / BF16
+              + ROUTER_SCORE_BYTES * T * E / (gpu.hbm_gbps * 1e9))
+    rows = per_expert * local_experts               # token copies this GPU's experts compute
+    act_elems = (3 if model.gated_mlp else 2) * rows * f / etp
+    perm_elems = 2 * PERMUTE_PASSES * T * k * h
+    shared_elems = (3 if model.gated_mlp else 2) * b * s * sf / tp
+    elem = elementwise_traffic * BF16 * (act_elems + perm_elems + shared_elems) \
+        / (gpu.hbm_gbps * 1e9)
+    disp = dispatcher(model, cluster, b, s, tp, ep, etp, allowed, imbalance)
+    comm_fwd = _dispatch_comm(model, cluster, T, tp, ep, etp, load, disp)
+    expert_params = local_experts * model.expert_params() / etp
+    dense_params = (model.attn_matmul_params() / tp + 2 * model.norm_params()
+                    + model.router_params() + model.shared_expert_params() / tp
+                    + ((h + 2 * model.kv_dim) / tp if model.attn_bias else 0))
+    # saved for backward (bf16): the permuted expert inputs, the expert FFN intermediates
+    # (gated: gate, up, activation output), the expert outputs before combine, the router's
+    # fp32 probabilities; the shared expert like a dense MLP (its input is the MLP input the
+    # dense terms already count)
+    mlp_act = (6 if model.gated_mlp else 4)
+    saved = (BF16 * rows * h + mlp_act * rows * f / etp + BF16 * T * k * h
+             + FP32 * T * E + mlp_act * b * s * sf / tp)
+    return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
+                    dense_params, saved, per_expert)
+
+
+def flops_per_token_layer(model: Model) -> float:
+    """Matmul parameters one token runs through in an MoE layer (for model FLOPs, 6 x this
+    per token): attention, router, shared experts and its top-k routed experts."""
+    return (model.attn_matmul_params() + model.router_params() + model.shared_expert_params()
+            + model.experts_per_token * model.expert_params())
+
+
+def dense_mlp_fwd(model: Model, gpu, b: int, s: int, tp: int, lp=None,
+                  elementwise_traffic: float = 1.0) -> tuple:
+    """(GEMM, element-wise) forward seconds of a dense layer's MLP: the terms of
+    planner.cost.compute.layer_time and elementwise_bytes an MoE layer replaces."""
+    tokens, h, f = b * s, model.hidden, model.ffn_hidden
+    up = gemm_time(gpu, tokens, f / tp, h, lp=lp)
+    down = gemm_time(gpu, tokens, h, f / tp, lp=lp)
+    gemm = (2 if model.gated_mlp else 1) * up + down
+    act = (3 * f) if model.gated_mlp else (2 * f)
+    elem = elementwise_traffic * BF16 * tokens * act / tp / (gpu.hbm_gbps * 1e9)
+    return gemm, elem
+
+
+def dense_mlp_saved(model: Model, b: int, s: int, tp: int, mode: str) -> float:
+    """Saved bytes of a dense layer's MLP intermediates under `mode` (planner.cost.memory:
+    activation_terms' mlp term; op_saved_terms keeps w1's output): what an MoE layer replaces."""
+    f = model.ffn_hidden
+    if mode == "full":
+        return 0.0
+    if mode == "op":
+        return b * s * 2 * f / tp
+    return b * s * (6 * f if model.gated_mlp else 4 * f) / tp
+
+
+# StageCoeffs fields that are per layer (what a layer kind changes)
+LAYER_FIELDS = ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "fwd_layer", "bwd_layer",
+                "zf_layer", "zb_layer", "grad_layer", "gather_layer", "opt_layer", "ep_layer",
+                "ep_rec", "mem_rec")
+
+
+def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: list, lp,
+                    states: dict, tp_fwd: float, infl: list) -> list:
+    """Stage coefficients of an MoE model from those of its dense layer (`coeffs`): every
+    layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
+    with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs)."""
+    from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
+    from planner.cost.memory import model_state_bytes
+    from planner.cost.stage import StageCoeffs, dp_collectives
+    b, s, t = c.mbs, c.seq_len, c.tp
+    gpu = facts.gpu
+    ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, engine.moe_dispatchers,
+                   elementwise_traffic=engine.elementwise_traffic, lp=lp)
+    dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
+    gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
+    d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem
+    d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
+             + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - dm_elem))
+    # a recomputed layer runs its forward again: "full" all of it, dispatch included
+    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(c.recompute, 0.0)
+    ep_fwd = ml.comm_fwd
+    ep_rec = ep_fwd if c.recompute == "full" else 0.0
+    # model states: attention, norms, router and shared experts over dp; the routed experts
+    # over expert-dp (Megatron's distributed optimizer shards each over its own group)
+    edp = expert_dp(t, c.dp, c.ep, c.etp)
+    dp = c.dp
+    nonexpert, expert = ml.dense_params, ml.expert_params
+    states_ne = model_state_bytes(nonexpert, dp, c.zero, **states)
+    states_ex = model_state_bytes(expert, edp, c.zero, **states)
+    wl, gl, ol = (a + x for a, x in zip(states_ne, states_ex))
+    gb = states["grad_bytes"]
+    dp_link = comm.group_link(cluster, dp, t)
+    edp_link = comm.group_link(cluster, edp, c.ep * c.etp)
+    z_ne = dp_collectives(c.zero, engine, dp, dp_link, gb * nonexpert, 0.0,
+                          BF16 * nonexpert, 0.0)
+    z_ex = dp_collectives(c.zero, engine, edp, edp_link, gb * expert, 0.0, BF16 * expert, 0.0)
+    local = (lambda x, d: x / d) if c.zero >= 1 else (lambda x, d: x)   # noqa: E731
+    opt_layer = facts.optimizer_time(local(nonexpert, dp)) + facts.optimizer_time(
+        local(expert, edp))
+    # activations: the dense MLP's saved intermediates replaced by the MoE layer's
+    act_none_d = facts.activation_bytes(model, b, s, t, c.sp, "none", c.flash, lp=lp)
+    act_rec_d = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, c.flash, lp=lp)
+    act_none = act_none_d - dense_mlp_saved(model, b, s, t, "none") + ml.activation_bytes
+    act_rec = act_rec_d if c.recompute in ("full", "none") else (
+        act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute) + ml.activation_bytes)
+    if c.recompute == "none":
+        act_rec = act_none
+    dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
+                    + model.bias_params()) / t + 2 * model.norm_params()
+    all_moe = layer_kinds(model) is None
+    out = []
+    for k, fl in zip(coeffs, infl):
+        # working memory: the larger layer's full activations are live while it computes;
+        # under ZeRO-3 two gathered layers and one layer's gradients, the larger kind's
+        other = max(0.0, act_none - act_none_d)
+        if c.zero == 3 and dp > 1:
+            other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
+        mem_fixed = dict(k.mem_fixed)
+        mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
+        moe_k = _replace(
+            k, mem_fixed=mem_fixed,
+            compute_layer=k.compute_layer + d_fwd + d_bwd,
+            compute_rec=k.compute_rec + d_rec,
+            ep_layer=2 * ep_fwd, ep_rec=ep_rec,
+            fwd_layer=k.fwd_layer + d_fwd + ep_fwd,
+            bwd_layer=k.bwd_layer + d_bwd + ep_fwd,
+            opt_layer=opt_layer,
+            mem_layer={"params": wl, "grads": gl, "optimizer": ol,
+                       "activations": act_none * fl},
+            mem_rec=(act_none - act_rec) * fl,
+            **{f: z_ne[f] + z_ex[f] for f in ("zf_layer", "zb_layer", "grad_layer",
+                                             "gather_layer")})
+        if all_moe:
+            out.append(moe_k)
+            continue
+        delta = StageCoeffs(rank=k.rank, compute_fixed=0.0, compute_layer=0.0, compute_rec=0.0,
+                            tp_layer=0.0, tp_rec=0.0, pp_fixed=0.0, fwd_layer=0.0,
+                            fwd_fixed=0.0, bwd_layer=0.0, bwd_fixed=0.0,
+                            grad_overlapped=k.grad_overlapped,
+                            gather_overlapped=k.gather_overlapped,
+                            overlap_slowdown=k.overlap_slowdown)
+        for f in LAYER_FIELDS:
+            setattr(delta, f, getattr(moe_k, f) - getattr(k, f))
+        delta.mem_layer = {key: moe_k.mem_layer.get(key, 0.0) - k.mem_layer.get(key, 0.0)
+                           for key in set(moe_k.mem_layer) | set(k.mem_layer)}
+        out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
+    return out
+
+
+def _replace(k, **changes):
+    """dataclasses.replace for StageCoeffs (no __post_init__), without its cost."""
+    import copy
+    out = copy.copy(k)
+    for f, v in changes.items():
+        setattr(out, f, v)
+    return out
+
+
+def moe_counts(model: Model, pp: int, vpp: int, layers: list, recompute: list) -> tuple:
+    """(MoE layers, recomputed MoE layers) per pipeline rank for per-rank layer and recompute
+    counts, laid out as planner.plan.make_stages lays them (contiguous stages in model order,
+    a stage recomputing its first `recompute_layers`)."""
+    from planner.plan import make_stages
+    P = layer_kinds(model) or list(range(model.num_layers + 1)) if model.is_moe else None
+    q, rq = [0] * pp, [0] * pp
+    if P is None:
+        return q, rq
+    for st in make_stages(model.num_layers, pp, vpp, layers, recompute):
+        a, e = st.layers
+        q[st.pp_rank] += P[e] - P[a]
+        rq[st.pp_rank] += P[a + st.recompute_layers] - P[a]
+    return q, rq
+
+
+@functools.lru_cache(maxsize=64)
+def layer_kinds(model: Model) -> list | None:
+    """Prefix counts of MoE layers (P[i] = MoE layers among the first i) of a model mixing
+    dense and MoE layers; None when every layer is alike."""
+    if not model.is_moe:
+        return None
+    P = [0]
+    for i in range(model.num_layers):
+        P.append(P[-1] + int(model.moe_layer(i)))
+    return None if P[-1] == model.num_layers else P

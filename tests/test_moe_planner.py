@@ -1,0 +1,181 @@
+"""Mixture-of-experts in the planner: the all-to-all against nccl-tests' formula, expert states
+under MoE parallel folding against Megatron's distributed-optimizer accounting, dense and MoE
+layers placed by CP-SAT against brute force, and `plan` choosing ep with its all-to-all shown."""
+import dataclasses
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.catalog import get_cluster, get_gpu
+from planner.cost import comm
+from planner.cost.memory import GIB
+from planner.cost.moe import moe_counts
+from planner.cost.stage import Candidate, evaluate, memory_budget, stage_coefficients
+from planner.engines import get_engine
+from planner.errors import BadInput
+from planner.search import Fixed, search, solve_candidate, to_plan
+from planner.specs import Cluster, Model
+from tests.test_search import compositions
+
+MIXTRAL = dict(name="mixtral-like", num_layers=32, hidden=4096, ffn_hidden=14336, num_heads=32,
+               num_kv_heads=8, vocab_size=32000, max_seq_len=32768, num_experts=8,
+               experts_per_token=2, moe_ffn_hidden=14336, rope_theta=1e6)
+
+
+def tiny_moe(layers=6, first_dense=1, interval=1, experts=4, shared=0):
+    return Model("tiny-moe", num_layers=layers, hidden=1024, ffn_hidden=4096, num_heads=8,
+                 num_kv_heads=8, vocab_size=32000, max_seq_len=4096, num_experts=experts,
+                 experts_per_token=2, moe_ffn_hidden=1024, shared_expert_ffn_hidden=shared,
+                 first_dense_layers=first_dense, moe_layer_interval=interval)
+
+
+def cluster_with_memory(gib, n=8, gpu="h100"):
+    g = dataclasses.replace(get_gpu(gpu), memory_gib=gib)
+    return Cluster(f"{gpu}x{n}", g, n, min(8, n))
+
+
+def test_all_to_all_is_nccl_tests_busbw_formula():
+    # nccl-tests doc/PERFORMANCE.md: alltoall busbw = algbw * (n-1)/n, i.e. time = S*(n-1)/n/bw
+    cl = get_cluster("h100x64")
+    g = cl.gpu
+    t = comm.all_to_all(1e9, 8, cl)
+    assert t == pytest.approx(7 / 8 * 1e9 / (g.nvlink_p2p_gbps * 1e9) + g.nvlink_latency_us * 1e-6)
+    # 16 ranks over two hosts: 7/16 of the data stays on NVLink, 8/16 goes over the NIC
+    t16 = comm.all_to_all(1e9, 16, cl)
+    assert t16 == pytest.approx(max(7 / 16 * 1e9 / (g.nvlink_p2p_gbps * 1e9),
+                                    8 / 16 * 1e9 / (g.internode_gbps_per_gpu * 1e9))
+                                + g.internode_latency_us * 1e-6)
+    assert comm.all_to_all(1e9, 1, cl) == 0.0
+
+
+def test_expert_states_follow_megatron_distributed_optimizer():
+    """Megatron (bf16, distributed optimizer): 2 B weights + 4 B fp32 grads per parameter on
+    each GPU and 12 B of Adam state sharded over the parameter's data-parallel group: the
+    experts' over expert-dp = tp*dp/(ep*etp), the rest over dp."""
+    m = Model(**MIXTRAL)
+    cl = get_cluster("h100x64")
+    tp, dp, ep, etp = 2, 16, 8, 1
+    c = Candidate(tp=tp, pp=2, dp=dp, zero=1, sp=True, mbs=1, seq_len=4096, global_batch=512,
+                  ep=ep, etp=etp)
+    k = stage_coefficients(m, cl, c, "megatron")[0]
+    assert k.moe is None   # every layer is MoE: one kind
+    expert = m.num_experts // ep * 3 * m.hidden * m.moe_ffn_hidden / etp
+    attn = (m.hidden * (m.hidden + 2 * m.kv_dim) + m.hidden * m.hidden) / tp
+    other = 2 * m.hidden + m.hidden * m.num_experts   # two norms, the router
+    edp = tp * dp // (ep * etp)
+    assert k.mem_layer["params"] == pytest.approx(2 * (expert + attn + other))
+    assert k.mem_layer["grads"] == pytest.approx(4 * (expert + attn + other))
+    assert k.mem_layer["optimizer"] == pytest.approx(12 * (expert / edp + (attn + other) / dp))
+    assert k.ep_layer > 0
+
+
+def test_moe_counts_match_layer_kinds():
+    m = tiny_moe(layers=7, first_dense=2, interval=2)
+    layers, rec = [3, 4], [2, 1]
+    q, rq = moe_counts(m, 2, 1, layers, rec)
+    kinds = [m.moe_layer(i) for i in range(7)]   # layers 3, 5 are MoE (0-based)
+    assert q == [sum(kinds[0:3]), sum(kinds[3:7])]
+    assert rq == [sum(kinds[0:2]), sum(kinds[3:4])]
+
+
+def brute_force(model, cluster, c, engine):
+    """Best estimate over every split and one recompute count R per rank's chunk (Megatron's
+    --recompute-num-layers: a rank recomputes its first min(R, n) layers)."""
+    coeffs = stage_coefficients(model, cluster, c, engine)
+    best = None
+    for layers in compositions(model.num_layers, c.pp, 1):
+        options = ([[0] * c.pp] if c.recompute == "none"
+                   else [[min(r, n) for n in layers] for r in range(max(layers) + 1)])
+        for rec in options:
+            e = evaluate(model, cluster, c, layers, rec, coeffs, engine, 0.0)
+            if e.fits and (best is None or e.step_time_s < best.step_time_s):
+                best = e
+    return best
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(3, 7), first=st.integers(0, 2), interval=st.integers(1, 2),
+       pp=st.integers(2, 3), m=st.sampled_from([1, 4]), ep=st.sampled_from([1, 2]),
+       zero=st.sampled_from([0, 1]), rec=st.sampled_from(["full", "none"]),
+       frac=st.floats(0.05, 1.2), shared=st.sampled_from([0, 512]))
+def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, m, ep, zero, rec,
+                                              frac, shared):
+    if pp > layers or first >= layers:
+        return
+    if not any((i - first) >= 0 and (i - first + 1) % interval == 0 for i in range(layers)):
+        return   # no MoE layer: not an MoE model
+    model = tiny_moe(layers, first, interval, shared=shared)
+    if model.num_moe_layers == layers:
+        return
+    dp = 2
+    c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
+                  global_batch=dp * m, recompute=rec, ep=ep)
+    big = cluster_with_memory(10_000, n=pp * dp)
+    k = stage_coefficients(model, big, c, "megatron")
+    assert k[0].moe is not None
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
+    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    budget = memory_budget(big, "megatron", 0.0)
+    gib = budget.context_gib + budget.reserved(floor + frac * (need - floor))
+    cluster = cluster_with_memory(gib, n=pp * dp)
+    want = brute_force(model, cluster, c, "megatron")
+    res, fits = solve_candidate(model, cluster, c, engine="megatron", margin_gib=0.0)
+    assert fits == (want is not None)
+    if want is not None:
+        assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
+
+
+def test_dense_model_has_no_expert_terms():
+    m = Model("dense", num_layers=4, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=8,
+              vocab_size=32000, max_seq_len=4096)
+    c = Candidate(tp=1, pp=2, dp=2, zero=1, sp=False, mbs=1, seq_len=2048, global_batch=8)
+    k = stage_coefficients(m, get_cluster("h100x8"), c, "megatron")
+    assert all(x.moe is None and x.ep_layer == 0 for x in k)
+    est = evaluate(m, get_cluster("h100x8"), c, [2, 2], [0, 0], k, "megatron")
+    assert "ep_comm" not in est.time_breakdown_s
+
+
+def test_plan_mixtral_like_chooses_ep_and_shows_the_all_to_all():
+    m = Model(**MIXTRAL)
+    cl = get_cluster("h100x64")
+    rep = search(m, cl, Fixed(pp=2, mbs=1), seq_len=4096, global_batch=256, engine="megatron")
+    best = rep.best
+    assert best.candidate.ep > 1
+    assert best.estimate.time_breakdown_s["ep_comm"] > 0
+    plan = to_plan(m, cl, best, rep)
+    assert plan.parallelism.ep == best.candidate.ep
+    assert 0.0 <= plan.search["search_gap"] < 1.0
+    # the plan round-trips through JSON with its expert layout
+    again = type(plan).from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert (again.parallelism.ep, again.parallelism.etp) == (plan.parallelism.ep,
+                                                            plan.parallelism.etp)
+
+
+def test_moe_refused_by_engines_that_do_not_price_it():
+    m = Model(**MIXTRAL)
+    with pytest.raises(BadInput, match="runs no mixture-of-experts"):
+        search(m, get_cluster("h100x64"), engine="deepspeed")
+    with pytest.raises(BadInput, match="does not divide the model's 8 experts"):
+        search(m, get_cluster("h100x64"), Fixed(ep=3), engine="megatron")
+
+
+def test_torchtitan_ep_needs_sharded_dp():
+    e = get_engine("torchtitan")
+    assert not e.ep_layout_ok(8, 1, 1, 0)      # DDP replicas cannot hold experts
+    assert e.ep_layout_ok(8, 1, 1, 2)
+    assert not e.ep_layout_ok(2, 2, 4, 3)      # etp must be 1 or tp
+    assert get_engine("megatron").ep_layout_ok(2, 2, 4, 1)
+
+
+def test_fixed_interleaving_of_layer_kinds_is_placed_and_says_so():
+    model = tiny_moe(layers=8, first_dense=2)
+    cl = get_cluster("h100x8")
+    rep = search(model, cl, Fixed(pp=2, vpp=2, tp=1, mbs=1), seq_len=2048, global_batch=64,
+                 engine="megatron")
+    assert rep.best.candidate.vpp == 2
+    assert rep.best.status == "EVEN_SPLIT"
+    # an even split of whole chunks; the gap of the whole search is reported, not hidden
+    assert rep.best.layers == [4, 4]
+    assert rep.gap >= 0.0
