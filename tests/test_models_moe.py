@@ -330,8 +330,9 @@ def test_plan_models_lists_total_and_active(capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("deepseek-v3 "))
     assert "671.03B" in row and "37.55B" in row and "1 MTP" in row and "256 top-8" in row
-    assert main(["--model", "mixtral-8x7b", "--cluster", "h100x64"]) == 2   # not planned yet
-    assert "mixture-of-experts" in capsys.readouterr().err
+    assert main(["--model", "mixtral-8x7b", "--cluster", "h100x64"]) == 0
+    out = capsys.readouterr().out
+    assert "ep=" in out and "EP dispatch+combine" in out
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
