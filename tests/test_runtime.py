@@ -431,3 +431,22 @@ def test_gqa_attention_core_matches_reference_and_saves_no_repeated_kv():
     assert mem.act_peak <= nbytes(q, k, v, out) + lse, (mem.act_peak, nbytes(q, k, v, out))
     out.sum().backward()
     assert k.grad.shape == k.shape
+
+
+def test_norm_and_gated_mlp_save_only_their_inputs_and_differentiate_exactly():
+    """RMSNorm and the gated MLP's act(a) * b save only their inputs (the cost model's terms)
+    and their hand-written backwards equal autograd's numerical derivative."""
+    import torch.nn.functional as F
+    from runtime.model import _GatedActFn, _RMSNormFn
+    x = torch.randn(2, 3, 8, dtype=torch.double, requires_grad=True)
+    w = torch.randn(8, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNormFn.apply(x, w, 1e-5), (x, w))
+    a = torch.randn(3, 5, dtype=torch.double, requires_grad=True)
+    b = torch.randn(3, 5, dtype=torch.double, requires_grad=True)
+    for act in (F.silu, lambda t: F.gelu(t, approximate="tanh")):
+        assert torch.autograd.gradcheck(lambda a, b: _GatedActFn.apply(a, b, act), (a, b))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        _RMSNormFn.apply(x, w, 1e-5)
+        _GatedActFn.apply(a, b, F.silu)
+    assert [t.shape for t in saved] == [x.shape, w.shape, a.shape, b.shape]
