@@ -50,7 +50,10 @@ class _RMSNormFn(torch.autograd.Function):
         ctx.eps = eps
         ctx.save_for_backward(x, weight)
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+        # the output in the input's dtype (a bf16 stream stays bf16 under autocast with fp32
+        # weights, so the linears that read it save it once, not one autocast copy each)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) \
+            * weight.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -60,7 +63,7 @@ class _RMSNormFn(torch.autograd.Function):
         r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
         n = xf * r
         grad_w = (grad * n.type_as(x)).to(f32).sum(dim=tuple(range(grad.dim() - 1)))
-        dn = (grad * weight).to(f32)
+        dn = (grad * weight.to(grad.dtype)).to(f32)
         grad_x = r * (dn - n * (dn * n).mean(-1, keepdim=True))
         return grad_x.type_as(x), grad_w.to(weight.dtype), None
 
@@ -232,6 +235,11 @@ class Transformer(nn.Module):
                 x = x + self.pos_embeddings(pos)
             if self.emb_dropout is not None:
                 x = self.emb_dropout(x)
+            if torch.is_autocast_enabled(x.device.type):
+                # the residual stream in the autocast dtype (bf16), as the cost model counts
+                # it; fp32 embedding weights would otherwise make it, and every norm input and
+                # autocast copy of it, fp32
+                x = x.to(torch.get_autocast_dtype(x.device.type))
         for layer in self.layers.values():
             x = layer(x)
         if self.norm is not None:

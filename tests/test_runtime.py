@@ -450,3 +450,33 @@ def test_norm_and_gated_mlp_save_only_their_inputs_and_differentiate_exactly():
         _RMSNormFn.apply(x, w, 1e-5)
         _GatedActFn.apply(a, b, F.silu)
     assert [t.shape for t in saved] == [x.shape, w.shape, a.shape, b.shape]
+
+
+def test_autocast_keeps_the_residual_stream_and_activations_bf16():
+    """Under bf16 autocast with fp32 parameters (the runtime's ZeRO 0/1 on CUDA; CPU autocast
+    here), the model saves the bytes the cost model counts for bf16 activations, beside the bf16
+    copies autocast makes of the linear weights (2 bytes per weight; before the embedding output
+    was cast, the fp32 residual stream made it 1.7x per layer)."""
+    from planner.catalog import get_model
+    from planner.cost.memory import activation_bytes, logits_bytes
+    from runtime.model import Transformer
+    spec = get_model(str(ROOT / "examples/tiny-llama.json"))
+    b, s = 2, 128
+    model = Transformer(spec)
+    saved = {}
+
+    def pack(t):
+        if not (isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)):
+            st = t.untyped_storage()
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+    tokens = torch.randint(0, spec.vocab_size, (b, s))
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+    weight_copies = 2 * sum(m.weight.numel() for m in model.modules()
+                            if isinstance(m, torch.nn.Linear))
+    planned = (spec.num_layers * activation_bytes(spec, b, s, 1, False, "none", True)
+               + logits_bytes(spec, b, s, 1))
+    assert abs(sum(saved.values()) - weight_copies - planned) <= 0.10 * planned
