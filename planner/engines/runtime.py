@@ -18,6 +18,8 @@ and v (8 B). Saved activations as the cost model counts them (runtime/model.py: 
 the gated MLP save only their inputs, SDPA keeps K/V grouped). On CPUs it computes in fp32 (no
 bf16 autocast: `fp32_compute_on`), so there every activation, gathered parameter copy and TP/PP
 message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_bytes).
+Not priced yet: under ZeRO 0/1 on CUDA, autocast's bf16 copies of the fp32 weights (2 bytes per
+parameter, cached for the step); the cost model counts a compute copy only under ZeRO 2.
 Precision: bf16 only (runtime/ has no FP8 path).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
