@@ -317,7 +317,9 @@ def memory_table(rows) -> list:
         "the first step, MiB (`measured_memory_gib`: parameter, gradient and optimizer-state "
         "bytes of the tensors, the peak of saved activations through saved-tensor hooks). "
         "`peak`: the plan's total (other included) / the process's max RSS, which on CPU "
-        "includes torch itself.",
+        "includes torch itself. Under ZeRO 3 the measured params include what FSDP2 holds "
+        "gathered while computing (the root group and the layer in use), which the plan counts "
+        "under `other`.",
         "",
         "| # | rank | pp rank | " + " | ".join(MEMORY_KEYS) + " | act. measured/predicted | "
         "peak |",
