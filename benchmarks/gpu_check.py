@@ -2,7 +2,7 @@
 micro-batch sizes, run each plan with our runtime, and write measured step time and peak memory
 beside the plan's prediction (issue #10, item 5).
 
-    python -m benchmarks.gpu_check [--out DIR]          # on a machine with one CUDA GPU
+    python -m benchmarks.gpu_check [--out DIR]          # repo root, one CUDA GPU, torch 2.13
     python -m benchmarks.gpu_check --cpu-dry-run        # the same path on CPU, tiny model
 
 World 1 (NCCL on the GPU, gloo on CPU), bf16 autocast (the runtime on CUDA), tp = pp = dp = 1.
@@ -34,10 +34,11 @@ MODEL_1B = {"_name": "llama-1b-check", "model_type": "llama", "num_hidden_layers
             "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 2048,
             "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
             "tie_word_embeddings": False}
+# time limits per stage: 180 + 2 x (45 + 100) = 470 s at most, within the 8 minutes
 GPU_SETTINGS = {"seq_len": 2048, "global_batch": 8, "micro_batches": (1, 4), "steps": 6,
-                "profile_s": 240, "run_s": 90}
+                "profile_s": 180, "plan_s": 45, "run_s": 100}
 CPU_SETTINGS = {"seq_len": 64, "global_batch": 4, "micro_batches": (1, 2), "steps": 3,
-                "profile_s": 300, "run_s": 120}
+                "profile_s": 300, "plan_s": 120, "run_s": 120}
 
 
 def sh(cmd: list, log: Path, timeout: float) -> tuple:
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
                           "--micro-batch", str(mbs), "--out", str(plan_path)]
         if profiled:
             cmd += ["--profile", str(prof)]
-        rc, _ = sh(cmd, out / f"plan-mbs{mbs}.log", 120)
+        rc, _ = sh(cmd, out / f"plan-mbs{mbs}.log", cfg["plan_s"])
         if rc != 0 or not plan_path.exists():
             row["error"] = f"plan exit {rc}: {tail(out / f'plan-mbs{mbs}.log', 3)}"
             print(f"[2/3] mbs {mbs}: {row['error']}", flush=True)
