@@ -7,8 +7,9 @@
    family (tp=2, pp=2, dp=2 ...), as `plan --profile` would rank them;
 3. run each with the runtime (`torchrun ... -m runtime --plan P --steps N --metrics M`);
 4. print predicted vs measured step time (median of the steps after the first), the catalog-only
-   prediction beside it, and whether the predicted ranking held; write
-   benchmarks/results/closed_loop.md.
+   prediction beside it, whether the predicted ranking held, and predicted vs measured memory
+   per rank (params, grads, optimizer, activations, peak); write
+   benchmarks/results/closed_loop.{md,json}.
 """
 from __future__ import annotations
 
@@ -109,15 +110,36 @@ def wait_quiet(limit_s: float, threshold: float) -> float:
     return os.getloadavg()[0]
 
 
+MEMORY_KEYS = ("params", "grads", "optimizer", "activations")
+
+
 def measured_step(metrics: Path) -> dict:
-    steps = []
+    steps, memory = [], None
     for line in metrics.read_text().splitlines():
         d = json.loads(line)
         if "step" in d:
             steps.append(d["step_time_s"])
+            memory = memory or d.get("measured_memory_gib")
     steady = steps[1:] if len(steps) > 1 else steps
     return {"median": statistics.median(steady), "mean": statistics.fmean(steady),
-            "min": min(steady), "max": max(steady), "steps": len(steps), "all": steady}
+            "min": min(steady), "max": max(steady), "steps": len(steps), "all": steady,
+            "memory": memory}
+
+
+def memory_rows(predicted: list, measured: list) -> list:
+    """Per global rank: the plan's memory of its pipeline rank beside the first step's
+    measured memory (runtime/memory.py), GiB."""
+    out = []
+    for rank, m in enumerate(measured or []):
+        pr = predicted[m["pp_rank"]]
+        row = {"rank": rank, "pp_rank": m["pp_rank"]}
+        for k in MEMORY_KEYS:
+            row[k] = (pr[k], m[k])
+        # the plan's total (other included) vs the process's peak: on CPU the max RSS, which
+        # includes the libraries (~0.4 GiB of torch), on GPUs max_memory_allocated
+        row["peak"] = (pr["total"], m["peak"])
+        out.append(row)
+    return out
 
 
 def main(argv=None) -> int:
@@ -199,7 +221,9 @@ def main(argv=None) -> int:
         c = candidate_of(plan)
         layers = [sum(s.num_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
         rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
-        cat = evaluate(model, catalog, c, layers, rec, engine="runtime").step_time_s
+        cat_est = evaluate(model, catalog, c, layers, rec, engine="runtime")
+        cat = cat_est.step_time_s
+        est = evaluate(model, cluster, c, layers, rec, engine=engine)
         pred_other = evaluate(model, cluster_other, c, layers, rec,
                               engine=engine_other).step_time_s
         pred = plan.estimate["step_time_s"]
@@ -208,7 +232,10 @@ def main(argv=None) -> int:
                      "error": measured / pred - 1, "catalog_error": measured / cat - 1,
                      "predicted_other": pred_other, "measured_other": measured_other,
                      "error_other": measured_other / pred_other - 1,
-                     "breakdown": plan.estimate.get("time_breakdown_s", {})})
+                     "breakdown": plan.estimate.get("time_breakdown_s", {}),
+                     "memory": memory_rows(est.stage_memory_gib, runs[i][0]["memory"]),
+                     "catalog_memory": memory_rows(cat_est.stage_memory_gib,
+                                                   runs[i][0]["memory"])})
 
     pred_best = min(range(len(rows)), key=lambda i: rows[i]["predicted"])
     meas_best = min(range(len(rows)), key=lambda i: rows[i]["measured"])
@@ -279,8 +306,34 @@ def report(rows, profile, notes, pred_best, meas_best, pred_order, meas_order, w
         "| # | " + " | ".join(rows[0]["breakdown"]) + " |",
         "|---|" + "---|" * len(rows[0]["breakdown"]),
     ] + [f"| {i} | " + " | ".join(f"{v:.3f}" for v in r["breakdown"].values()) + " |"
-         for i, r in enumerate(rows)] + ["", GAPS]
+         for i, r in enumerate(rows)] + [""] + memory_table(rows) + ["", GAPS]
     return "\n".join(lines) + "\n"
+
+
+def memory_table(rows) -> list:
+    mib = 2 ** 10
+    lines = [
+        "Memory per rank, predicted (with the profile; catalog-only in brackets) / measured on "
+        "the first step, MiB (`measured_memory_gib`: parameter, gradient and optimizer-state "
+        "bytes of the tensors, the peak of saved activations through saved-tensor hooks). "
+        "`peak`: the plan's total (other included) / the process's max RSS, which on CPU "
+        "includes torch itself. Under ZeRO 3 the measured params include what FSDP2 holds "
+        "gathered while computing (the root group and the layer in use), which the plan counts "
+        "under `other`.",
+        "",
+        "| # | rank | pp rank | " + " | ".join(MEMORY_KEYS) + " | act. measured/predicted | "
+        "peak |",
+        "|---|---|---|" + "---|" * (len(MEMORY_KEYS) + 2),
+    ]
+    for i, r in enumerate(rows):
+        for m, c in zip(r["memory"], r["catalog_memory"]):
+            cells = [f"{m[k][0] * mib:.2f} [{c[k][0] * mib:.2f}] / {m[k][1] * mib:.2f}"
+                     for k in MEMORY_KEYS]
+            pa, ma = m["activations"]
+            ratio = f"{ma / pa:.2f}" if pa else "-"
+            lines.append(f"| {i} | {m['rank']} | {m['pp_rank']} | " + " | ".join(cells)
+                         + f" | {ratio} | {m['peak'][0] * mib:.1f} / {m['peak'][1] * mib:.0f} |")
+    return lines
 
 
 GAPS = """## What the prediction does not capture (CPU runtime)

@@ -431,3 +431,52 @@ def test_gqa_attention_core_matches_reference_and_saves_no_repeated_kv():
     assert mem.act_peak <= nbytes(q, k, v, out) + lse, (mem.act_peak, nbytes(q, k, v, out))
     out.sum().backward()
     assert k.grad.shape == k.shape
+
+
+def test_norm_and_gated_mlp_save_only_their_inputs_and_differentiate_exactly():
+    """RMSNorm and the gated MLP's act(a) * b save only their inputs (the cost model's terms)
+    and their hand-written backwards equal autograd's numerical derivative."""
+    import torch.nn.functional as F
+    from runtime.model import _GatedActFn, _RMSNormFn
+    x = torch.randn(2, 3, 8, dtype=torch.double, requires_grad=True)
+    w = torch.randn(8, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNormFn.apply(x, w, 1e-5), (x, w))
+    a = torch.randn(3, 5, dtype=torch.double, requires_grad=True)
+    b = torch.randn(3, 5, dtype=torch.double, requires_grad=True)
+    for act in (F.silu, lambda t: F.gelu(t, approximate="tanh")):
+        assert torch.autograd.gradcheck(lambda a, b: _GatedActFn.apply(a, b, act), (a, b))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        _RMSNormFn.apply(x, w, 1e-5)
+        _GatedActFn.apply(a, b, F.silu)
+    assert [t.shape for t in saved] == [x.shape, w.shape, a.shape, b.shape]
+
+
+def test_autocast_keeps_the_residual_stream_and_activations_bf16():
+    """Under bf16 autocast with fp32 parameters (the runtime's ZeRO 0/1 on CUDA; CPU autocast
+    here), the model saves the bytes the cost model counts for bf16 activations, beside the bf16
+    copies autocast makes of the linear weights (2 bytes per weight; before the embedding output
+    was cast, the fp32 residual stream made it 1.7x per layer)."""
+    from planner.catalog import get_model
+    from planner.cost.memory import activation_bytes, logits_bytes
+    from runtime.model import Transformer
+    spec = get_model(str(ROOT / "examples/tiny-llama.json"))
+    b, s = 2, 128
+    model = Transformer(spec)
+    saved = {}
+
+    def pack(t):
+        if not (isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)):
+            st = t.untyped_storage()
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+    tokens = torch.randint(0, spec.vocab_size, (b, s))
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+    weight_copies = 2 * sum(m.weight.numel() for m in model.modules()
+                            if isinstance(m, torch.nn.Linear))
+    planned = (spec.num_layers * activation_bytes(spec, b, s, 1, False, "none", True)
+               + logits_bytes(spec, b, s, 1))
+    assert abs(sum(saved.values()) - weight_copies - planned) <= 0.10 * planned

@@ -132,3 +132,16 @@ def test_warns_when_the_plan_is_for_other_hardware(tmp_path):
     assert r.stderr.splitlines() == [
         "runtime: warning: the plan was made for h100x1 (h100); on this CPU machine its "
         "predicted step time (0.01 s) does not apply"]
+
+
+def test_gpu_check_refuses_a_machine_without_a_gpu(tmp_path):
+    """benchmarks/gpu_check.py (the prepared GPU run) says in one line that there is no GPU and
+    exits 2, writing nothing (its CPU path is `--cpu-dry-run`)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--cpu-dry-run" in r.stderr and not list(tmp_path.iterdir())

@@ -9,10 +9,22 @@ rank must be the plan's stage memory for that pipeline rank (grads 10%, optimize
 must the parameters under ZeRO 0/1 (5%). Few examples by default (RUNTIME_PLAN_EXAMPLES raises
 it).
 
-Not compared yet, because the cost model counts them otherwise than this runtime holds them on
-CPU: GPT-style models under tp (learned positions are sharded over tp here, counted whole); ZeRO 2/3 parameters (the gathered copy is fp32 here, the plan counts a bf16 copy; ZeRO 3's
-FSDP root group stays gathered through the step and its layer being computed is counted under
-`other`), and activations (fp32 here, counted as bf16).
+Saved activations per pipeline rank must be the plan's within 30% (the runtime computes in
+fp32 on CPUs, and the runtime engine prices 4-byte activations there), ZeRO 2 parameters (shards
+plus the gathered fp32 copy) within 5%, and ZeRO 3 parameters between the shards plus the
+gathered root group and one layer and the shards plus root group and two layers (the plan counts
+those under `other`).
+
+Not compared, because the cost model counts them otherwise than this runtime holds them:
+GPT-style models under tp (learned positions are sharded over tp here, counted whole).
+
+Known gap, found with RUNTIME_PLAN_EXAMPLES=10 (not among the default examples): on the first
+step torch.distributed.pipelining infers stage shapes by running the first stage's forward once
+more on real data with grad enabled and keeps its outputs until the backward metadata is
+inferred, so pipeline rank 0 holds one extra micro-batch of its layers' activations on that step
+(seen: tiny 6-layer Llama, cpux4, pp2 dp2 ZeRO 2 GPipe m = 1 mbs 8: 1.82x the plan on pp rank
+0). Giving the stages static input/output shapes would remove it; until then a plan with few
+micro-batches under pp undercounts the first step on pp rank 0.
 """
 import json
 import os
@@ -79,6 +91,46 @@ def one_process(model, seq, gbs):
     return _baselines[key]
 
 
+def _facts(plan):
+    from planner.engines import get_engine
+    from planner.engines.facts import facts_for
+    return facts_for(get_engine("runtime"), plan.cluster.gpu)
+
+
+def planned_activations(plan, best, pp_rank):
+    """(low, high) GiB of saved activations the plan prices for a pipeline rank: its
+    `activations`, and on a rank that recomputes layers, also the one layer's activations that
+    backward re-materialises (the plan counts that working set under `other`; saved-tensor hooks
+    see it under pipelining, not inside FSDP2's checkpointed layers)."""
+    p, b = plan.parallelism, plan.batch
+    low = high = best.estimate.stage_memory_gib[pp_rank]["activations"]
+    chunks = [s for i, s in enumerate(plan.stages) if i % p.pp == pp_rank]
+    if any(s.recompute_layers for s in chunks):
+        high += _facts(plan).activation_bytes(plan.model, b.micro_batch_size, b.seq_len, p.tp,
+                                              p.sequence_parallel, "none", True) / GIB
+    return low, high
+
+
+def activations_as_planned(measured, low, high, tol=0.30):
+    return (1 - tol) * low <= measured <= (1 + tol) * high
+
+
+def zero3_gathered_bounds(plan, pp_rank):
+    """GiB FSDP2 holds gathered under ZeRO 3 on a pipeline rank: (root group + one layer, root
+    group + two layers), each parameter in the runtime's compute dtype on this device."""
+    m, p = plan.model, plan.parallelism
+    t = p.tp
+    layer = (m.attn_matmul_params() + m.mlp_matmul_params() + m.bias_params()) / t \
+        + 2 * m.norm_params()
+    first, last = pp_rank == 0, pp_rank == p.pp - 1
+    fixed = (m.vocab_size * m.hidden / t + (m.max_seq_len * m.hidden
+                                           if m.position == "learned" else 0)) * first
+    fixed += (m.norm_params() + (m.vocab_size * m.hidden / t
+                                 if not m.tied_embeddings or p.pp > 1 else 0)) * last
+    e = _facts(plan).compute_elem_bytes
+    return e * (fixed + layer) / GIB, e * (fixed + 2 * layer) / GIB
+
+
 models = st.builds(
     lambda layers, kv, gpt: Model(
         "tiny-gpt" if gpt else "tiny", num_layers=layers, hidden=64, ffn_hidden=128,
@@ -136,8 +188,17 @@ def test_searched_plans_run_as_planned(model, world, zero, pp_pick, rank_pick, g
         return
     for rank, m in enumerate(measured):
         plan_r = planned[m["pp_rank"]]
-        if p.zero_stage <= 1:
+        act = planned_activations(plan, best, m["pp_rank"])
+        assert activations_as_planned(m["activations"], *act), (what, rank, m, act)
+        if p.zero_stage <= 2:
             assert close(m["params"], plan_r["params"], 0.05), (what, rank, m, plan_r)
+        elif p.dp > 1:
+            # ZeRO 3: the shards plus what FSDP2 holds gathered while computing, which the plan
+            # counts under `other`: the root group (embedding, head) for the whole step and the
+            # layer in use (one) and the prefetched one (two)
+            low, high = zero3_gathered_bounds(plan, m["pp_rank"])
+            assert plan_r["params"] + 0.95 * low <= m["params"] \
+                <= 1.05 * (plan_r["params"] + high), (what, rank, m, plan_r, low, high)
         assert close(m["grads"], plan_r["grads"], 0.10), (what, rank, m, plan_r)
         if p.zero_stage != 1 or p.dp == 1:
             assert close(m["optimizer"], plan_r["optimizer"], 0.05), (what, rank, m, plan_r)
@@ -148,3 +209,24 @@ def test_searched_plans_run_as_planned(model, world, zero, pp_pick, rank_pick, g
             group = [m["optimizer"] for m in measured if m["pp_rank"] == pr]
             assert close(sum(group), p.tp * p.dp * planned[pr]["optimizer"], 0.05), \
                 (what, pr, group, planned[pr])
+
+
+def test_saved_activations_are_what_the_plan_prices():
+    """The "fits, then runs out of memory" check for a catalog-only CPU plan: a searched
+    Llama-style plan on cpux2 (no profile) runs one step, and every rank's measured peak of
+    saved activations is within 30% of what the plan prices for its pipeline rank (before the
+    runtime engine priced fp32 activations on CPUs and the runtime's RMSNorm and gated MLP saved
+    only their inputs, it was 2.1-2.9x)."""
+    model = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
+                  vocab_size=128, max_seq_len=64)
+    cluster = Cluster("cpux2", get_gpu("cpu"), 2, 2)
+    report = search(model, cluster, Fixed(zero=0, pp=2), seq_len=32, global_batch=8, engine="runtime")
+    best = report.ranked[0]
+    plan = to_plan(model, cluster, best, report, engine="runtime")
+    d = Path(tempfile.mkdtemp(prefix="saved-act-"))
+    plan.save(d / "plan.json")
+    r = launch(2, "--plan", d / "plan.json", "--steps", 1, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank, m in enumerate(steps_of(d / "m.jsonl")[1]["measured_memory_gib"]):
+        want = planned_activations(plan, best, m["pp_rank"])
+        assert activations_as_planned(m["activations"], *want), (rank, m, want)

@@ -329,7 +329,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     grad_bytes = engine.grad_bytes
     states = dict(grad_bytes=grad_bytes, weight_bytes=engine.weight_bytes,
                   optimizer_bytes=engine.optimizer_bytes,
-                  compute_copy_bytes=engine.compute_copy_bytes)
+                  compute_copy_bytes=facts.compute_copy_bytes)
 
     coeffs = []
     for rank in range(p):
@@ -340,9 +340,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
 
         # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered
-        # in bf16
+        # in its compute dtype (bf16; fp32 where it computes in fp32)
         g_layer, g_fixed = grad_bytes * layer_params, grad_bytes * fixed_params
-        w_layer, w_fixed = BF16 * layer_params, BF16 * fixed_params
+        w_layer, w_fixed = (facts.compute_elem_bytes * layer_params,
+                            facts.compute_elem_bytes * fixed_params)
         if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
             # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
             w_layer -= (BF16 - lp.element_bytes) * linear_params
@@ -364,7 +365,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             # one) and one layer's unsharded gradients before the reduce-scatter, and likewise
             # the embedding and head this rank holds
             other += 2 * w_layer + grad_bytes * layer_params
-            other += (BF16 + grad_bytes) * fixed_params
+            other += (facts.compute_elem_bytes + grad_bytes) * fixed_params
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
         other += act_none

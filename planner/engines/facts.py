@@ -48,12 +48,17 @@ def _memo(fn):
 
 
 class CatalogFacts:
-    comm_elem_bytes = BF16   # bytes per element of the activations TP and PP move
-
     def __init__(self, engine: Engine, gpu: Gpu):
         self.engine = engine
         self.gpu = engine_gpu(engine, gpu)
         self._memo = {}
+        # bytes per element of what the engine computes with on this device: its saved
+        # activations, the parameter copies it gathers and the activations TP and PP move
+        self.compute_elem_bytes = FP32 if gpu.name in engine.fp32_compute_on else BF16
+        self.comm_elem_bytes = self.compute_elem_bytes
+        # the unsharded copy of parameters held while computing (engine.compute_copy_bytes is
+        # the bf16 copy): as wide as the compute dtype
+        self.compute_copy_bytes = engine.compute_copy_bytes * self.compute_elem_bytes / BF16
 
     @_memo
     def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None):
@@ -63,6 +68,16 @@ class CatalogFacts:
 
     @_memo
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
+        out = self.bf16_activation_bytes(model, b, s, tp, sp, mode, flash, lp)
+        if self.compute_elem_bytes == BF16:
+            return out
+        # the formula's bf16 elements are compute_elem_bytes wide here; flash attention's
+        # log-sum-exp is fp32 either way
+        lse = 4.0 * model.num_heads * b * s / tp if flash and mode != "full" else 0.0
+        return lse + (out - lse) * self.compute_elem_bytes / BF16
+
+    def bf16_activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
+        """The cost model's saved bytes of one layer, computing in bf16."""
         out = activation_bytes(model, b, s, tp, sp, mode, flash)
         if lp is not None and lp.recipe.saves_lowp_inputs:
             out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes)
@@ -78,7 +93,12 @@ class CatalogFacts:
 
     @_memo
     def logits_bytes(self, model, b, s, tp):
-        return logits_bytes(model, b, s, tp) * self.engine.loss_bytes_per_logit / FP32
+        per_logit = self.engine.loss_bytes_per_logit
+        if self.compute_elem_bytes == FP32 and per_logit > FP32:
+            # fp32 logits: their fp32 copy for the loss is the same tensor (`.float()`), so the
+            # bf16 logits the eager figure counts are not there
+            per_logit -= BF16
+        return logits_bytes(model, b, s, tp) * per_logit / FP32
 
     def optimizer_time(self, params):
         return optimizer_time(self.gpu, params)
@@ -98,9 +118,10 @@ class MeasuredFacts(CatalogFacts):
         return self.measured.layer_time(lt, b, s, tp, sp, flash, tp_comm_fwd)
 
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
+        # the profile measured what runs (its dtype included), relative to the bf16 formula
         return self.measured.activation_bytes(
-            super().activation_bytes(model, b, s, tp, sp, mode, flash, lp), b, s, tp, sp, mode,
-            flash)
+            self.bf16_activation_bytes(model, b, s, tp, sp, mode, flash, lp), b, s, tp, sp,
+            mode, flash)
 
     def embedding_time(self, model, b, s, tp):
         return self.measured.embedding_time(super().embedding_time(model, b, s, tp), b, s, tp)

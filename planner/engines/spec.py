@@ -100,6 +100,10 @@ class Engine:
     # bf16 unsharded copy of the parameters held while computing, where the persistent weights
     # are fp32 (FSDP mixed precision): per parameter of the unsharded layers it keeps
     compute_copy_bytes: float = 0.0
+    # catalog GPU names (device types) on which the engine computes in fp32, without bf16
+    # autocast: its saved activations, gathered parameter copies and TP/PP messages are 4 bytes
+    # an element there, not 2 (planner.engines.facts.CatalogFacts.compute_elem_bytes)
+    fp32_compute_on: tuple = ()
     # peak bytes per logit while the loss runs: Megatron's fused vocabulary-parallel cross
     # entropy keeps the fp32 softmax (4, megatron/core/tensor_parallel/cross_entropy.py);
     # eager PyTorch holds the bf16 logits (2), their fp32 copy (4) and the fp32 log-softmax it
