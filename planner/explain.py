@@ -16,7 +16,8 @@ from planner.bounds import divisors
 from planner.errors import BadInput
 from planner.plan import Plan
 
-PARTS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "PP comm",
+PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
+         "pp_comm": "PP comm",
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 REJECTED_SHOWN = 3
@@ -34,6 +35,8 @@ def _fmt_time(s: float) -> str:
 def summary_line(plan: Plan) -> str:
     p, b = plan.parallelism, plan.batch
     parts = [f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"zero={p.zero_stage}"]
+    if p.cp > 1:
+        parts.insert(1, f"cp={p.cp}({p.cp_comm_type})")
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
     if p.pp > 1:
@@ -48,6 +51,8 @@ def summary_line(plan: Plan) -> str:
 def describe_candidate(c) -> str:
     """One line for a search candidate (planner.cost.Candidate)."""
     s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}"
+    if c.cp > 1:
+        s = s.replace(" pp=", f" cp={c.cp}({c.cp_comm}) pp=", 1)
     if c.tp > 1:
         s += " sp" if c.sp else " no-sp"
     if c.pp > 1:

@@ -18,6 +18,7 @@ planner.cost.stage (the same expressions `evaluate` uses).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,8 +28,11 @@ from ortools.sat.python import cp_model
 
 from planner import validity as V
 from planner.bounds import divisors
+from planner.cost import comm
+from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
 from planner.engines import get_engine
+from planner.engines.facts import facts_for
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
@@ -66,6 +70,10 @@ class Fixed:
     # and the engine's scaling recipe for it (None: the engine's default)
     precision: str = "bf16"
     recipe: str | None = None
+    # context parallelism (None: searched where the engine has it) and its K/V exchange
+    # (None: searched among the engine's)
+    cp: int | None = None
+    cp_comm_type: str | None = None
 
 
 @dataclass
@@ -137,7 +145,17 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
     check_engine(get_engine(engine), f)
     check_precision(get_engine(engine), cluster.gpu, f.precision, f.recipe)
     n = cluster.num_gpus
-    for name in ("tp", "pp", "dp", "mbs", "vpp"):
+    eng = get_engine(engine)
+    if f.cp is not None and f.cp > 1 and not eng.cp_comm_types:
+        raise BadInput(f"engine {eng.name} has no context parallelism (--cp {f.cp})")
+    if f.cp_comm_type is not None:
+        if f.cp_comm_type not in CP_COMM_TYPES:
+            raise BadInput(f"--cp-comm-type must be one of {', '.join(CP_COMM_TYPES)}, "
+                           f"got {f.cp_comm_type}")
+        if f.cp_comm_type not in eng.cp_comm_types:
+            raise BadInput(f"engine {eng.name} has no {f.cp_comm_type} context-parallel "
+                           f"exchange (it has: {', '.join(eng.cp_comm_types) or 'no CP'})")
+    for name in ("tp", "pp", "dp", "mbs", "vpp", "cp"):
         v = getattr(f, name)
         if v is not None and v < 1:
             raise BadInput(f"--{name.replace('mbs', 'micro-batch')} must be positive, got {v}")
@@ -145,7 +163,12 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         raise BadInput("--seq-len and --global-batch must be positive")
     if f.zero is not None and f.zero not in (0, 1, 2, 3):
         raise BadInput(f"--zero must be 0, 1, 2 or 3, got {f.zero}")
-    for name in ("tp", "pp", "dp"):
+    if f.cp is not None and f.cp > 1:
+        problems = V.cp_problems(model, seq_len, f.tp or 1, f.cp, f.cp_comm_type or "p2p",
+                                 f.flash)
+        if problems:
+            raise BadInput(f"--cp {f.cp}: {problems[0]}")
+    for name in ("tp", "pp", "dp", "cp"):
         v = getattr(f, name)
         if v is not None and n % v:
             raise BadInput(f"--{name} {v} does not divide the cluster's {n} GPUs")
@@ -159,14 +182,16 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
     if f.pp is not None and not V.pp_ok(model, f.pp):
         raise BadInput(f"--pp {f.pp} exceeds the model's {model.num_layers} layers")
     prod = 1
-    for v in (f.tp, f.pp, f.dp):
+    for v in (f.tp, f.pp, f.dp, f.cp):
         prod *= v or 1
+    name = "tp*cp*pp*dp" if (f.cp or 1) > 1 else "tp*pp*dp"
     if n % prod:
-        raise BadInput(f"tp*pp*dp = {prod} does not divide the cluster's {n} GPUs")
+        raise BadInput(f"{name} = {prod} does not divide the cluster's {n} GPUs")
     if None not in (f.tp, f.pp, f.dp) and prod != n:
-        raise BadInput(f"tp*pp*dp = {prod} but the cluster has {n} GPUs; use them all "
-                       f"(e.g. --dp {n // (f.tp * f.pp)})" if n % (f.tp * f.pp) == 0 else
-                       f"tp*pp*dp = {prod} but the cluster has {n} GPUs")
+        rest = f.tp * f.pp * (f.cp or 1)
+        raise BadInput(f"{name} = {prod} but the cluster has {n} GPUs; use them all "
+                       f"(e.g. --dp {n // rest})" if n % rest == 0 else
+                       f"{name} = {prod} but the cluster has {n} GPUs")
     if f.dp is not None and not V.batch_ok(gbs, f.dp):
         raise BadInput(f"--global-batch {gbs} is not divisible by --dp {f.dp}")
     if f.mbs is not None and f.dp is not None and not V.batch_ok(gbs, f.dp, f.mbs):
@@ -180,9 +205,10 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         raise BadInput("--schedule interleaved needs --pp > 1")
     if f.sp and f.tp == 1:
         raise BadInput("--sp needs --tp > 1")
-    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len):
+    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len, f.cp or 1):
+        k = f.tp * (f.cp or 1)
         raise BadInput(f"--sp shards the sequence over --tp {f.tp}: --seq-len {seq_len} is not "
-                       f"divisible by {f.tp}")
+                       f"divisible by {k}")
     if not V.has_positions(model, seq_len):
         raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} "
                        f"{model.position} positions (max_seq_len)")
@@ -200,6 +226,29 @@ def searched_recompute(engine: Engine, f: Fixed) -> list:
     return modes
 
 
+def searched_cp(model: Model, cluster: Cluster, f: Fixed, seq_len: int, tp: int,
+                engine: Engine) -> list:
+    """(cp, comm type) pairs to try with tensor parallelism tp: cp over the divisors of the
+    GPUs left by tp that split the sequence into 2*cp chunks, each with the engine's K/V
+    exchanges that can split the model (a fixed --cp / --cp-comm-type is not searched)."""
+    n = cluster.num_gpus
+    if f.cp is not None:
+        cps = [f.cp]
+    elif not engine.cp_comm_types or not f.flash:
+        cps = [1]
+    else:
+        cps = [c for c in divisors(n // tp) if V.cp_ok(seq_len, c)]
+    out = []
+    for cp in cps:
+        if cp == 1:
+            out.append((1, f.cp_comm_type or (engine.cp_comm_types or ("p2p",))[0]))
+            continue
+        kinds = [f.cp_comm_type] if f.cp_comm_type else list(engine.cp_comm_types)
+        out += [(cp, k) for k in kinds
+                if not V.cp_problems(model, seq_len, tp, cp, k, f.flash)]
+    return out
+
+
 def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
@@ -210,57 +259,104 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                                 and V.tp_ok(model, t)]
     out = []
     for tp in tps:
-        if not engine.pipelines:
-            pps = [1]
+        for cp, cp_comm in searched_cp(model, cluster, f, seq_len, tp, engine):
+            if n % (tp * cp):
+                continue
+            out += _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm)
+    return _undominated_cp_exchanges(model, cluster, engine, out)
+
+
+def _undominated_cp_exchanges(model, cluster, engine, cands: list) -> list:
+    """Drop a candidate whose K/V exchange is dominated: a sibling (the same candidate with
+    another exchange) adds no more forward, backward and recompute time and keeps no more
+    buffer bytes, one of them strictly less. The exchange enters the cost model only through
+    those figures (planner.cost.stage: cp_layer, cp_rec, the compute collectives hide behind,
+    monotone in them, and the working memory), so the sibling is at least as fast and fits
+    wherever this one fits: a sound pruning."""
+    facts = facts_for(engine, cluster.gpu)
+    memo = {}
+
+    def figures(c):
+        key = (c.mbs, c.seq_len, c.tp, c.cp, c.cp_comm, c.sp, c.flash)
+        if key not in memo:
+            lt = facts.layer_time(model, c.mbs, c.seq_len, c.tp, c.sp, c.flash, cp=c.cp)
+            x = cp_exchange(model, c.mbs, c.seq_len, c.tp, c.cp, c.cp_comm,
+                            comm.group_link(cluster, c.cp, c.tp), lt.attn_fwd)
+            memo[key] = (x.fwd, x.bwd, x.buffer_bytes)
+        return memo[key]
+
+    groups = {}
+    for c in cands:
+        if c.cp > 1:
+            groups.setdefault(dataclasses.replace(c, cp_comm=""), []).append(c)
+    dominated = set()
+    for sibs in groups.values():
+        for c in sibs:
+            a = figures(c)
+            for o in sibs:
+                b = figures(o)
+                if o is not c and all(y <= x for x, y in zip(a, b)) and b != a:
+                    dominated.add(c)
+                    break
+    return [c for c in cands if c not in dominated]
+
+
+def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> list:
+    """The candidates with tensor parallelism tp and context parallelism cp."""
+    n, L = cluster.num_gpus, model.num_layers
+    out = []
+    if not engine.pipelines:
+        pps = [1]
+    else:
+        pps = [f.pp] if f.pp else [p for p in divisors(n // (tp * cp)) if V.pp_ok(model, p)]
+    if engine.stage_layers == EQUAL_SPLIT:
+        pps = [p for p in pps if L % p == 0]
+    for pp in pps:
+        if n % (tp * cp * pp):
+            continue
+        dp = n // (tp * cp * pp)
+        if f.dp and dp != f.dp:
+            continue
+        if not V.batch_ok(gbs, dp):
+            continue
+        per_dp = gbs // dp
+        mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
+        # ZeRO shards over dp x cp (weights are replicated over cp)
+        zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
+                 if engine.zero_ok(z, tp, pp, dp * cp)]
+        sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
+                if s in engine.sp_choices and (not s or V.sp_ok(tp, seq_len, cp))]
+               if tp > 1 else [False])
+        if pp == 1:
+            scheds = [("1f1b", 1)]
         else:
-            pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if V.pp_ok(model, p)]
-        if engine.stage_layers == EQUAL_SPLIT:
-            pps = [p for p in pps if L % p == 0]
-        for pp in pps:
-            if n % (tp * pp):
+            scheds = []
+            for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
+                if sch == "interleaved":
+                    vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
+                    scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)]
+                elif f.vpp in (None, 1):
+                    scheds.append((sch, 1))
+        recs = searched_recompute(engine, f)
+        for mbs in mbss:
+            if per_dp % mbs:
                 continue
-            dp = n // (tp * pp)
-            if f.dp and dp != f.dp:
-                continue
-            if not V.batch_ok(gbs, dp):
-                continue
-            per_dp = gbs // dp
-            mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
-            zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
-                     if engine.zero_ok(z, tp, pp, dp)]
-            sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
-                    if s in engine.sp_choices and (not s or V.sp_ok(tp, seq_len))]
-                   if tp > 1 else [False])
-            if pp == 1:
-                scheds = [("1f1b", 1)]
-            else:
-                scheds = []
-                for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
-                    if sch == "interleaved":
-                        vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
-                        scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)]
-                    elif f.vpp in (None, 1):
-                        scheds.append((sch, 1))
-            recs = searched_recompute(engine, f)
-            for mbs in mbss:
-                if per_dp % mbs:
+            m = per_dp // mbs
+            for sch, v in scheds:
+                if sch == "interleaved" and not V.interleaved_ok(m, pp):
                     continue
-                m = per_dp // mbs
-                for sch, v in scheds:
-                    if sch == "interleaved" and not V.interleaved_ok(m, pp):
+                for zero in zeros:
+                    if zero and dp * cp == 1:
                         continue
-                    for zero in zeros:
-                        if zero and dp == 1:
+                    for sp in sps:
+                        if sp and tp == 1:
                             continue
-                        for sp in sps:
-                            if sp and tp == 1:
-                                continue
-                            for rec in recs:
-                                out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp,
-                                                     mbs=mbs, seq_len=seq_len, global_batch=gbs,
-                                                     schedule=sch, vpp=v, recompute=rec,
-                                                     flash=f.flash, precision=f.precision,
-                                                     recipe=f.recipe))
+                        for rec in recs:
+                            out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, sp=sp,
+                                                 mbs=mbs, seq_len=seq_len, global_batch=gbs,
+                                                 schedule=sch, vpp=v, recompute=rec,
+                                                 flash=f.flash, precision=f.precision,
+                                                 recipe=f.recipe, cp=cp, cp_comm=cp_comm))
     return out
 
 
@@ -559,13 +655,35 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             closest = res
 
     infeasible = []
+    # Memory grows with the micro-batch at everything else equal (activations, logits and
+    # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
+    # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
+    # model states do not depend on it), so once a micro-batch size cannot fit, no larger one
+    # of the same family can: those are pruned unpriced. Candidates come smallest first.
+    too_big = {}
     for c in cands:
         rules = rules_for(engine, c, f)
+        family = dataclasses.replace(c, mbs=0, global_batch=0)
+        if too_big.get(family, math.inf) < c.mbs:
+            pruned_mem += 1
+            infeasible.append((c, None, rules))
+            continue
+        if c.pp > 1:
+            # the memory test of pipeline rank 0 alone (it holds the embedding and, under
+            # every schedule, the most micro-batches in flight): if it cannot hold one layer
+            # per chunk the candidate cannot fit, as the full test below would find
+            first = stage_coefficients(model, cluster, c, engine, ranks=[0])
+            if max_layers(first, cap, c.vpp, rules, c)[0] < c.vpp:
+                pruned_mem += 1
+                infeasible.append((c, None, rules))
+                too_big[family] = min(c.mbs, too_big.get(family, math.inf))
+                continue
         coeffs = stage_coefficients(model, cluster, c, engine)
         caps = max_layers(coeffs, cap, c.vpp, rules, c)
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
+            too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
@@ -598,6 +716,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked:   # nothing fits: find the candidate that misses by the least
         for c, coeffs, rules in infeasible:
+            coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
             consider_closest(heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                                        margin_gib=margin_gib))
     rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]
@@ -620,7 +739,8 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
             engine: Engine | str | None = None) -> Plan:
     c = r.candidate
     engine = get_engine(engine if engine is not None else report.engine if report else None)
-    par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, zero_stage=c.zero, sequence_parallel=c.sp,
+    par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, cp_comm_type=c.cp_comm,
+                      zero_stage=c.zero, sequence_parallel=c.sp,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
@@ -646,4 +766,4 @@ def candidate_of(plan: Plan) -> Candidate:
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
                      flash=plan.attention == "flash", precision=plan.precision,
-                     recipe=plan.recipe)
+                     recipe=plan.recipe, cp=p.cp, cp_comm=p.cp_comm_type)

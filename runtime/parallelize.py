@@ -25,7 +25,7 @@ def check_layout(plan) -> None:
     """Refuse a plan this runtime cannot lay out: the rules of planner.validity, which the
     search and Plan.validate share (so a plan the search emits is never refused here)."""
     from planner.validity import plan_problems
-    problems = plan_problems(plan)
+    problems = plan_problems(plan, runner="runtime")   # refuses cp > 1 (no CP here)
     if problems:
         raise LayoutError(problems[0])
 

@@ -4,8 +4,11 @@ Bandwidths follow the nccl-tests conventions (NVIDIA nccl-tests, doc/PERFORMANCE
 collective over n ranks moving S bytes takes  S * factor / busbw  with factor 2(n-1)/n for
 all-reduce and (n-1)/n for all-gather and reduce-scatter (S = the full, unsharded size).
 
-Rank placement is topology-aware: ranks are laid out with tp innermost, then dp, then pp
-(planner.plan.RANK_ORDER), so a group of `size` ranks `stride` apart spans a block of
+Rank placement is topology-aware: ranks are laid out with tp innermost, then cp, then dp, then
+pp (planner.plan.RANK_ORDER; Megatron-Core's order "tp-cp-ep-dp-pp",
+megatron/core/parallel_state.py initialize_model_parallel), so a tp group has stride 1, a cp
+group stride tp, a dp group stride tp*cp (the gradient group dp*cp, stride tp, spans both) and
+a pp group stride tp*cp*dp. A group of `size` ranks `stride` apart spans a block of
 size * stride consecutive ranks, and these blocks tile the ranks. Every group sits inside one
 NVLink domain (`Cluster.nvlink_domain`: a host, or an NVL72 rack of 18 four-GPU hosts) when
 its block does and the blocks do not straddle domains: size * stride divides the domain.
@@ -23,6 +26,7 @@ class Link:
     busbw_gbps: float   # collective bus bandwidth
     p2p_gbps: float     # point-to-point, one direction
     latency_s: float    # per hop
+    intra: bool = True  # inside one NVLink domain
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> Link:
@@ -41,7 +45,7 @@ def group_link(cluster: Cluster, size: int, stride: int) -> Link:
     # members: the fewest, which the slowest group has.
     per_domain = max(1, min(size, math.gcd(span, d) // stride))
     bw = min(gpu.nvlink_busbw_gbps, per_domain * gpu.internode_gbps_per_gpu)
-    return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6)
+    return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6, intra=False)
 
 
 def _tree_latency(link: Link, n: int) -> float:
@@ -76,3 +80,17 @@ def p2p(nbytes: float, link: Link) -> float:
     if nbytes <= 0:
         return 0.0
     return nbytes / (link.p2p_gbps * 1e9) + link.latency_s
+
+
+def all_to_all(nbytes: float, n: int, link: Link) -> float:
+    """`nbytes` is what one rank holds before the exchange; it keeps 1/n and sends (n-1)/n.
+
+    nccl-tests doc/PERFORMANCE.md: alltoall busbw = algbw * (n-1)/n. NCCL runs it as n-1
+    concurrent point-to-point transfers (one grouped send/recv, a single hop of latency). Across
+    NVLink domains every rank's share leaves through its own NIC: the per-GPU network
+    bandwidth, not the ring's aggregated bus bandwidth (an all-to-all has no ring to
+    aggregate over)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    bw = link.busbw_gbps if link.intra else link.p2p_gbps
+    return (n - 1) / n * nbytes / (bw * 1e9) + link.latency_s

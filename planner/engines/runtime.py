@@ -16,6 +16,9 @@ How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profi
 it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradients, AdamW's m
 and v (8 B).
 Precision: bf16 only (runtime/ has no FP8 path).
+No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
+backends and the runtime does not wire it; the search never chooses cp > 1 here and the
+runtime's preflight refuses a cp > 1 plan in one line (planner.validity.RUNTIME_NO_CP).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS_BYTES_PER_LOGIT, PER_STAGE, Engine)

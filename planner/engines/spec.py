@@ -73,6 +73,9 @@ class Engine:
     zero2_gathers_every_microbatch: bool
     # TP groups must sit inside one host (torchrun's local ranks), not just one NVLink domain
     tp_within_host: bool = False
+    # context parallelism: the K/V exchanges it runs (planner.cost.context.CP_COMM_TYPES), the
+    # first its default; empty: no context parallelism
+    cp_comm_types: tuple = ()
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # ---- how fast ----------------------------------------------------------------------
