@@ -323,7 +323,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
         mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
         # ZeRO shards over dp x cp (weights are replicated over cp)
         zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
-                 if engine.zero_ok(z, tp, pp, dp * cp)]
+                 if engine.zero_ok(z, tp, pp, dp, cp)]
         sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
                 if s in engine.sp_choices and (not s or V.sp_ok(tp, seq_len, cp))]
                if tp > 1 else [False])

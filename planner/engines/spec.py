@@ -117,10 +117,11 @@ class Engine:
     measured: object = field(default=None, compare=False, repr=False)
 
     # ---- capabilities as predicates the search and plan validation share --------------
-    def zero_ok(self, zero: int, tp: int, pp: int, dp: int) -> bool:
-        if dp == 1:
+    def zero_ok(self, zero: int, tp: int, pp: int, dp: int, cp: int = 1) -> bool:
+        """ZeRO shards over dp x cp (weights are replicated over cp)."""
+        if dp * cp == 1:
             return zero == 0
-        if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1):
+        if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1 or cp > 1):
             return False
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
 
