@@ -472,6 +472,16 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules) -> float
     return m * t_star + (total - t_star) / v + tail
 
 
+def quick_lower_bound(coeffs, c: Candidate, L: int) -> float:
+    """A cheaper bound below `lower_bound`: the stages' times sum to at least
+    total = sum of fixed times + L x the least per-layer time (no recompute, no exposure); the
+    slowest stage is at least total/p, so the step is at least
+    m * total/p + (p - 1)/v * total/p (pipeline_time with every stage at the mean)."""
+    p, m, v = c.pp, c.m, c.vpp
+    mean = (sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)) / p
+    return m * mean + (p - 1) * mean / v
+
+
 def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
     """Fewest recomputed layers that make rank k fit with n layers, or None."""
     if c.recompute == "none":
@@ -654,7 +664,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if closest is None or max(res.estimate.overflow_gib()) < max(closest.estimate.overflow_gib()):
             closest = res
 
-    infeasible = []
+    infeasible, feasible, pruned_quick = [], [], 0
     # Memory grows with the micro-batch at everything else equal (activations, logits and
     # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
     # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
@@ -663,7 +673,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     too_big = {}
     for c in cands:
         rules = rules_for(engine, c, f)
-        family = dataclasses.replace(c, mbs=0, global_batch=0)
+        family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
+                  c.recompute)
         if too_big.get(family, math.inf) < c.mbs:
             pruned_mem += 1
             infeasible.append((c, None, rules))
@@ -685,8 +696,20 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             infeasible.append((c, coeffs, rules))
             too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             continue
+        feasible.append((quick_lower_bound(coeffs, c, L), c, coeffs, rules))
+    # Heuristic placements in quick-bound order: once a candidate's quick bound exceeds the
+    # K-th best heuristic so far, so does every later one's full bound (lower_bound >=
+    # quick_lower_bound), so the loop below would prune them all: they are not placed at all.
+    feasible.sort(key=lambda x: x[0])
+    best_heur = []
+    for i, (lb0, c, coeffs, rules) in enumerate(feasible):
+        if len(best_heur) >= top and lb0 > sorted(best_heur)[top - 1] * (1 + 1e-9):
+            pruned_quick = len(feasible) - i
+            break
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
+        if heur.estimate.fits:
+            best_heur.append(heur.estimate.step_time_s)
         scored.append((lower_bound(coeffs, c, L, cap, rules), c, coeffs, heur, rules))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
     # of them is a threshold a candidate's bound must beat to be worth an exact solve.
@@ -697,7 +720,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         times = sorted(r.estimate.step_time_s for r in plans.values())
         threshold = times[top - 1] if len(times) >= top else math.inf
         if lb > threshold * (1 + 1e-9):
-            pruned_bound = len(scored) - i
+            pruned_bound = len(scored) - i + pruned_quick
             break
         if c.pp == 1 or rules.equal_split or (
                 heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
