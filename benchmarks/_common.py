@@ -66,6 +66,8 @@ def markdown_table(rows: list, columns: list, floatfmt: str = ".2f", headers=Non
 def describe(c, layers=None, recompute=None) -> str:
     """Short text for a Candidate (+ its placement): tp8 pp4 dp32 z1 sp mbs1 vpp3 rec12/96."""
     s = f"tp{c.tp} pp{c.pp} dp{c.dp} z{c.zero}"
+    if getattr(c, "cp", 1) > 1:
+        s += f" cp{c.cp}({c.cp_comm})"
     if c.sp:
         s += " sp"
     s += f" mbs{c.mbs}"

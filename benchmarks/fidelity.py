@@ -111,7 +111,10 @@ def fixed_of(run) -> Fixed:
                  schedule=("interleaved" if f.get("vpp", 1) > 1 else
                            "1f1b" if f.get("vpp") == 1 and f.get("pp", 1) > 1 else None),
                  zero=f.get("zero"), flash=run.get("attention", "flash") == "flash",
-                 precision=run.get("precision", "bf16"), recipe=run.get("recipe"))
+                 precision=run.get("precision", "bf16"), recipe=run.get("recipe"),
+                 # context parallelism as published (1 where the source printed none); its
+                 # K/V exchange, never printed, is the planner's choice for the engine
+                 cp=f.get("cp", 1))
 
 
 def cluster_of(run) -> Cluster:
@@ -128,7 +131,7 @@ def cluster_of(run) -> Cluster:
 
 def _published_config(run) -> str:
     f = run["fixed"]
-    names = [("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("sequence_parallel", "sp"),
+    names = [("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("sequence_parallel", "sp"),
              ("micro_batch", "mbs"), ("vpp", "vpp"), ("recompute", "rec")]
     parts = []
     for key, short in names:
@@ -182,7 +185,7 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
     measured = run.get("memory_gib")
     return {
         "run": run["id"], "engine": engine.name, "fit": "yes" if is_fit_row(run) else "held out",
-        "precision": run.get("precision", "bf16"),
+        "precision": run.get("precision", "bf16"), "cp": c.cp,
         "gpu": cluster.gpu.name, "gpus": cluster.num_gpus,
         "published_config": _published_config(run),
         "planner_chose": describe(c, best.layers, best.recompute),
@@ -234,6 +237,11 @@ def summary(rows) -> dict:
             lheld = [r for r in lowp if r["fit"] != "yes"]
             if lheld:
                 out[f"{eng} fp8/mxfp8 held out"] = stats(lheld)
+    cp = [r for r in rows if r.get("cp", 1) > 1]
+    if cp:
+        out["context parallel"] = stats(cp)
+        for eng in sorted({r["engine"] for r in cp}):
+            out[f"context parallel {eng}"] = stats([r for r in cp if r["engine"] == eng])
     lowp = [r for r in rows if r.get("precision", "bf16") != "bf16"]
     if lowp:
         out["fp8/mxfp8"] = stats(lowp)
@@ -371,6 +379,8 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--no-sensitivity", action="store_true",
                     help="skip the second prediction with every ZeRO stage allowed")
+    ap.add_argument("--cp", action="store_true",
+                    help="only the context-parallel rows: writes fidelity_cp_<date>.md")
     ap.add_argument("--fit", metavar="ENGINE",
                     help="refit ENGINE's kernel figures on its fit rows and print them")
     a = ap.parse_args(argv)
@@ -380,6 +390,8 @@ def main(argv=None):
         return 0
     t0 = time.perf_counter()
     runs = load_runs()
+    if a.cp:
+        runs = [r for r in runs if r["fixed"].get("cp", 1) > 1]
     rows = table(runs)
     seconds = time.perf_counter() - t0
     if not a.no_sensitivity:
@@ -388,11 +400,12 @@ def main(argv=None):
     summ = summary(rows)
     md = to_markdown(rows, summ, seconds)
     print(md)
-    csv_path, md_path = out_path(a.out, "fidelity", "csv"), out_path(a.out, "fidelity", "md")
+    name = "fidelity_cp" if a.cp else "fidelity"
+    csv_path, md_path = out_path(a.out, name, "csv"), out_path(a.out, name, "md")
     write_csv(rows, csv_path)
     md_path.write_text(md)
     written = [csv_path, md_path]
-    if not a.no_plot:
+    if not a.no_plot and not a.cp:
         png = out_path(a.out, "fidelity", "png")
         plot(rows, png)
         written.append(png)
