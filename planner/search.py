@@ -102,6 +102,8 @@ class SearchReport:
     global_batch: int = 0
     engine: object = None            # the Engine planned for
     margin_gib: float | None = None  # --memory-margin (None: the default)
+    # quick_lower_bound of rejected candidates whose coefficients the search computed
+    rejected_bounds: dict = field(default_factory=dict)
 
 
 def default_seq_len(model: Model) -> int:
@@ -272,33 +274,30 @@ def _undominated_cp_exchanges(model, cluster, engine, cands: list) -> list:
     buffer bytes, one of them strictly less. The exchange enters the cost model only through
     those figures (planner.cost.stage: cp_layer, cp_rec, the compute collectives hide behind,
     monotone in them, and the working memory), so the sibling is at least as fast and fits
-    wherever this one fits: a sound pruning."""
+    wherever this one fits: a sound pruning. Every (tp, cp) is enumerated with the same
+    exchanges (searched_cp), so the sibling is always a candidate too; the figures depend only
+    on the shape (micro-batch, sequence, tp, cp, sp, kernels)."""
     facts = facts_for(engine, cluster.gpu)
-    memo = {}
-
-    def figures(c):
-        key = (c.mbs, c.seq_len, c.tp, c.cp, c.cp_comm, c.sp, c.flash)
-        if key not in memo:
-            lt = facts.layer_time(model, c.mbs, c.seq_len, c.tp, c.sp, c.flash, cp=c.cp)
-            x = cp_exchange(model, c.mbs, c.seq_len, c.tp, c.cp, c.cp_comm,
-                            comm.group_link(cluster, c.cp, c.tp), lt.attn_fwd)
-            memo[key] = (x.fwd, x.bwd, x.buffer_bytes)
-        return memo[key]
-
-    groups = {}
+    kinds_of, dominated = {}, {}
     for c in cands:
         if c.cp > 1:
-            groups.setdefault(dataclasses.replace(c, cp_comm=""), []).append(c)
-    dominated = set()
-    for sibs in groups.values():
-        for c in sibs:
-            a = figures(c)
-            for o in sibs:
-                b = figures(o)
-                if o is not c and all(y <= x for x, y in zip(a, b)) and b != a:
-                    dominated.add(c)
-                    break
-    return [c for c in cands if c not in dominated]
+            kinds_of.setdefault((c.tp, c.cp), set()).add(c.cp_comm)
+
+    def is_dominated(c) -> bool:
+        shape = (c.mbs, c.seq_len, c.tp, c.cp, c.sp, c.flash)
+        if shape not in dominated:
+            lt = facts.layer_time(model, c.mbs, c.seq_len, c.tp, c.sp, c.flash, cp=c.cp)
+            link = comm.group_link(cluster, c.cp, c.tp)
+            figs = {}
+            for k in kinds_of[(c.tp, c.cp)]:
+                x = cp_exchange(model, c.mbs, c.seq_len, c.tp, c.cp, k, link, lt.attn_fwd)
+                figs[k] = (x.fwd, x.bwd, x.buffer_bytes)
+            dominated[shape] = {k for k, a in figs.items()
+                                if any(b != a and all(y <= x for x, y in zip(a, b))
+                                       for o, b in figs.items() if o != k)}
+        return c.cp_comm in dominated[shape]
+
+    return [c for c in cands if c.cp == 1 or not is_dominated(c)]
 
 
 def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> list:
@@ -664,7 +663,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if closest is None or max(res.estimate.overflow_gib()) < max(closest.estimate.overflow_gib()):
             closest = res
 
-    infeasible, feasible, pruned_quick = [], [], 0
+    infeasible, feasible, pruned_quick, rejected_bounds = [], [], 0, {}
     # Memory grows with the micro-batch at everything else equal (activations, logits and
     # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
     # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
@@ -687,6 +686,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             if max_layers(first, cap, c.vpp, rules, c)[0] < c.vpp:
                 pruned_mem += 1
                 infeasible.append((c, None, rules))
+                rejected_bounds[c] = quick_lower_bound(first, c, L)
                 too_big[family] = min(c.mbs, too_big.get(family, math.inf))
                 continue
         coeffs = stage_coefficients(model, cluster, c, engine)
@@ -694,6 +694,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
+            rejected_bounds[c] = quick_lower_bound(coeffs, c, L)
             too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             continue
         feasible.append((quick_lower_bound(coeffs, c, L), c, coeffs, rules))
@@ -747,7 +748,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
                         seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
                         seq_len=seq_len, global_batch=gbs, engine=engine,
-                        margin_gib=margin_gib)
+                        margin_gib=margin_gib, rejected_bounds=rejected_bounds)
 
 
 def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
