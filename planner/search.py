@@ -18,7 +18,6 @@ planner.cost.stage (the same expressions `evaluate` uses).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -254,7 +253,7 @@ def searched_cp(model: Model, cluster: Cluster, f: Fixed, seq_len: int, tp: int,
 def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
-    n, L = cluster.num_gpus, model.num_layers
+    n = cluster.num_gpus
     tps = [f.tp] if f.tp else [t for t in divisors(n)
                                 if t <= engine.tp_limit(cluster)
                                 and V.tp_in_node(t, engine.tp_domain(cluster))
