@@ -16,7 +16,7 @@ its block does and the blocks do not straddle domains: size * stride divides the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.specs import Cluster
 
@@ -26,7 +26,9 @@ class Link:
     busbw_gbps: float   # collective bus bandwidth
     p2p_gbps: float     # point-to-point, one direction
     latency_s: float    # per hop
-    intra: bool = True  # inside one NVLink domain
+    # inside one NVLink domain (what an all-to-all's bandwidth depends on; not a figure, so
+    # not compared: links with equal figures are equal)
+    intra: bool = field(default=True, compare=False)
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> Link:
