@@ -68,6 +68,8 @@ def describe(c, layers=None, recompute=None) -> str:
     s = f"tp{c.tp} pp{c.pp} dp{c.dp} z{c.zero}"
     if getattr(c, "ep", 1) > 1 or getattr(c, "etp", 1) > 1:
         s += f" ep{c.ep} etp{c.etp}"
+    if getattr(c, "cp", 1) > 1:
+        s += f" cp{c.cp}({c.cp_comm})"
     if c.sp:
         s += " sp"
     s += f" mbs{c.mbs}"

@@ -55,8 +55,12 @@ INSTANCES = [
     ("gpt3-175b", "a100x1024"),
     ("llama405b", "h100x2048"),
     ("llama405b", "h100x16384"),
+    # long context (issue 12): Llama 3 405B reached 128K with context parallelism; the search
+    # must choose cp > 1 here, in a few seconds (no brute force: cp multiplies its space)
+    ("llama405b", "h100x16384", 131072, 128),
 ]
-TARGETS_S = {("llama70b", "h100x32"): 1.0, ("llama405b", "h100x16384"): 10.0}
+TARGETS_S = {("llama70b", "h100x32"): 1.0, ("llama405b", "h100x16384"): 10.0,
+             ("llama405b", "h100x16384", 131072, 128): 10.0}
 MAX_SPLITS = 3_000_000
 EXHAUSTIVE_BUDGET_S = 90.0
 NO_PRUNING_BUDGET_S = 120.0
@@ -120,13 +124,13 @@ class SolverLog:
         return ", ".join(parts) or "no CP-SAT call"
 
 
-def time_search(model, cluster, repeat: int) -> dict:
-    S.search(model, cluster, engine=ENGINE)       # warm caches (imports, numpy)
+def time_search(model, cluster, repeat: int, seq=None, gbs=None, engine=ENGINE) -> dict:
+    S.search(model, cluster, seq_len=seq, global_batch=gbs, engine=engine)   # warm caches
     best = None
     for _ in range(repeat):
         with SolverLog() as log:
             w0, c0 = time.perf_counter(), time.process_time()
-            rep = S.search(model, cluster, engine=ENGINE)
+            rep = S.search(model, cluster, seq_len=seq, global_batch=gbs, engine=engine)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         if best is None or wall < best[0]:
             best = (wall, cpu, rep, log)
@@ -289,18 +293,24 @@ def no_pruning(model, cluster, cands, budget_s=NO_PRUNING_BUDGET_S) -> dict:
 
 # ---- driver --------------------------------------------------------------------
 
-def run_instance(model_name, cluster_name, repeat, do_exhaustive, max_splits) -> dict:
+def run_instance(model_name, cluster_name, repeat, do_exhaustive, max_splits, seq=None,
+                 gbs=None) -> dict:
     model, cluster = get_model(model_name), get_cluster(cluster_name)
     # the whole process as a user runs it (the default engine); the in-process search and the
-    # brute force below plan for ENGINE, whose space the brute force enumerates
+    # brute force below plan for ENGINE, whose space the brute force enumerates. A long-context
+    # instance (seq given) times the default engine in process too: ENGINE has no CP.
+    extra = ["--seq-len", str(seq), "--global-batch", str(gbs)] if seq else []
     wall, cpu, out = time_process(_plan_cmd() + ["--model", model_name, "--cluster",
-                                                 cluster_name, "--json"], repeat)
+                                                 cluster_name, "--json"] + extra, repeat)
     plan = json.loads(out) if out.strip().startswith("{") else None
-    ins = time_search(model, cluster, repeat)
+    ins = time_search(model, cluster, repeat, seq, gbs, ENGINE if not seq else None)
+    do_exhaustive = do_exhaustive and not seq
     rep = ins["report"]
     best = rep.best
     row = {
-        "model": model_name, "cluster": cluster_name, "gpus": cluster.num_gpus,
+        "model": model_name, "cluster": cluster_name + (f" s={seq} gbs={gbs}" if seq else ""),
+        "gpus": cluster.num_gpus,
+        "plan_json_cp": plan["parallelism"].get("cp") if plan else None,
         "process_wall_s": wall, "process_cpu_s": cpu,
         "search_wall_s": ins["wall"], "search_cpu_s": ins["cpu"],
         "candidates": rep.candidates, "pruned_memory": rep.pruned_memory,
@@ -309,7 +319,7 @@ def run_instance(model_name, cluster_name, repeat, do_exhaustive, max_splits) ->
         "best_plan": describe(best.candidate, best.layers, best.recompute) if best else "none fits",
         "best_step_s": best.estimate.step_time_s if best else None,
         "plan_json_step_s": plan["estimate"]["step_time_s"] if plan else None,
-        "target_s": TARGETS_S.get((model_name, cluster_name)),
+        "target_s": TARGETS_S.get((model_name, cluster_name) + ((seq, gbs) if seq else ())),
     }
     if row["target_s"] is not None:
         row["target_met"] = wall <= row["target_s"]
@@ -383,8 +393,8 @@ def main(argv=None):
     header = machine()
     imp_wall, imp_cpu, _ = time_process([sys.executable, "-c", "import planner.cli"], a.repeat)
     rows, profiles = [], []
-    for m, c in instances:
-        row = run_instance(m, c, a.repeat, not a.quick, a.max_splits)
+    for m, c, *long_context in instances:
+        row = run_instance(m, c, a.repeat, not a.quick, a.max_splits, *long_context)
         rows.append(row)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
                           for k, v in row.items()}), flush=True)

@@ -15,6 +15,7 @@ import sys
 
 from planner.bounds import MAX_INT_ARG
 from planner.catalog import get_cluster, get_model
+from planner.cost.context import CP_COMM_TYPES
 from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
 from planner.explain import alternatives, describe_candidate, ensure_estimate, render
@@ -68,6 +69,11 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=_positive("--tp"))
     p.add_argument("--pp", type=_positive("--pp"))
     p.add_argument("--dp", type=_positive("--dp"))
+    p.add_argument("--cp", type=_positive("--cp"),
+                   help="context-parallel degree (default: searched where the engine has CP)")
+    p.add_argument("--cp-comm-type", choices=CP_COMM_TYPES,
+                   help="context-parallel K/V exchange: p2p ring, all_gather or a2a (Ulysses) "
+                        "(default: searched among the engine's)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro-batch", type=_positive("--micro-batch"))
     p.add_argument("--vpp", type=_positive("--vpp"))
@@ -114,7 +120,7 @@ def _fixed(a) -> Fixed:
     return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=a.recompute, sp=a.sp, schedule=schedule,
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
-                 ep=a.ep, etp=a.etp)
+                 ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type)
 
 
 def _engine_of(a):

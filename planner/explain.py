@@ -7,6 +7,7 @@ not divisible (a degree the model or the batch cannot be split by).
 from __future__ import annotations
 
 import io
+import math
 
 from rich.console import Console
 from rich.table import Table
@@ -16,7 +17,8 @@ from planner.bounds import divisors
 from planner.errors import BadInput
 from planner.plan import Plan
 
-PARTS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "PP comm",
+PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
+         "pp_comm": "PP comm",
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
          "ep_comm": "EP dispatch+combine"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
@@ -37,6 +39,8 @@ def summary_line(plan: Plan) -> str:
     parts = [f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"zero={p.zero_stage}"]
     if plan.model.is_moe:
         parts.insert(3, _experts(plan.model, p.tp, p.dp, p.ep, p.etp))
+    if p.cp > 1:
+        parts.insert(1, f"cp={p.cp}({p.cp_comm_type})")
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
     if p.pp > 1:
@@ -59,6 +63,8 @@ def describe_candidate(c) -> str:
     s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}"
     if c.ep > 1 or c.etp > 1:
         s = f"tp={c.tp} pp={c.pp} dp={c.dp} ep={c.ep} etp={c.etp} zero={c.zero}"
+    if c.cp > 1:
+        s = s.replace(" pp=", f" cp={c.cp}({c.cp_comm}) pp=", 1)
     if c.tp > 1:
         s += " sp" if c.sp else " no-sp"
     if c.pp > 1:
@@ -286,19 +292,51 @@ def alternatives(model, cluster, report, best, fixed=None, rejected_shown: int =
         out.append((describe_result(r, model.num_layers), r.estimate.step_time_s,
                     _slower_because(r.estimate, best.estimate)))
     if rejected_shown and report.rejected:
-        groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
+        from planner.cost.stage import stage_coefficients
+        from planner.search import quick_lower_bound
+        # Ideals (a placement's step time) are at least the quick bound, here from pipeline
+        # rank 0's coefficients (every rank's per-layer time is the same, other ranks' fixed
+        # times are >= 0). In bound order, once a bound exceeds the plan's step and the
+        # rejected_shown-th smallest layout minimum so far, no later candidate can enter or
+        # reorder the layouts shown: those are left unpriced (step inf).
+        bounded = []
+        known = getattr(report, "rejected_bounds", {})
         for c, _ in report.rejected:
+            lb = known.get(c)
+            if lb is None:
+                first = stage_coefficients(model, cluster, c, engine, ranks=[0])
+                lb = quick_lower_bound(first, c, model.num_layers)
+            bounded.append((lb, c))
+        bounded.sort(key=lambda x: x[0])
+        groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
+        mins = {}     # each layout's least ideal so far
+        for i, (lb, c) in enumerate(bounded):
+            least = sorted(mins.values())
+            cut = min(base if base else math.inf,
+                      least[rejected_shown - 1] if len(least) >= rejected_shown else math.inf)
+            if lb > cut:
+                break
             rules = rules_for(engine, c, fixed)
             ideal, coeffs = _ideal(model, cluster, c, rules, engine, margin)
-            groups.setdefault((c.tp, c.pp, c.dp), []).append((ideal.step_time_s, c, coeffs,
-                                                              rules))
+            key = (c.tp, c.cp, c.pp, c.dp)
+            groups.setdefault(key, []).append((ideal.step_time_s, c, coeffs, rules))
+            mins[key] = min(mins.get(key, math.inf), ideal.step_time_s)
+        for lb, c in bounded[i:] if bounded and lb > cut else []:
+            key = (c.tp, c.cp, c.pp, c.dp)   # the shown layouts' other variants, unpriced
+            if key in groups:
+                groups[key].append((math.inf, c, None, rules_for(engine, c, fixed)))
         ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
         faster = [g for g in ordered if base and min(x[0] for x in g) < base]
         for group in faster[:rejected_shown]:
             # the variant of the layout that misses by the least
-            rows = [(_oom(model, cluster, c, coeffs, rules, engine, margin), step, c)
+            rows = [(_oom(model, cluster, c, coeffs or stage_coefficients(model, cluster, c,
+                                                                          engine),
+                          rules, engine, margin), step, c)
                     for step, c, coeffs, rules in group]
             (over, why), step, c = min(rows, key=lambda x: x[0][0])
+            if not math.isfinite(step):   # a variant the quick bound skipped: price it now
+                step = _ideal(model, cluster, c, rules_for(engine, c, fixed), engine,
+                              margin)[0].step_time_s
             if base:
                 pct = (step / base - 1) * 100
                 why += (f"; would be {-pct:.1f}% faster if it fit" if pct < 0 else

@@ -5,13 +5,15 @@ Layout of `schema_version` 1:
     model       {name, num_layers, num_params, spec: {...Model fields...}}
     cluster     {name, num_gpus, gpus_per_node, nvlink_domain, gpu, gpu_memory_gib,
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
-    parallelism {tp, pp, dp, cp, ep, etp, zero_stage, sequence_parallel, vpp, schedule,
-                 recompute, rank_order}   (ep, etp: 1 when absent)
+    parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
+                 schedule, recompute, rank_order}   (ep, etp: 1 when absent; cp_comm_type "p2p"
+                 when absent: how a cp > 1 group exchanges K/V, planner.cost.context)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
     estimate    {fits, step_time_s, tokens_per_s, tflops_per_gpu, mfu, peak_memory_gib,
-                 time_breakdown_s: {compute, tp_comm, pp_comm, dp_comm_exposed, bubble, optimizer}}
+                 time_breakdown_s: {compute, tp_comm, pp_comm, dp_comm_exposed, bubble, optimizer,
+                                    cp_comm (cp > 1 only)}}
     search      {candidates, solver_status, seconds, ...}
     engine      the training engine the plan was priced for (planner.engines; "megatron" when
                 absent, as plans before engines were)
@@ -26,7 +28,9 @@ Layout of `schema_version` 1:
 the memory of the pipeline rank that holds the stage (the same for all its chunks).
 `recompute_layers` counts the stage's first layers that use `parallelism.recompute`; the others
 store all activations. Ranks are laid out with `rank_order` (outermost first): tp innermost,
-so a tensor-parallel group sits inside one node.
+so a tensor-parallel group sits inside one node, then cp, dp and pp (Megatron-Core's
+"tp-cp-ep-dp-pp", megatron/core/parallel_state.py). A plan written before context parallelism
+has a 3-entry rank_order without cp (cp was 1): cp is read in just outside its innermost entry.
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ from planner.validity import plan_problems
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full", "op")
-RANK_ORDER = ("pp", "dp", "tp")
+RANK_ORDER = ("pp", "dp", "cp", "tp")
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")   # planner.cost.context
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,12 @@ class Parallelism:
     ep: int = 1
     etp: int = 1
     rank_order: tuple = RANK_ORDER
+    cp_comm_type: str = "p2p"
+
+    def __post_init__(self):
+        # a rank order without cp (plans and callers from before context parallelism)
+        if isinstance(self.rank_order, (tuple, list)):
+            object.__setattr__(self, "rank_order", with_cp(tuple(self.rank_order)))
 
     @property
     def world_size(self) -> int:
@@ -171,7 +182,7 @@ class Plan:
                            f"from model.spec's ({S.show(model.name)}, {model.num_layers})")
         cluster = Cluster.from_dict(d["cluster"], "not a valid plan: cluster")
         par = dict(d["parallelism"])
-        par["rank_order"] = tuple(par.get("rank_order", RANK_ORDER))
+        par["rank_order"] = with_cp(tuple(par.get("rank_order", RANK_ORDER)))
         parallelism = Parallelism(**par)
         batch = Batch(**d["batch"])
         stages = [Stage(index=s["index"], pp_rank=s["pp_rank"], chunk=s["chunk"],
@@ -239,6 +250,8 @@ class Plan:
                 f"(null for bf16, else one of {', '.join(RECIPES)})")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
+        if p.cp_comm_type not in CP_COMM_TYPES:
+            bad(f"cp_comm_type {S.show(p.cp_comm_type)} not in {CP_COMM_TYPES}")
         problems = plan_problems(self, whole_cluster)
         if problems:
             bad(problems[0])
@@ -252,7 +265,16 @@ PARALLELISM = S.Obj({
     "vpp": (S.Int(1, B.MAX_LAYERS), 1), "schedule": (S.Enum(*SCHEDULES), "1f1b"),
     "recompute": (S.Enum(*RECOMPUTE), "none"), "cp": (S.Int(1, B.MAX_GPUS), 1),
     "ep": (S.Int(1, B.MAX_GPUS), 1), "etp": (S.Int(1, B.MAX_GPUS), 1),
-    "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 3), list(RANK_ORDER))})
+    "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 4), list(RANK_ORDER)),
+    "cp_comm_type": (S.Enum(*CP_COMM_TYPES), "p2p")})
+
+
+def with_cp(order: tuple) -> tuple:
+    """A rank order of a plan before context parallelism (pp, dp and tp in some order, cp 1):
+    cp just outside its innermost dimension, where it sits in Megatron-Core's order."""
+    if "cp" in order or len(order) != 3:
+        return order
+    return order[:-1] + ("cp",) + order[-1:]
 BATCH = S.Obj({"seq_len": S.Int(1, B.MAX_SEQ_LEN), "global_batch_size": S.Int(1, B.MAX_BATCH),
                "micro_batch_size": S.Int(1, B.MAX_BATCH),
                "num_microbatches": S.Int(1, B.MAX_BATCH)})

@@ -28,8 +28,11 @@ from ortools.sat.python import cp_model
 from planner import validity as V
 from planner.bounds import divisors
 from planner.cost.moe import layer_kinds
+from planner.cost import comm
+from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
 from planner.engines import get_engine
+from planner.engines.facts import facts_for
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
@@ -70,6 +73,10 @@ class Fixed:
     # expert parallelism of an MoE model and its expert tensor parallelism
     ep: int | None = None
     etp: int | None = None
+    # context parallelism (None: searched where the engine has it) and its K/V exchange
+    # (None: searched among the engine's)
+    cp: int | None = None
+    cp_comm_type: str | None = None
 
 
 @dataclass
@@ -103,6 +110,8 @@ class SearchReport:
     # and the candidates whose solve stopped at SOLVER_SECONDS
     gap: float = 0.0
     solver_limit_hit: int = 0
+    # quick_lower_bound of rejected candidates whose coefficients the search computed
+    rejected_bounds: dict = field(default_factory=dict)
 
 
 def default_seq_len(model: Model) -> int:
@@ -160,7 +169,17 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
     check_engine(eng, f)
     check_precision(get_engine(engine), cluster.gpu, f.precision, f.recipe)
     n = cluster.num_gpus
-    for name in ("tp", "pp", "dp", "mbs", "vpp"):
+    eng = get_engine(engine)
+    if f.cp is not None and f.cp > 1 and not eng.cp_comm_types:
+        raise BadInput(f"engine {eng.name} has no context parallelism (--cp {f.cp})")
+    if f.cp_comm_type is not None:
+        if f.cp_comm_type not in CP_COMM_TYPES:
+            raise BadInput(f"--cp-comm-type must be one of {', '.join(CP_COMM_TYPES)}, "
+                           f"got {f.cp_comm_type}")
+        if f.cp_comm_type not in eng.cp_comm_types:
+            raise BadInput(f"engine {eng.name} has no {f.cp_comm_type} context-parallel "
+                           f"exchange (it has: {', '.join(eng.cp_comm_types) or 'no CP'})")
+    for name in ("tp", "pp", "dp", "mbs", "vpp", "cp"):
         v = getattr(f, name)
         if v is not None and v < 1:
             raise BadInput(f"--{name.replace('mbs', 'micro-batch')} must be positive, got {v}")
@@ -168,7 +187,12 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         raise BadInput("--seq-len and --global-batch must be positive")
     if f.zero is not None and f.zero not in (0, 1, 2, 3):
         raise BadInput(f"--zero must be 0, 1, 2 or 3, got {f.zero}")
-    for name in ("tp", "pp", "dp"):
+    if f.cp is not None and f.cp > 1:
+        problems = V.cp_problems(model, seq_len, f.tp or 1, f.cp, f.cp_comm_type or "p2p",
+                                 f.flash)
+        if problems:
+            raise BadInput(f"--cp {f.cp}: {problems[0]}")
+    for name in ("tp", "pp", "dp", "cp"):
         v = getattr(f, name)
         if v is not None and n % v:
             raise BadInput(f"--{name} {v} does not divide the cluster's {n} GPUs")
@@ -182,14 +206,16 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
     if f.pp is not None and not V.pp_ok(model, f.pp):
         raise BadInput(f"--pp {f.pp} exceeds the model's {model.num_layers} layers")
     prod = 1
-    for v in (f.tp, f.pp, f.dp):
+    for v in (f.tp, f.pp, f.dp, f.cp):
         prod *= v or 1
+    name = "tp*cp*pp*dp" if (f.cp or 1) > 1 else "tp*pp*dp"
     if n % prod:
-        raise BadInput(f"tp*pp*dp = {prod} does not divide the cluster's {n} GPUs")
+        raise BadInput(f"{name} = {prod} does not divide the cluster's {n} GPUs")
     if None not in (f.tp, f.pp, f.dp) and prod != n:
-        raise BadInput(f"tp*pp*dp = {prod} but the cluster has {n} GPUs; use them all "
-                       f"(e.g. --dp {n // (f.tp * f.pp)})" if n % (f.tp * f.pp) == 0 else
-                       f"tp*pp*dp = {prod} but the cluster has {n} GPUs")
+        rest = f.tp * f.pp * (f.cp or 1)
+        raise BadInput(f"{name} = {prod} but the cluster has {n} GPUs; use them all "
+                       f"(e.g. --dp {n // rest})" if n % rest == 0 else
+                       f"{name} = {prod} but the cluster has {n} GPUs")
     if f.dp is not None and not V.batch_ok(gbs, f.dp):
         raise BadInput(f"--global-batch {gbs} is not divisible by --dp {f.dp}")
     if f.mbs is not None and f.dp is not None and not V.batch_ok(gbs, f.dp, f.mbs):
@@ -203,9 +229,10 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         raise BadInput("--schedule interleaved needs --pp > 1")
     if f.sp and f.tp == 1:
         raise BadInput("--sp needs --tp > 1")
-    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len):
+    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len, f.cp or 1):
+        k = f.tp * (f.cp or 1)
         raise BadInput(f"--sp shards the sequence over --tp {f.tp}: --seq-len {seq_len} is not "
-                       f"divisible by {f.tp}")
+                       f"divisible by {k}")
     if not V.has_positions(model, seq_len):
         raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} "
                        f"{model.position} positions (max_seq_len)")
@@ -223,82 +250,149 @@ def searched_recompute(engine: Engine, f: Fixed) -> list:
     return modes
 
 
+def searched_cp(model: Model, cluster: Cluster, f: Fixed, seq_len: int, tp: int,
+                engine: Engine) -> list:
+    """(cp, comm type) pairs to try with tensor parallelism tp: cp over the divisors of the
+    GPUs left by tp that split the sequence into 2*cp chunks, each with the engine's K/V
+    exchanges that can split the model (a fixed --cp / --cp-comm-type is not searched)."""
+    n = cluster.num_gpus
+    if f.cp is not None:
+        cps = [f.cp]
+    elif not engine.cp_comm_types or not f.flash:
+        cps = [1]
+    else:
+        cps = [c for c in divisors(n // tp) if V.cp_ok(seq_len, c)]
+    out = []
+    for cp in cps:
+        if cp == 1:
+            out.append((1, f.cp_comm_type or (engine.cp_comm_types or ("p2p",))[0]))
+            continue
+        kinds = [f.cp_comm_type] if f.cp_comm_type else list(engine.cp_comm_types)
+        out += [(cp, k) for k in kinds
+                if not V.cp_problems(model, seq_len, tp, cp, k, f.flash)]
+    return out
+
+
 def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
-    n, L = cluster.num_gpus, model.num_layers
+    n = cluster.num_gpus
     tps = [f.tp] if f.tp else [t for t in divisors(n)
                                 if t <= engine.tp_limit(cluster)
                                 and V.tp_in_node(t, engine.tp_domain(cluster))
                                 and V.tp_ok(model, t)]
     out = []
     for tp in tps:
-        if not engine.pipelines:
-            pps = [1]
+        for cp, cp_comm in searched_cp(model, cluster, f, seq_len, tp, engine):
+            if n % (tp * cp):
+                continue
+            out += _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm)
+    return _undominated_cp_exchanges(model, cluster, engine, out)
+
+
+def _undominated_cp_exchanges(model, cluster, engine, cands: list) -> list:
+    """Drop a candidate whose K/V exchange is dominated: a sibling (the same candidate with
+    another exchange) adds no more forward, backward and recompute time and keeps no more
+    buffer bytes, one of them strictly less. The exchange enters the cost model only through
+    those figures (planner.cost.stage: cp_layer, cp_rec, the compute collectives hide behind,
+    monotone in them, and the working memory), so the sibling is at least as fast and fits
+    wherever this one fits: a sound pruning. Every (tp, cp) is enumerated with the same
+    exchanges (searched_cp), so the sibling is always a candidate too; the figures depend only
+    on the shape (micro-batch, sequence, tp, cp, sp, kernels)."""
+    facts = facts_for(engine, cluster.gpu)
+    kinds_of, dominated = {}, {}
+    for c in cands:
+        if c.cp > 1:
+            kinds_of.setdefault((c.tp, c.cp), set()).add(c.cp_comm)
+
+    def is_dominated(c) -> bool:
+        shape = (c.mbs, c.seq_len, c.tp, c.cp, c.sp, c.flash)
+        if shape not in dominated:
+            lt = facts.layer_time(model, c.mbs, c.seq_len, c.tp, c.sp, c.flash, cp=c.cp)
+            figs = {}
+            for k in kinds_of[(c.tp, c.cp)]:
+                x = cp_exchange(model, c.mbs, c.seq_len, c.tp, c.cp, k, cluster, lt.attn_fwd)
+                figs[k] = (x.fwd, x.bwd, x.buffer_bytes)
+            dominated[shape] = {k for k, a in figs.items()
+                                if any(b != a and all(y <= x for x, y in zip(a, b))
+                                       for o, b in figs.items() if o != k)}
+        return c.cp_comm in dominated[shape]
+
+    return [c for c in cands if c.cp == 1 or not is_dominated(c)]
+
+
+def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> list:
+    """The candidates with tensor parallelism tp and context parallelism cp."""
+    n, L = cluster.num_gpus, model.num_layers
+    out = []
+    if not engine.pipelines:
+        pps = [1]
+    else:
+        pps = [f.pp] if f.pp else [p for p in divisors(n // (tp * cp)) if V.pp_ok(model, p)]
+    if engine.stage_layers == EQUAL_SPLIT:
+        pps = [p for p in pps if L % p == 0]
+    for pp in pps:
+        if n % (tp * cp * pp):
+            continue
+        dp = n // (tp * cp * pp)
+        if f.dp and dp != f.dp:
+            continue
+        if not V.batch_ok(gbs, dp):
+            continue
+        per_dp = gbs // dp
+        mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
+        # ZeRO shards over dp x cp (weights are replicated over cp)
+        zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
+                 if engine.zero_ok(z, tp, pp, dp, cp)]
+        sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
+                if s in engine.sp_choices and (not s or V.sp_ok(tp, seq_len, cp))]
+               if tp > 1 else [False])
+        if pp == 1:
+            scheds = [("1f1b", 1)]
         else:
-            pps = [f.pp] if f.pp else [p for p in divisors(n // tp) if V.pp_ok(model, p)]
-        if engine.stage_layers == EQUAL_SPLIT:
-            pps = [p for p in pps if L % p == 0]
-        for pp in pps:
-            if n % (tp * pp):
+            scheds = []
+            for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
+                if sch == "interleaved":
+                    vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
+                    scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)]
+                elif f.vpp in (None, 1):
+                    scheds.append((sch, 1))
+        recs = searched_recompute(engine, f)
+        experts = expert_layouts(model, f, engine, tp, dp, cp)
+        if model.is_moe:
+            if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
+                sps = [x for x in sps if x]
+            if layer_kinds(model) and pp > 1 and not f.vpp:
+                # dense and MoE layers mixed: the exact placement covers one chunk per rank;
+                # interleaving only where asked for (then placed by the even split)
+                scheds = [(sch, v) for sch, v in scheds if v == 1]
+        for mbs in mbss:
+            if per_dp % mbs:
                 continue
-            dp = n // (tp * pp)
-            if f.dp and dp != f.dp:
-                continue
-            if not V.batch_ok(gbs, dp):
-                continue
-            per_dp = gbs // dp
-            mbss = [f.mbs] if f.mbs else [b for b in MICRO_BATCHES if per_dp % b == 0]
-            zeros = [z for z in ([f.zero] if f.zero is not None else [0, 1, 2, 3])
-                     if engine.zero_ok(z, tp, pp, dp)]
-            sps = ([s for s in ([f.sp] if f.sp is not None else engine.sp_choices)
-                    if s in engine.sp_choices and (not s or V.sp_ok(tp, seq_len))]
-                   if tp > 1 else [False])
-            if pp == 1:
-                scheds = [("1f1b", 1)]
-            else:
-                scheds = []
-                for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
-                    if sch == "interleaved":
-                        vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
-                        scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)]
-                    elif f.vpp in (None, 1):
-                        scheds.append((sch, 1))
-            recs = searched_recompute(engine, f)
-            experts = expert_layouts(model, f, engine, tp, dp)
-            if model.is_moe:
-                if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
-                    sps = [x for x in sps if x]
-                if layer_kinds(model) and pp > 1 and not f.vpp:
-                    # dense and MoE layers mixed: the exact placement covers one chunk per rank;
-                    # interleaving only where asked for (then placed by the even split)
-                    scheds = [(sch, v) for sch, v in scheds if v == 1]
-            for mbs in mbss:
-                if per_dp % mbs:
+            m = per_dp // mbs
+            for sch, v in scheds:
+                if sch == "interleaved" and not V.interleaved_ok(m, pp):
                     continue
-                m = per_dp // mbs
-                for sch, v in scheds:
-                    if sch == "interleaved" and not V.interleaved_ok(m, pp):
+                for zero in zeros:
+                    if zero and dp * cp == 1:
                         continue
-                    for zero in zeros:
-                        if zero and dp == 1:
+                    for sp in sps:
+                        if sp and tp == 1:
                             continue
-                        for sp in sps:
-                            if sp and tp == 1:
-                                continue
-                            for rec in recs:
-                                for ep, etp in experts:
-                                    if not engine.ep_layout_ok(ep, etp, tp, zero):
-                                        continue
-                                    out.append(Candidate(
-                                        tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
-                                        seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
-                                        recompute=rec, flash=f.flash, precision=f.precision,
-                                        recipe=f.recipe, ep=ep, etp=etp))
+                        for rec in recs:
+                            for ep, etp in experts:
+                                if not engine.ep_layout_ok(ep, etp, tp, zero):
+                                    continue
+                                out.append(Candidate(
+                                    tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
+                                    seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
+                                    recompute=rec, flash=f.flash, precision=f.precision,
+                                    recipe=f.recipe, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp))
     return out
 
 
-def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int) -> list:
+def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int,
+                   cp: int = 1) -> list:
     """(ep, etp) choices of a (tp, dp) grid: (1, 1) for a dense model; for an MoE model every
     ep dividing the experts and etp in {1, tp} (the experts' tensor parallelism inside the
     attention's NVLink group, where it pays) that the engine runs and MoE parallel folding
@@ -308,7 +402,7 @@ def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int) -> 
     eps = [f.ep] if f.ep else divisors(model.num_experts)
     etps = [f.etp] if f.etp else sorted({1, tp})
     return [(ep, etp) for etp in etps for ep in eps
-            if V.ep_ok(model, ep, etp, tp, dp)]
+            if V.ep_ok(model, ep, etp, tp, dp, cp)]
 
 
 def lower_coeffs(k):
@@ -484,6 +578,16 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     n = math.ceil(L / p)
     tail = min(k.tail_lower(n) for k in coeffs)
     return m * t_star + (total - t_star) / v + tail
+
+
+def quick_lower_bound(coeffs, c: Candidate, L: int) -> float:
+    """A cheaper bound below `lower_bound`: the stages' times sum to at least
+    total = sum of fixed times + L x the least per-layer time (no recompute, no exposure); the
+    slowest stage is at least total/p, so the step is at least
+    m * total/p + (p - 1)/v * total/p (pipeline_time with every stage at the mean)."""
+    p, m, v = c.pp, c.m, c.vpp
+    mean = (sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)) / p
+    return m * mean + (p - 1) * mean / v
 
 
 def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
@@ -762,20 +866,59 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if closest is None or max(res.estimate.overflow_gib()) < max(closest.estimate.overflow_gib()):
             closest = res
 
-    infeasible = []
+    infeasible, feasible, pruned_quick, rejected_bounds = [], [], 0, {}
+    # Memory grows with the micro-batch at everything else equal (activations, logits and
+    # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
+    # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
+    # model states do not depend on it), so once a micro-batch size cannot fit, no larger one
+    # of the same family can: those are pruned unpriced. Candidates come smallest first.
+    too_big = {}
     for c in cands:
         rules = rules_for(engine, c, f)
+        family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
+                  c.recompute, c.ep, c.etp)
+        if too_big.get(family, math.inf) < c.mbs:
+            pruned_mem += 1
+            infeasible.append((c, None, rules))
+            continue
+        if c.pp > 1:
+            # the memory test of pipeline rank 0 alone (it holds the embedding and, under
+            # every schedule, the most micro-batches in flight): if it cannot hold one layer
+            # per chunk the candidate cannot fit, as the full test below would find
+            first = [lower_coeffs(k) for k in
+                     stage_coefficients(model, cluster, c, engine, ranks=[0])]
+            if max_layers(first, cap, c.vpp, rules, c)[0] < c.vpp:
+                pruned_mem += 1
+                infeasible.append((c, None, rules))
+                rejected_bounds[c] = quick_lower_bound(first, c, L)
+                too_big[family] = min(c.mbs, too_big.get(family, math.inf))
+                continue
         coeffs = stage_coefficients(model, cluster, c, engine)
         low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
         caps = max_layers(low, cap, c.vpp, rules, c)
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
+            rejected_bounds[c] = quick_lower_bound(low, c, L)
+            too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             continue
+        feasible.append((quick_lower_bound(low, c, L), c, coeffs, rules))
+    # Heuristic placements in quick-bound order: once a candidate's quick bound exceeds the
+    # K-th best heuristic so far, so does every later one's full bound (lower_bound >=
+    # quick_lower_bound), so the loop below would prune them all: they are not placed at all.
+    feasible.sort(key=lambda x: x[0])
+    best_heur = []
+    for i, (lb0, c, coeffs, rules) in enumerate(feasible):
+        if len(best_heur) >= top and lb0 > sorted(best_heur)[top - 1] * (1 + 1e-9):
+            pruned_quick = len(feasible) - i
+            break
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
+        if heur.estimate.fits:
+            best_heur.append(heur.estimate.step_time_s)
         P = layer_kinds(model) if coeffs[0].moe is not None else None
-        lb = (lower_bound(coeffs, c, L, cap, rules, Q=P[-1], low=low) if P is not None
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=P[-1],
+                          low=[lower_coeffs(k) for k in coeffs]) if P is not None
               else lower_bound(coeffs, c, L, cap, rules))
         scored.append((lb, c, coeffs, heur, rules))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
@@ -790,7 +933,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         times = sorted(r.estimate.step_time_s for r in plans.values())
         threshold = times[top - 1] if len(times) >= top else math.inf
         if lb > threshold * (1 + 1e-9):
-            pruned_bound = len(scored) - i
+            pruned_bound = len(scored) - i + pruned_quick
             open_bound = min(open_bound, lb)
             break
         if c.pp == 1 or rules.equal_split or (
@@ -819,6 +962,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked:   # nothing fits: find the candidate that misses by the least
         for c, coeffs, rules in infeasible:
+            coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
             consider_closest(heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                                        margin_gib=margin_gib))
     rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]
@@ -830,7 +974,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
                         seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
                         seq_len=seq_len, global_batch=gbs, engine=engine,
-                        margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit)
+                        margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit,
+                        rejected_bounds=rejected_bounds)
 
 
 def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
@@ -845,8 +990,9 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
             engine: Engine | str | None = None) -> Plan:
     c = r.candidate
     engine = get_engine(engine if engine is not None else report.engine if report else None)
-    par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, zero_stage=c.zero, sequence_parallel=c.sp,
-                      ep=c.ep, etp=c.etp, vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
+    par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, cp_comm_type=c.cp_comm,
+                      ep=c.ep, etp=c.etp, zero_stage=c.zero, sequence_parallel=c.sp,
+                      vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
                   num_microbatches=c.m)
@@ -872,4 +1018,4 @@ def candidate_of(plan: Plan) -> Candidate:
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
                      flash=plan.attention == "flash", precision=plan.precision,
-                     recipe=plan.recipe, ep=p.ep, etp=p.etp)
+                     recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type)

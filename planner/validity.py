@@ -9,7 +9,14 @@ the way every consumer of a plan lays them out:
   search keeps to splitting them (`tp_ok`), which every engine runs;
 * a tp group sits inside one node (ranks are laid out tp innermost): tp divides the GPUs of a
   node whenever the job spans more than one;
-* sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0;
+* sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0
+  (with context parallelism, each cp rank's s/cp tokens over tp);
+* context parallelism (cp > 1) splits each sequence into 2*cp chunks for the causal load
+  balance (zigzag: Megatron-Core asserts seq_len % (2*cp) == 0, megatron/core/utils.py
+  get_batch_on_this_cp_rank; torch's context_parallel likewise): seq_len % (2*cp) == 0; it
+  runs on flash/fused attention kernels only (TE's and torch's CP attention); Ulysses (a2a)
+  splits the heads of a TP rank over cp: (KV heads / tp) % cp == 0 (TE asserts the heads and
+  the GQA groups divisible by cp);
 * the model has a position for every token: seq_len <= max_seq_len with learned positions and
   with rope (the runtime's rule; ALiBi extrapolates);
 * every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers;
@@ -60,9 +67,42 @@ def tp_in_node(tp: int, gpus_per_node: int) -> bool:
     return gpus_per_node % tp == 0
 
 
-def sp_ok(tp: int, seq_len: int) -> bool:
-    """Sequence parallelism shards the sequence over the tp group."""
-    return tp > 1 and seq_len % tp == 0
+def sp_ok(tp: int, seq_len: int, cp: int = 1) -> bool:
+    """Sequence parallelism shards the sequence (a cp rank's s/cp tokens) over the tp group."""
+    return tp > 1 and seq_len % (tp * cp) == 0
+
+
+def cp_ok(seq_len: int, cp: int) -> bool:
+    """The sequence splits into 2*cp equal chunks (zigzag load balance)."""
+    return cp == 1 or (cp > 1 and seq_len % (2 * cp) == 0)
+
+
+def cp_a2a_ok(model, tp: int, cp: int) -> bool:
+    """Ulysses all-to-all: every cp rank gets whole KV heads of the TP rank's share."""
+    return model.num_kv_heads % tp == 0 and (model.num_kv_heads // tp) % cp == 0
+
+
+def cp_problems(model, seq_len: int, tp: int, cp: int, comm_type: str, flash: bool) -> list:
+    """Why context parallelism cp (exchanging K/V by comm_type) cannot split this model and
+    sequence, as phrases (empty for cp 1)."""
+    if cp == 1:
+        return []
+    out = []
+    if not cp_ok(seq_len, cp):
+        out.append(f"context parallel needs seq_len {seq_len} divisible by 2*cp = {2 * cp} "
+                   f"(zigzag load balance)")
+    if not flash:
+        out.append("context parallel runs on flash attention kernels only (attention eager)")
+    if comm_type == "a2a" and not cp_a2a_ok(model, tp, cp):
+        out.append(f"cp comm a2a (Ulysses) needs the KV heads per tp rank "
+                   f"({model.num_kv_heads} / tp {tp}) divisible by cp {cp}")
+    return out
+
+
+# The runtime (runtime/) has no context parallelism: PyTorch's context_parallel needs the
+# CUDA SDPA flash / efficient backends, and the runtime does not wire it (planner.engines.runtime).
+RUNTIME_NO_CP = ("the runtime has no context parallelism (cp {cp}); plan with "
+                 "--engine runtime, which never chooses cp > 1")
 
 
 def has_positions(model, seq_len: int) -> bool:
@@ -145,29 +185,38 @@ def node_problem(tp: int, world_size: int, gpus_per_node: int,
     return None
 
 
+def world_product(p) -> str:
+    """How a plan's world is named in messages: tp*pp*dp, or tp*cp*pp*dp with context
+    parallelism."""
+    return "tp*cp*pp*dp" if p.cp > 1 else "tp*pp*dp"
+
+
 def and_list(items: list) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 # ---- a whole plan -------------------------------------------------------------------------
 
-def plan_problems(plan, whole_cluster: bool = False) -> list:
+def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) -> list:
     """Every validity problem of a plan whose fields have the right types (Plan.validate checks
     those first), one line each; empty: the search, the exporters and the runtime can all lay
-    it out. `whole_cluster`: its tp*pp*dp*cp must be its cluster's GPU count."""
+    it out. `whole_cluster`: its tp*pp*dp*cp must be its cluster's GPU count. `runner`
+    "runtime": the plan is about to run on our runtime (runtime.parallelize.check_layout),
+    which refuses what it cannot run, first."""
     p, m, b, c = plan.parallelism, plan.model, plan.batch, plan.cluster
     out = []
-    if p.cp != 1:
-        out.append("context parallel (cp > 1) is not supported yet")
+    if p.cp > 1 and "runtime" in (runner, plan.engine):
+        out.append(RUNTIME_NO_CP.format(cp=p.cp))
+    out += cp_problems(m, b.seq_len, p.tp, p.cp, p.cp_comm_type, plan.attention == "flash")
     out += ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp)
     if p.vpp > 1 and p.schedule != "interleaved":
         out.append("vpp > 1 needs the interleaved schedule")
     if p.vpp > 1 and p.pp == 1:
         out.append(f"{p.vpp} model chunks on a single pipeline rank (vpp > 1 needs pp > 1)")
     if p.world_size > c.num_gpus:
-        out.append(f"tp*pp*dp = {p.world_size} exceeds the cluster's {c.num_gpus} GPUs")
+        out.append(f"{world_product(p)} = {p.world_size} exceeds the cluster's {c.num_gpus} GPUs")
     if whole_cluster and p.world_size != c.num_gpus:
-        out.append(f"tp*pp*dp = {p.world_size} GPUs but the plan's cluster {c.name} has "
+        out.append(f"{world_product(p)} = {p.world_size} GPUs but the plan's cluster {c.name} has "
                    f"{c.num_gpus}; plan for this cluster again (plan --cluster ...)")
     problem = tp_problem(m, p.tp, replicate_kv=True)
     if problem:
@@ -178,8 +227,9 @@ def plan_problems(plan, whole_cluster: bool = False) -> list:
     problem = node_problem(p.tp, p.world_size, domain, p.rank_order)
     if problem:
         out.append(problem)
-    if p.sequence_parallel and p.tp > 1 and b.seq_len % p.tp:
-        out.append(f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}")
+    if p.sequence_parallel and p.tp > 1 and b.seq_len % (p.tp * p.cp):
+        out.append(f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"
+                   + (f" x cp {p.cp}" if p.cp > 1 else ""))
     bad_batch = [k for k in ("seq_len", "global_batch_size", "micro_batch_size",
                              "num_microbatches") if getattr(b, k) < 1]
     for k in bad_batch:
@@ -226,12 +276,13 @@ def stage_problems(plan) -> list:
 def launch_problems(plan, world_size: int, local_world_size: int, on_gpu: bool,
                     visible_gpus: int | None = None) -> list:
     """What refuses a valid plan for the processes it was launched with: the world must be the
-    plan's tp*pp*dp; on GPUs, at most a node's GPUs (and the visible ones) per node, and tp
+    plan's tp*cp*pp*dp; on GPUs, at most a node's GPUs (and the visible ones) per node, and tp
     groups inside a node."""
     p = plan.parallelism
     out = []
     if p.world_size != world_size:
-        out.append(f"plan needs tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {p.world_size} processes, "
+        degrees = "*".join(str(getattr(p, d)) for d in world_product(p).split("*"))
+        out.append(f"plan needs {world_product(p)} = {degrees} = {p.world_size} processes, "
                    f"launched with {world_size}")
     if on_gpu:
         gpn = plan.cluster.gpus_per_node

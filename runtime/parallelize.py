@@ -26,7 +26,9 @@ def check_layout(plan) -> None:
     search and Plan.validate share (so a plan the search emits is never refused here)."""
     from planner.validity import plan_problems
     from runtime.expert import runtime_problems
-    problems = plan_problems(plan) + runtime_problems(plan)   # + this runtime's MoE limits
+    # plan_problems for the runtime refuses cp > 1 (no CP here); runtime_problems adds this
+    # runtime's MoE limits
+    problems = plan_problems(plan, runner="runtime") + runtime_problems(plan)
     if problems:
         raise LayoutError(problems[0])
 

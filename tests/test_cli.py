@@ -32,11 +32,12 @@ def test_json_and_out_roundtrip(capsys, tmp_path):
     for key in ("model", "cluster", "parallelism", "batch", "stages", "estimate", "search"):
         assert key in d
     par = d["parallelism"]
-    assert par["tp"] * par["pp"] * par["dp"] == 32 and par["cp"] == 1
+    assert par["tp"] * par["cp"] * par["pp"] * par["dp"] == 32
     assert d["batch"]["micro_batch_size"] * d["batch"]["num_microbatches"] * par["dp"] == 64
     assert d["estimate"]["fits"] and d["search"]["solver_status"] in ("OPTIMAL", "FEASIBLE")
     assert set(d["estimate"]["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm",
-                                                      "dp_comm_exposed", "bubble", "optimizer"}
+                                                      "dp_comm_exposed", "bubble", "optimizer"
+                                                      } | ({"cp_comm"} if par["cp"] > 1 else set())
     plan = Plan.load(path)
     assert plan.to_dict() == d
     assert sum(s.num_layers for s in plan.stages) == 80
@@ -44,7 +45,7 @@ def test_json_and_out_roundtrip(capsys, tmp_path):
 
 def test_fixed_dimensions_are_respected(capsys):
     code, out, _ = run(capsys, "--model", "llama70b", "--cluster", "h100x32", "--tp", "4", "--pp", "4",
-                       "--zero", "1", "--micro-batch", "2", "--seq-len", "4096", "--global-batch", "64",
+                       "--cp", "1", "--zero", "1", "--micro-batch", "2", "--seq-len", "4096", "--global-batch", "64",
                        "--json", "--schedule", "interleaved", "--vpp", "2")
     assert code == 0
     d = json.loads(out)

@@ -10,6 +10,7 @@ an engine cannot run as priced are refused in one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shlex
@@ -39,13 +40,14 @@ INEXACT = re.compile(r"nearest|cannot|instead", re.I)
 def mkplan(model="llama70b", cluster="h100x32", *, tp=8, pp=4, dp=1, zero=0, sp=True,
            schedule="1f1b", vpp=1, recompute="none", layers=None, rec=None, seq=4096, mbs=1,
            nmb=16, rank_order=("pp", "dp", "tp"), engine="megatron", validate=True,
-           precision="bf16", recipe=None):
+           precision="bf16", recipe=None, cp=1, cp_comm="p2p"):
     m = model if isinstance(model, Model) else get_model(model)
     c = get_cluster(cluster)
     plan = Plan(model=m, cluster=c,
                 parallelism=Parallelism(tp=tp, pp=pp, dp=dp, zero_stage=zero,
                                         sequence_parallel=sp, schedule=schedule, vpp=vpp,
-                                        recompute=recompute, rank_order=tuple(rank_order)),
+                                        recompute=recompute, rank_order=tuple(rank_order),
+                                        cp=cp, cp_comm_type=cp_comm),
                 batch=Batch(seq_len=seq, global_batch_size=mbs * nmb * dp,
                             micro_batch_size=mbs, num_microbatches=nmb),
                 stages=make_stages(m.num_layers, pp, vpp, layers_per_rank=layers,
@@ -55,6 +57,9 @@ def mkplan(model="llama70b", cluster="h100x32", *, tp=8, pp=4, dp=1, zero=0, sp=
         plan.validate()
     return plan
 
+
+# Llama 3.1 8B: Llama 3 8B's shape with 131072 positions (HF meta-llama/Llama-3.1-8B config.json)
+LLAMA31_8B = dataclasses.replace(get_model("llama8b"), name="llama3.1-8b", max_seq_len=131072)
 
 TINY = Model("tiny-gpt", num_layers=6, hidden=64, ffn_hidden=256, num_heads=4, num_kv_heads=4,
              vocab_size=1000, max_seq_len=128, gated_mlp=False, activation="gelu",
@@ -157,7 +162,21 @@ TORCHTITAN_PLANS = {
     "mxfp8-b200": mkplan("llama8b", "b200x8", tp=1, pp=1, dp=8, zero=3, sp=False, mbs=2,
                          nmb=1, seq=8192, engine="torchtitan", precision="mxfp8",
                          recipe="mxfp8"),
+    # context parallel: FSDP over dp x cp, the two rotate methods
+    "cp8-fsdp1-allgather": mkplan(LLAMA31_8B, "h100x8", tp=1, pp=1, dp=1, zero=3, sp=False,
+                                  recompute="full", rec=[32], nmb=1, seq=131072,
+                                  engine="torchtitan", cp=8, cp_comm="all_gather"),
+    "cp2-tp8-pp8-alltoall": mkplan("llama70b", "h100x512", tp=8, pp=8, dp=4, zero=2,
+                                   recompute="full", rec=[10] * 8, nmb=8, seq=8192,
+                                   engine="torchtitan", cp=2, cp_comm="p2p"),
 }
+for _kind in ("p2p", "all_gather", "a2a"):
+    # tp 4 leaves 2 KV heads per rank: Ulysses (a2a) splits them over cp 2
+    MEGATRON_PLANS[f"cp2-{_kind}"] = mkplan("llama70b", "h100x64", tp=4, pp=4, dp=2, zero=1,
+                                            seq=8192, nmb=8, cp=2, cp_comm=_kind)
+MEGATRON_PLANS["cp4-tp-pp-dp-mapping"] = mkplan(
+    "llama70b", "h100x64", tp=4, pp=2, dp=2, zero=1, seq=8192, nmb=4, cp=4,
+    rank_order=("dp", "pp", "cp", "tp"))
 
 HAND_PLANS = {"megatron": MEGATRON_PLANS, "deepspeed": DEEPSPEED_PLANS,
               "torchtitan": TORCHTITAN_PLANS}
@@ -303,6 +322,12 @@ REFUSED = {
                                             recipe="nvfp4"), "nvfp4"),
     "torchtitan-te-recipe": ("torchtitan", dict(zero=0, precision="fp8", recipe="delayed"),
                              "delayed"),
+    # context parallelism the engine does not run
+    "deepspeed-cp": ("deepspeed", dict(model=LLAMA31_8B, cluster="h100x16", tp=2, pp=1, dp=4,
+                                       zero=1, seq=16384, nmb=4, cp=2), "context parallel"),
+    "torchtitan-cp-a2a": ("torchtitan", dict(model=LLAMA31_8B, cluster="h100x16", tp=2, pp=1,
+                                             dp=4, zero=3, seq=16384, nmb=4, cp=2,
+                                             cp_comm="a2a"), "a2a"),
 }
 
 
@@ -396,6 +421,8 @@ def megatron_parser():
     a("--tensor-model-parallel-size", type=int, default=1)
     a("--pipeline-model-parallel-size", type=int, default=1)
     a("--sequence-parallel", action="store_true")
+    a("--context-parallel-size", type=int, default=1)
+    a("--cp-comm-type", nargs="+", type=str, default=["p2p"])
     a("--decoder-first-pipeline-num-layers", type=int, default=None)
     a("--decoder-last-pipeline-num-layers", type=int, default=None)
     a("--pipeline-model-parallel-layout", type=str, default=None)
@@ -566,8 +593,13 @@ def check_megatron(plan, text):
     assert a.tensor_model_parallel_size == p.tp
     assert a.pipeline_model_parallel_size == p.pp
     world = megatron_world(text)
-    assert world % (p.tp * p.pp) == 0 and world // (p.tp * p.pp) == p.dp
-    assert world <= plan.cluster.num_gpus
+    # Megatron: data-parallel size = world / (tp x cp x pp) (megatron/core/parallel_state.py)
+    cp = a.context_parallel_size
+    assert cp == p.cp
+    assert world % (p.tp * cp * p.pp) == 0 and world // (p.tp * cp * p.pp) == p.dp
+    assert world == p.world_size <= plan.cluster.num_gpus
+    # one comm type for every layer (Megatron takes a list, one per layer, or one for all)
+    assert a.cp_comm_type == [p.cp_comm_type] or cp == 1
     assert a.sequence_parallel == (p.sequence_parallel and p.tp > 1)
     # batch: Megatron derives the micro-batch count from global / (micro x dp)
     assert a.micro_batch_size == b.micro_batch_size
@@ -577,7 +609,7 @@ def check_megatron(plan, text):
     assert a.seq_length == b.seq_len
     assert a.bf16 == (plan.cluster.gpu.name != "cpu")
     assert megatron_precision(a) == (plan.precision, plan.recipe)
-    assert a.use_tp_pp_dp_mapping == (tuple(p.rank_order) == ("dp", "pp", "tp"))
+    assert a.use_tp_pp_dp_mapping == (tuple(p.rank_order) == ("dp", "pp", "cp", "tp"))
     assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in text) == (p.tp > 1 and not a.use_megatron_fsdp)
 
     # model
@@ -635,7 +667,7 @@ def check_megatron(plan, text):
                                                      3: "optim_grads_params"}[p.zero_stage]
     # overlaps the megatron engine prices (arguments.py: param gather needs the distributed
     # optimizer and the overlapped grad reduce)
-    assert a.overlap_grad_reduce == (p.dp > 1)
+    assert a.overlap_grad_reduce == (p.dp * p.cp > 1)   # gradients reduced over dp x cp
     if a.use_distributed_optimizer:
         assert a.overlap_param_gather, "--overlap-param-gather missing (ZeRO-%d)" % p.zero_stage
     if a.overlap_param_gather:
@@ -798,7 +830,8 @@ TT_KEYS = {
                     "fsdp_reshard_after_forward", "tensor_parallel_degree",
                     "enable_async_tensor_parallel", "pipeline_parallel_degree",
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
-                    "module_fqns_per_model_part", "context_parallel_degree"},
+                    "module_fqns_per_model_part", "context_parallel_degree",
+                    "context_parallel_rotate_method"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
 # low precision: [model] converters and the converter's section (torchtitan job_config Float8, MX)
@@ -881,13 +914,17 @@ def check_torchtitan(plan, text):
     rep, shard = par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]
     tp, pp = par["tensor_parallel_degree"], par["pipeline_parallel_degree"]
     assert (tp, pp, rep * shard) == (p.tp, p.pp, p.dp)
-    assert par.get("context_parallel_degree", 1) == 1
-    assert rep * shard * tp * pp == p.world_size
+    cp = par.get("context_parallel_degree", 1)
+    assert cp == p.cp
+    if cp > 1:   # torch's rotate methods: allgather gathers K,V; alltoall rotates the ring
+        assert {"allgather": "all_gather", "alltoall": "p2p"}[
+            par["context_parallel_rotate_method"]] == p.cp_comm_type
+    assert rep * shard * cp * tp * pp == p.world_size
     if rep > 1:    # "DDP has not supported > 1D parallelism"
-        assert shard == 1 and tp == 1 and pp == 1
+        assert shard == 1 and tp == 1 and pp == 1 and cp == 1
 
     # ZeRO: DDP (0), FSDP2 resharding never (2, SHARD_GRAD_OP) or always (3); no ZeRO-1
-    if shard > 1:
+    if shard * cp > 1 and rep == 1:   # FSDP2 shards over dp_shard x cp
         zero = {"never": 2, "always": 3}[par["fsdp_reshard_after_forward"]]
     else:
         zero = 0

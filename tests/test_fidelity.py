@@ -24,21 +24,25 @@ def rows(runs):
 
 def test_data_sets_are_complete(runs):
     # dropping a run would quietly improve the statistics below
-    assert len(runs) == 23 + 87 + 39
+    # + the 15 context-parallel rows of published-runs-2.json (9 Megatron-Bridge, 6 torchtitan)
+    assert len(runs) == 23 + 87 + 39 + 15
     assert len({r["id"] for r in runs}) == len(runs)
     by_engine = {e: sum(r["engine"] == e for r in runs) for e in ("megatron", "fsdp", "torchtitan")}
-    assert by_engine == {"megatron": 23 + 12, "fsdp": 70 + 7, "torchtitan": 17 + 20}
+    assert by_engine == {"megatron": 23 + 12 + 9, "fsdp": 70 + 7, "torchtitan": 17 + 20 + 6}
     lowp = {e: sum(r["engine"] == e and r.get("precision", "bf16") != "bf16" for r in runs)
             for e in ("megatron", "fsdp", "torchtitan")}
-    assert lowp == {"megatron": 12, "fsdp": 7, "torchtitan": 20}
+    assert lowp == {"megatron": 12 + 9, "fsdp": 7, "torchtitan": 20 + 6}
+    assert sum("cp" in r.get("needs", []) for r in runs) == 15
     for r in runs:
         assert r["step_time_s"] > 0 and r["source"]
-        # only what the planner evaluates: no MoE or CP; FP8 / MXFP8 with the recipe named
-        assert r.get("needs", []) in ([], ["fp8"], ["mxfp8"]), r["id"]
+        # only what the planner evaluates: no MoE; CP, FP8 / MXFP8 with the recipe named
+        needs = [n for n in r.get("needs", []) if n != "cp"]
+        assert needs in ([], ["fp8"], ["mxfp8"]), r["id"]
+        assert ("cp" in r.get("needs", [])) == (r["fixed"].get("cp", 1) > 1), r["id"]
         prec = r.get("precision", "bf16")
-        assert (prec == "bf16") == (not r.get("needs")), r["id"]
+        assert (prec == "bf16") == (not needs), r["id"]
         # as the source labels it, or corrected with the reason given
-        assert [prec] == (r.get("needs") or ["bf16"]) or r.get("corrections"), r["id"]
+        assert [prec] == (needs or ["bf16"]) or r.get("corrections"), r["id"]
         assert (r.get("recipe") is None) == (r.get("precision", "bf16") == "bf16"), r["id"]
         # one set of constants per GPU type: every run names a catalog GPU, memory aside
         gpu = fidelity.cluster_of(r).gpu
@@ -85,6 +89,10 @@ KNOWN_MEMORY_GAPS = {
     "torchtitan-202412-table5-405b-512gpu-interleaved1f1b",
     "torchtitan-202412-table6-405b-fsdp8-cp1-seq32768",
     "torchtitan-trainy-h200-8b-4nodes", "torchtitan-trainy-h200-8b-8nodes",
+    # the same TP x PP float8 runs with context parallelism (torchtitan Table 6)
+    "torchtitan-202412-table6-405b-fsdp4-cp2-seq65536",
+    "torchtitan-202412-table6-405b-fsdp2-cp4-seq131072",
+    "torchtitan-202412-table6-405b-fsdp1-cp8-seq262144",
 }
 
 
@@ -108,6 +116,7 @@ def test_prediction_uses_the_published_configuration(runs, rows):
     for run, row in zip(runs, rows):
         f, c = run["fixed"], row["candidate"]
         assert row["run"] == run["id"] and row["engine"] == run["engine"]
+        assert c.cp == f.get("cp", 1), run["id"]
         for key, attr in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro_batch", "mbs"),
                           ("sequence_parallel", "sp"), ("vpp", "vpp"), ("zero", "zero"),
                           ("global_batch", "global_batch"), ("seq_len", "seq_len")):
@@ -127,9 +136,9 @@ def test_low_precision_rows_within_issue_targets(rows):
     """Issue 12: on the FP8/MXFP8 rows, per engine and held out, median |error| <= 12%, p90
     <= 25%, every published configuration predicted to fit."""
     lowp = [r for r in rows if r["precision"] != "bf16"]
-    assert len(lowp) == 39 and all(r["fits"] for r in lowp)
+    assert len(lowp) == 39 + 15 and all(r["fits"] for r in lowp)
     held = [r for r in lowp if r["fit"] != "yes"]
-    assert len(held) == 31
+    assert len(held) == 31 + 15
     groups = {"held out": held}
     for eng in ("megatron", "fsdp", "torchtitan"):
         groups[eng] = [r for r in lowp if r["engine"] == eng]
@@ -137,6 +146,20 @@ def test_low_precision_rows_within_issue_targets(rows):
         errs = [abs(r["error_pct"]) for r in rs]
         assert statistics.median(errs) <= 12.0, name
         assert fidelity._p90(errs) <= 25.0, name
+
+
+def test_context_parallel_rows_within_issue_targets(rows):
+    """Issue 12: on the 15 published context-parallel runs (Megatron-Bridge 405B CP 2 on H100
+    and B200, torchtitan 8B and 405B CP 2-8 at 64K-256K), none of them fitted on, median
+    |error| <= 12%, p90 <= 25%, every published configuration predicted to fit."""
+    cp = [r for r in rows if r["cp"] > 1]
+    assert len(cp) == 15 and all(r["fits"] for r in cp)
+    assert all(r["fit"] != "yes" for r in cp)
+    errs = [abs(r["error_pct"]) for r in cp]
+    assert statistics.median(errs) <= 12.0
+    assert fidelity._p90(errs) <= 25.0
+    for r in cp:
+        assert r["reserved_gib"] <= r["capacity_gib"], r["run"]
 
 
 def test_precision_is_passed_to_the_search(runs, rows):
@@ -159,7 +182,7 @@ def test_summary_and_markdown(rows):
     s = fidelity.summary(rows)
     assert s["all"]["runs"] == len(rows) and s["all_fit"]
     md = fidelity.to_markdown(rows, s, 1.0)
-    assert md.count("\n| ptdp-") == 10 and "| megatron | 35 |" in md
+    assert md.count("\n| ptdp-") == 10 and "| megatron | 44 |" in md
 
 
 def _cli_args(run, tmp_path) -> list:
@@ -183,7 +206,7 @@ def _cli_args(run, tmp_path) -> list:
             "--seq-len", run["fixed"]["seq_len"], "--global-batch", run["fixed"]["global_batch"]]
     for flag, v in (("--tp", f.tp), ("--pp", f.pp), ("--dp", f.dp), ("--zero", f.zero),
                     ("--micro-batch", f.mbs), ("--vpp", f.vpp), ("--recompute", f.recompute),
-                    ("--schedule", f.schedule)):
+                    ("--schedule", f.schedule), ("--cp", f.cp)):
         if v is not None:
             args += [flag, v]
     if f.sp is not None:

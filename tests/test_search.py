@@ -174,7 +174,7 @@ def test_published_gqa_405b_at_scale_finds_a_plan():
     assert rep.best is not None and rep.best.estimate.fits
     assert rep.best.status == "OPTIMAL"
     c = rep.best.candidate
-    assert c.tp * c.pp * c.dp == 16384
+    assert c.tp * c.cp * c.pp * c.dp == 16384
 
 
 @pytest.mark.parametrize("engine", ["megatron", "runtime"])

@@ -24,7 +24,7 @@ MODELS = {
                         rope_theta=500000.0, **_LLAMA),
     # Dubey et al. 2024, Table 3 / HF meta-llama/Llama-3.1-405B config.json
     "llama3-405b": Model("llama3-405b", num_layers=126, hidden=16384, ffn_hidden=53248,
-                         num_heads=128, num_kv_heads=8, vocab_size=128256, max_seq_len=8192,
+                         num_heads=128, num_kv_heads=8, vocab_size=128256, max_seq_len=131072,
                          rope_theta=500000.0, **_LLAMA),
     # Brown et al. 2020, Table 2.1 (GPT-3 175B); vocabulary padded to 51200 as in Megatron-LM
     "gpt3-175b": Model("gpt3-175b", num_layers=96, hidden=12288, ffn_hidden=49152, num_heads=96,

@@ -4,8 +4,11 @@ Bandwidths follow the nccl-tests conventions (NVIDIA nccl-tests, doc/PERFORMANCE
 collective over n ranks moving S bytes takes  S * factor / busbw  with factor 2(n-1)/n for
 all-reduce and (n-1)/n for all-gather and reduce-scatter (S = the full, unsharded size).
 
-Rank placement is topology-aware: ranks are laid out with tp innermost, then dp, then pp
-(planner.plan.RANK_ORDER), so a group of `size` ranks `stride` apart spans a block of
+Rank placement is topology-aware: ranks are laid out with tp innermost, then cp, then dp, then
+pp (planner.plan.RANK_ORDER; Megatron-Core's order "tp-cp-ep-dp-pp",
+megatron/core/parallel_state.py initialize_model_parallel), so a tp group has stride 1, a cp
+group stride tp, a dp group stride tp*cp (the gradient group dp*cp, stride tp, spans both) and
+a pp group stride tp*cp*dp. A group of `size` ranks `stride` apart spans a block of
 size * stride consecutive ranks, and these blocks tile the ranks. Every group sits inside one
 NVLink domain (`Cluster.nvlink_domain`: a host, or an NVL72 rack of 18 four-GPU hosts) when
 its block does and the blocks do not straddle domains: size * stride divides the domain.
@@ -13,7 +16,7 @@ its block does and the blocks do not straddle domains: size * stride divides the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.specs import Cluster
 
@@ -23,6 +26,9 @@ class Link:
     busbw_gbps: float   # collective bus bandwidth
     p2p_gbps: float     # point-to-point, one direction
     latency_s: float    # per hop
+    # inside one NVLink domain (what an all-to-all's bandwidth depends on; not a figure, so
+    # not compared: links with equal figures are equal)
+    intra: bool = field(default=True, compare=False)
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> Link:
@@ -41,7 +47,7 @@ def group_link(cluster: Cluster, size: int, stride: int) -> Link:
     # members: the fewest, which the slowest group has.
     per_domain = max(1, min(size, math.gcd(span, d) // stride))
     bw = min(gpu.nvlink_busbw_gbps, per_domain * gpu.internode_gbps_per_gpu)
-    return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6)
+    return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6, intra=False)
 
 
 def _tree_latency(link: Link, n: int) -> float:

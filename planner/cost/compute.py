@@ -195,17 +195,24 @@ def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool 
 
 def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
                flash: bool = True, elementwise_traffic: float = 1.0,
-               overhead: float = 0.0, lp=None) -> LayerTime:
+               overhead: float = 0.0, lp=None, cp: int = 1) -> LayerTime:
     """`lp` (planner.precision.LowPrecision): the block linears run in low precision with
-    their scaling casts; attention, norms and the other element-wise work stay bf16."""
-    tokens = b * s
+    their scaling casts; attention, norms and the other element-wise work stay bf16.
+
+    `cp`: context parallelism. Every linear, norm and element-wise op of a CP rank sees its
+    s/cp tokens; causal attention is load-balanced by splitting the sequence into 2*cp chunks
+    and giving rank i chunks i and 2*cp-1-i (Megatron-Core / Transformer Engine's zigzag
+    layout, megatron/core/utils.py get_batch_on_this_cp_rank; torch's _HeadTailLoadBalancer),
+    so each rank does 1/cp of the causal attention FLOPs -- in p2p and all-gather CP as in
+    Ulysses (a2a), where each rank attends the whole sequence with heads/cp."""
+    tokens = b * s / cp
     h, f = model.hidden, model.ffn_hidden
     q, k, v, out = attention_projection_times(model, gpu, tokens, tp, lp)
     up = gemm_time(gpu, tokens, f / tp, h, lp=lp)           # each of up and gate
     down = gemm_time(gpu, tokens, h, f / tp, lp=lp)
     gated = model.gated_mlp
     gemm = q + k + v + out + (2 if gated else 1) * up + down
-    attn = attention_time(model, gpu, b, s, tp, flash)
+    attn = attention_time(model, gpu, b, s, tp, flash) / cp
     elem = elementwise_bytes(model, tokens, tp, sp, elementwise_traffic) / (gpu.hbm_gbps * 1e9)
     cast_fwd, cast_bwd = cast_times(model, gpu, tokens, tp, lp)
     return LayerTime(gemm, attn, elem, op_recomputed_gemms(k, out, up, down, gated), overhead,

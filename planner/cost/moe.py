@@ -209,7 +209,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
     from planner.cost.memory import model_state_bytes
     from planner.cost.stage import StageCoeffs, dp_collectives
-    b, s, t = c.mbs, c.seq_len, c.tp
+    # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
+    b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
     ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, engine.moe_dispatchers,
                    elementwise_traffic=engine.elementwise_traffic, lp=lp)
@@ -222,10 +223,10 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(c.recompute, 0.0)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" else 0.0
-    # model states: attention, norms, router and shared experts over dp; the routed experts
+    # model states: attention, norms, router and shared experts over dp x cp; the routed experts
     # over expert-dp (Megatron's distributed optimizer shards each over its own group)
-    edp = expert_dp(t, c.dp, c.ep, c.etp)
-    dp = c.dp
+    edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
+    dp = c.dp_cp      # dense weights replicated over cp: reduced and sharded over dp x cp
     nonexpert, expert = ml.dense_params, ml.expert_params
     states_ne = model_state_bytes(nonexpert, dp, c.zero, **states)
     states_ex = model_state_bytes(expert, edp, c.zero, **states)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from planner.cost import comm
 from planner.cost.compute import BF16, attention_width, mean_attended_keys
+from planner.cost.context import cp_exchange
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.schedule import in_flight, pipeline_time
 from planner.engines import get_engine
@@ -51,6 +52,10 @@ class Candidate:
     # block linears, with the engine's scaling recipe (None: its default for the precision)
     precision: str = "bf16"
     recipe: str | None = None
+    # context parallelism: cp ranks share each sequence (s/cp tokens each), exchanging K and V
+    # by `cp_comm` (CP_COMM_TYPES); weights replicated over cp, gradients reduced over dp*cp
+    cp: int = 1
+    cp_comm: str = "p2p"
     # expert parallelism of an MoE model (planner.cost.moe), folded out of tp x dp
     ep: int = 1
     etp: int = 1
@@ -61,7 +66,14 @@ class Candidate:
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def dp_cp(self) -> int:
+        """The gradient-reduction and optimizer-sharding group: dp x cp (Megatron-Core's
+        data_parallel_group_with_cp, megatron/core/parallel_state.py; torchtitan's FSDP mesh
+        dp_shard_cp, torchtitan/distributed/parallel_dims.py)."""
+        return self.dp * self.cp
 
 
 @dataclass
@@ -109,6 +121,10 @@ class StageCoeffs:
     mem_rec: float = 0.0                             # activations saved per recomputed layer
     # a collective hidden behind compute still slows it: NCCL runs on SMs (planner.specs.Gpu)
     overlap_slowdown: float = 0.0
+    # context-parallel K/V exchange per layer and micro-batch, forward + backward, as exposed
+    # (what sticks out of the attention it overlaps), and again in a recomputed layer
+    cp_layer: float = 0.0
+    cp_rec: float = 0.0
     # expert-parallel token dispatch and combine per layer (forward + backward), and what a
     # recomputed layer runs again (planner.cost.moe)
     ep_layer: float = 0.0
@@ -124,11 +140,11 @@ class StageCoeffs:
 
     @property
     def t_layer(self) -> float:
-        return self.compute_layer + self.tp_layer + self.ep_layer
+        return self.compute_layer + self.tp_layer + self.cp_layer + self.ep_layer
 
     @property
     def t_rec(self) -> float:
-        return self.compute_rec + self.tp_rec + self.ep_rec
+        return self.compute_rec + self.tp_rec + self.cp_rec + self.ep_rec
 
     def exposures(self):
         """(c_layer, c_fixed, h_layer, h_fixed) of the per-micro-batch ZeRO collectives."""
@@ -282,20 +298,24 @@ def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, 
 
 
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
-                       engine: Engine | None = None) -> list:
+                       engine: Engine | None = None, ranks=None) -> list:
+    """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`)."""
     engine = get_engine(engine)
     facts = facts_for(engine, cluster.gpu)
     b, s, t, p, v = c.mbs, c.seq_len, c.tp, c.pp, c.vpp
+    cp = c.cp
+    sl = s // cp            # tokens of a sequence on this context-parallel rank
     flash = c.flash
     lp = low_precision(engine, cluster.gpu, c.precision, c.recipe)
+    # ranks tp innermost, then cp, dp, pp (planner.cost.comm): the gradient group dp x cp
     tp_link = comm.group_link(cluster, t, 1)
-    dp_link = comm.group_link(cluster, c.dp, t)
-    pp_link = comm.group_link(cluster, 2, t * c.dp)
+    dp_link = comm.group_link(cluster, c.dp_cp, t)
+    pp_link = comm.group_link(cluster, 2, t * cp * c.dp)
 
     # tensor parallel: per layer 2 all-reduces forward and 2 backward (Megatron, Shoeybi et al.
     # 2019, Fig. 4), or with sequence parallel 2 all-gathers + 2 reduce-scatters each way
     # (Korthikanti et al. 2022, Sec. 4.2.2): the same volume.
-    act = facts.comm_elem_bytes * b * s * model.hidden
+    act = facts.comm_elem_bytes * b * sl * model.hidden
     if t > 1:
         one = (comm.all_gather(act, t, tp_link) + comm.reduce_scatter(act, t, tp_link)) if c.sp \
             else comm.all_reduce(act, t, tp_link)
@@ -319,12 +339,18 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
 
     # the block linears' weights on this GPU: what low precision quantises
     linear_params = (model.attn_matmul_params() + model.mlp_matmul_params()) / t
-    lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp)
-    act_none = facts.activation_bytes(model, b, s, t, c.sp, "none", flash, lp=lp)
-    act_rec = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, flash, lp=lp)
-    emb_f, emb_b = facts.embedding_time(model, b, s, t)
-    head_f, head_b = facts.head_time(model, b, s, t)
-    head_act = facts.logits_bytes(model, b, s, t)
+    lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp, cp=cp)
+    # saved activations, logits, embedding and head: per token, so per s/cp tokens
+    act_none = facts.activation_bytes(model, b, sl, t, c.sp, "none", flash, lp=lp)
+    act_rec = facts.activation_bytes(model, b, sl, t, c.sp, c.recompute, flash, lp=lp)
+    emb_f, emb_b = facts.embedding_time(model, b, sl, t)
+    head_f, head_b = facts.head_time(model, b, sl, t)
+    head_act = facts.logits_bytes(model, b, sl, t)
+    # context parallel K/V exchange (planner.cost.context); a recompute that re-runs the
+    # attention (full, or selective: the attention core) exchanges again
+    cpx = cp_exchange(model, b, s, t, cp, c.cp_comm, cluster, lt.attn_fwd)
+    cp_layer = cpx.fwd + cpx.bwd
+    cp_rec = cpx.fwd if c.recompute in ("full", "selective") else 0.0
     schedule = engine.effective_schedule(c.schedule, p, c.m)
     grad_bytes = engine.grad_bytes
     states = dict(grad_bytes=grad_bytes, weight_bytes=engine.weight_bytes,
@@ -332,7 +358,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                   compute_copy_bytes=facts.compute_copy_bytes)
 
     coeffs = []
-    for rank in range(p):
+    for rank in (range(p) if ranks is None else ranks):
         first, last = rank == 0, rank == p - 1
         fixed_params = (emb_params if first else 0.0) + (head_params if last else 0.0)
         compute_fixed = (emb_f + emb_b if first else 0.0) + (head_f + head_b if last else 0.0)
@@ -347,7 +373,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
             # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
             w_layer -= (BF16 - lp.element_bytes) * linear_params
-        dp = c.dp
+        dp = c.dp_cp      # weights replicated over cp: reduced and sharded over dp x cp
         z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed)
         local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
 
@@ -368,7 +394,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             other += (facts.compute_elem_bytes + grad_bytes) * fixed_params
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
-        other += act_none
+        other += act_none + cpx.buffer_bytes
         # the last stage keeps the fp32 logits of every micro-batch whose backward has not run
         # (one under 1F1B, all m under GPipe). The embedding output is the first layer's input,
         # counted with that layer's activations.
@@ -380,8 +406,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             compute_layer=lt.fwd + lt.bwd,
             compute_rec=lt.recompute(c.recompute),
             tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
-            fwd_layer=lt.fwd + tp_fwd, fwd_fixed=fwd_fixed,
-            bwd_layer=lt.bwd + tp_fwd, bwd_fixed=bwd_fixed,
+            cp_layer=cp_layer, cp_rec=cp_rec,
+            fwd_layer=lt.fwd + tp_fwd + cpx.fwd, fwd_fixed=fwd_fixed,
+            bwd_layer=lt.bwd + tp_fwd + cpx.bwd, bwd_fixed=bwd_fixed,
             grad_overlapped=engine.overlap_grad_reduce,
             gather_overlapped=engine.overlap_param_gather,
             opt_layer=facts.optimizer_time(local(layer_params)),
@@ -480,6 +507,8 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         "bubble": bubble,
         "optimizer": opt,
     }
+    if c.cp > 1:   # the exposed context-parallel exchange (a plan without CP has no entry)
+        breakdown["cp_comm"] = c.m * (n * k.cp_layer + r * k.cp_rec)
     if model.is_moe:   # expert-parallel dispatch and combine (all-to-all or all-gather)
         breakdown["ep_comm"] = c.m * (n * k.ep_layer + r * k.ep_rec
                                       + (q * km.ep_layer + rq * km.ep_rec if km else 0.0))

@@ -15,6 +15,9 @@ How fast: Megatron-DeepSpeed runs Megatron's fused kernels, so Megatron's figure
 Not validated against published runs: none are in the validation set.
 Memory: bf16 weights, fp32 gradient accumulation (the export sets data_types.grad_accum_dtype
 "fp32"), 12 B of Adam state with the fp32 master (Rajbhandari et al. 2020, K = 12).
+No context parallelism: DeepSpeed-Ulysses is model code (deepspeed.sequence.layer.
+DistributedAttention wrapping the attention, Megatron-DeepSpeed's --ds-sequence-parallel-size),
+not a setting of the DeepSpeed config this planner exports, so an export could not carry it.
 Precision: bf16 only (DeepSpeed's own engine has no FP8 training path found in its sources; FP8
 through Transformer Engine would be model code, not a DeepSpeed setting).
 """

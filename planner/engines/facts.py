@@ -61,10 +61,11 @@ class CatalogFacts:
         self.compute_copy_bytes = engine.compute_copy_bytes * self.compute_elem_bytes / BF16
 
     @_memo
-    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None):
-        """`lp`: the plan's low precision (planner.precision.LowPrecision), None for bf16."""
+    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None, cp=1):
+        """`lp`: the plan's low precision (planner.precision.LowPrecision), None for bf16;
+        `cp`: the context-parallel degree (each rank's s/cp tokens)."""
         return layer_time(model, self.gpu, b, s, tp, sp, flash,
-                          self.engine.elementwise_traffic, self.engine.layer_overhead_s, lp)
+                          self.engine.elementwise_traffic, self.engine.layer_overhead_s, lp, cp)
 
     @_memo
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
@@ -113,8 +114,9 @@ class MeasuredFacts(CatalogFacts):
         self.comm_elem_bytes = measured.comm_elem_bytes
 
     # a profile measures our runtime, which runs bf16 only (lp is always None here)
-    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None):
-        lt = super().layer_time(model, b, s, tp, sp, flash, lp=lp)
+    def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None, cp=1):
+        # profiles measure our runtime, which has no context parallelism (cp is always 1 here)
+        lt = super().layer_time(model, b, s, tp, sp, flash, lp=lp, cp=cp)
         return self.measured.layer_time(lt, b, s, tp, sp, flash, tp_comm_fwd)
 
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):

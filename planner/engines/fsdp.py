@@ -7,6 +7,8 @@ gathered every micro-batch and kept from forward to backward) or FULL_SHARD (ZeR
 (llm-foundry `activation_checkpointing`). Backward prefetch overlaps the next all-gather and
 the reduce-scatter with backward.
 
+No context parallelism (the wrappers shard data only).
+
 How fast: eager PyTorch model code with FlashAttention (llm-foundry's MPT): the eager figures
 of planner.engines.eager, fitted on llm-foundry's 8-64 GPU table (its 128-512 GPU table held
 out).

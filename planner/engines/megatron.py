@@ -11,6 +11,12 @@ What it runs (megatron/training/arguments.py, megatron-core >= 0.14):
   recomputes the first N layers of every model chunk, one N for all chunks; selective
   recompute (the attention core) applies to every layer.
 - Overlaps: --overlap-grad-reduce and --overlap-param-gather (the exports set both).
+- Context parallelism: --context-parallel-size N with --cp-comm-type p2p (default) |
+  all_gather | a2a | a2a+p2p (megatron/training/arguments.py; Transformer Engine's
+  context_parallel.py runs them). Ranks are ordered tp-cp-ep-dp-pp
+  (megatron/core/parallel_state.py); gradients are reduced and the distributed optimizer
+  sharded over the data-parallel group with cp. The hierarchical a2a+p2p (which also needs
+  --hierarchical-context-parallel-sizes) is not priced, so not offered.
 
 How fast: the GPU catalog's efficiencies were chosen on published Megatron runs
 (benchmarks/README.md, fidelity), so every scale factor here is 1.
@@ -43,6 +49,7 @@ MEGATRON = Engine(
     # --moe-token-dispatcher-type alltoall | allgather (megatron/core/transformer/moe/
     # token_dispatcher.py); --expert-tensor-parallel-size any divisor (MoE parallel folding)
     moe_dispatchers=("alltoall", "allgather"), moe_etp="any",
+    cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "delayed")), ("mxfp8", ("mxfp8",)),

@@ -37,8 +37,14 @@ def problems(plan, engine: Engine) -> list:
             out.append(f"{e} has no pipeline parallelism (pp={p.pp})")
         elif p.schedule not in engine.schedules:
             out.append(f"{e} has no {p.schedule} schedule")
-    if not engine.zero_ok(p.zero_stage, p.tp, p.pp, p.dp):
-        out.append(f"{e} has no ZeRO-{p.zero_stage} with tp={p.tp} pp={p.pp} dp={p.dp}")
+    if p.cp > 1 and not engine.cp_comm_types:
+        out.append(f"{e} has no context parallelism (cp={p.cp})")
+    elif p.cp > 1 and p.cp_comm_type not in engine.cp_comm_types:
+        out.append(f"{e} has no {p.cp_comm_type} context-parallel exchange (it has: "
+                   f"{', '.join(engine.cp_comm_types)})")
+    if not engine.zero_ok(p.zero_stage, p.tp, p.pp, p.dp, p.cp):
+        out.append(f"{e} has no ZeRO-{p.zero_stage} with tp={p.tp} pp={p.pp} dp={p.dp}"
+                   + (f" cp={p.cp}" if p.cp > 1 else ""))
     if engine.stage_layers == EQUAL_SPLIT and len(set(plan.layer_counts())) > 1:
         out.append(f"{e} splits the layers evenly; the plan holds {plan.layer_counts()} per rank")
     rec = [s.recompute_layers for s in plan.stages]

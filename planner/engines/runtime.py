@@ -21,6 +21,9 @@ message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_b
 Not priced yet: under ZeRO 0/1 on CUDA, autocast's bf16 copies of the fp32 weights (2 bytes per
 parameter, cached for the step); the cost model counts a compute copy only under ZeRO 2.
 Precision: bf16 only (runtime/ has no FP8 path).
+No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
+backends and the runtime does not wire it; the search never chooses cp > 1 here and the
+runtime's preflight refuses a cp > 1 plan in one line (planner.validity.RUNTIME_NO_CP).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS_BYTES_PER_LOGIT, PER_STAGE, Engine)

@@ -73,6 +73,9 @@ class Engine:
     zero2_gathers_every_microbatch: bool
     # TP groups must sit inside one host (torchrun's local ranks), not just one NVLink domain
     tp_within_host: bool = False
+    # context parallelism: the K/V exchanges it runs (planner.cost.context.CP_COMM_TYPES), the
+    # first its default; empty: no context parallelism
+    cp_comm_types: tuple = ()
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it
@@ -127,10 +130,11 @@ class Engine:
     measured: object = field(default=None, compare=False, repr=False)
 
     # ---- capabilities as predicates the search and plan validation share --------------
-    def zero_ok(self, zero: int, tp: int, pp: int, dp: int) -> bool:
-        if dp == 1:
+    def zero_ok(self, zero: int, tp: int, pp: int, dp: int, cp: int = 1) -> bool:
+        """ZeRO shards over dp x cp (weights are replicated over cp)."""
+        if dp * cp == 1:
             return zero == 0
-        if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1):
+        if zero == 0 and not self.zero0_with_tp_pp and (tp > 1 or pp > 1 or cp > 1):
             return False
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
 

@@ -11,6 +11,13 @@ What it runs (torchtitan/config/job_config.py, torchtitan/distributed/parallel_d
 - recompute ([activation_checkpoint] mode): "full" (every layer) or "selective" with option
   "op" (the per-op policy, planner.cost.compute.op_recomputed_gemms) on every layer.
 - FSDP2 reduce-scatters gradients in backward and prefetches the next all-gather.
+- Context parallelism ([parallelism] context_parallel_degree, context_parallel_rotate_method
+  "allgather" (default) | "alltoall"): PyTorch's context_parallel
+  (torch/distributed/tensor/experimental/_attention.py) with the head-tail (zigzag) load
+  balancer for causal masks; "allgather" gathers K,V (_AllGatherRotater), "alltoall" passes
+  the K,V chunks around the ring one all_to_all_single per step (_AllToAllRotater): priced as
+  all_gather and p2p (planner.cost.context). FSDP shards over dp_shard x cp
+  (torchtitan/distributed/parallel_dims.py, the dp_shard_cp mesh). No Ulysses.
 
 How fast: eager PyTorch kernels (no torch.compile in the planner's figures): cuBLAS GEMMs,
 SDPA flash attention, one kernel per element-wise op: the eager figures of
@@ -43,6 +50,7 @@ TORCHTITAN = Engine(
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and
     # expert_tensor_parallel_degree, 1 or the tp degree (torchtitan/config/job_config.py)
     moe_dispatchers=("alltoall",), moe_etp="tp", ep_needs_sharded_dp=True,
+    cp_comm_types=("all_gather", "p2p"),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

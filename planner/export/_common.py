@@ -21,7 +21,9 @@ def header(plan: Plan, engine: str) -> list:
     return [
         f"{engine} settings exported by the parallelism planner from plan "
         f"'{plan.model.name}' on '{plan.cluster.name}'",
-        f"tp={p.tp} pp={p.pp} dp={p.dp} vpp={p.vpp} schedule={p.schedule} "
+        f"tp={p.tp} pp={p.pp} dp={p.dp} "
+        + (f"cp={p.cp} cp_comm={p.cp_comm_type} " if p.cp > 1 else "")
+        + f"vpp={p.vpp} schedule={p.schedule} "
         f"zero={p.zero_stage} sp={str(p.sequence_parallel).lower()} recompute={p.recompute}; "
         f"seq_len={b.seq_len} global_batch={b.global_batch_size} "
         f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}; "

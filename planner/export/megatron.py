@@ -18,6 +18,9 @@ and megatron-core (>= 0.14, where Megatron-FSDP and --pipeline-model-parallel-la
 * ZeRO-1 is --use-distributed-optimizer; ZeRO-2/3 are Megatron-FSDP sharding strategies
   (optim_grads / optim_grads_params), which Megatron does not combine with pipeline parallelism.
 * --overlap-grad-reduce and --overlap-param-gather: the overlaps the megatron engine prices.
+* context parallel: --context-parallel-size cp --cp-comm-type p2p|all_gather|a2a; Megatron's
+  ranks are ordered tp-cp-ep-dp-pp (tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping) and its data
+  parallel size is WORLD_SIZE / (tp x cp x pp).
 * precision (Transformer Engine, _add_transformer_engine_args): fp8 is --fp8-format hybrid
   (E4M3 forward, E5M2 gradients) --fp8-recipe tensorwise|delayed; mxfp8 is --fp8-format e4m3
   --fp8-recipe mxfp8; nvfp4 is --fp4-format e2m1 --fp4-recipe nvfp4. --bf16 stays: the rest
@@ -121,7 +124,7 @@ def _recompute(plan: Plan, args: list, notes: list) -> None:
 def _zero(plan: Plan, args: list, notes: list) -> bool:
     """Emit the data-parallel sharding flags; True when Megatron-FSDP is used."""
     p = plan.parallelism
-    if p.dp > 1:
+    if p.dp * p.cp > 1:      # gradients are reduced over dp x cp
         args.append(("--overlap-grad-reduce", None))
     if p.zero_stage == 0:
         return False
@@ -245,13 +248,15 @@ def megatron_args(plan: Plan) -> str:
     args.append(("--tensor-model-parallel-size", p.tp))
     if p.sequence_parallel and p.tp > 1:
         args.append(("--sequence-parallel", None))
+    if p.cp > 1:
+        args += [("--context-parallel-size", p.cp), ("--cp-comm-type", p.cp_comm_type)]
     _pipeline(plan, args, notes)
     order = tuple(p.rank_order)
-    if order == ("dp", "pp", "tp"):
+    if order == ("dp", "pp", "cp", "tp"):
         args.append(("--use-tp-pp-dp-mapping", None))
-    elif order != ("pp", "dp", "tp"):
+    elif order != ("pp", "dp", "cp", "tp"):
         notes.append(f"rank order {'-'.join(order)} (outermost first) is not available: "
-                     "Megatron orders ranks tp-dp-pp (default) or tp-pp-dp, tp innermost")
+                     "Megatron orders ranks tp-cp-dp-pp (default) or tp-cp-pp-dp, tp innermost")
     fsdp = _zero(plan, args, notes)
     _recompute(plan, args, notes)
     args += [("--micro-batch-size", b.micro_batch_size),
@@ -263,11 +268,15 @@ def megatron_args(plan: Plan) -> str:
     _model(plan, args, notes)
     _experts(plan, args, notes)
 
-    world = p.tp * p.pp * p.dp
+    world = p.world_size
     lines = ["#!/usr/bin/env bash"]
     lines += [f"# {h}" for h in header(plan, "Megatron-LM")]
-    lines.append(f"# launch on {world} GPUs: Megatron infers data-parallel size = "
-                 f"WORLD_SIZE / (tp x pp) = {world} / {p.tp * p.pp} = {p.dp}")
+    if p.cp > 1:
+        lines.append(f"# launch on {world} GPUs: Megatron infers data-parallel size = "
+                     f"WORLD_SIZE / (tp x cp x pp) = {world} / {p.tp * p.cp * p.pp} = {p.dp}")
+    else:
+        lines.append(f"# launch on {world} GPUs: Megatron infers data-parallel size = "
+                     f"WORLD_SIZE / (tp x pp) = {world} / {p.tp * p.pp} = {p.dp}")
     lines.append('# use: source this file; torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" '
                  "<data, tokenizer and optimizer flags>")
     lines.append("# flags as in Megatron-LM with megatron-core >= 0.14")

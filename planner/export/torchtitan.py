@@ -15,6 +15,9 @@ torchtitan builds configs in Python; the same `section.key` names still work the
 * batch: local_batch_size is the per-data-parallel-rank batch. With pp > 1 the pipeline splits
   it into local_batch_size / pipeline_parallel_microbatch_size microbatches; with pp = 1
   torchtitan accumulates gradients global / (local x dp) times.
+* context parallel: context_parallel_degree = cp with context_parallel_rotate_method
+  "allgather" (the plan's all_gather exchange) or "alltoall" (its p2p ring); FSDP2 then shards
+  over data_parallel_shard_degree x cp, as priced (torchtitan/distributed/parallel_dims.py).
 * recompute: mode "full" recomputes every layer; "op" is mode "selective" with torchtitan's
   per-op policy (selective_ac_option "op"), on every layer.
 
@@ -40,6 +43,8 @@ from planner.plan import Plan
 
 SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 RESHARD = {2: "never", 3: "always"}
+# the plan's K/V exchange as torch's context_parallel rotate method (planner.engines.torchtitan)
+ROTATE = {"all_gather": "allgather", "p2p": "alltoall"}
 
 
 def _toml_value(v) -> str:
@@ -113,7 +118,9 @@ def torchtitan_toml(plan: Plan) -> str:
         par["pipeline_parallel_schedule"] = SCHEDULE[p.schedule]
         par["pipeline_parallel_microbatch_size"] = b.micro_batch_size
         par["module_fqns_per_model_part"] = module_fqns(stage_layers(plan))
-    par["context_parallel_degree"] = 1
+    par["context_parallel_degree"] = p.cp
+    if p.cp > 1:
+        par["context_parallel_rotate_method"] = ROTATE[p.cp_comm_type]
     if plan.model.is_moe:
         # experts over ep ranks carved out of dp_shard (x tp when etp = 1), all-to-all dispatch
         par["expert_parallel_degree"] = p.ep
@@ -133,7 +140,7 @@ def torchtitan_toml(plan: Plan) -> str:
 
     lines = [f"# {h}" for h in header(plan, "torchtitan")]
     lines.append("# a job config for torchtitan releases that read TOML (--job.config_file)")
-    lines.append(f"# launch on {p.tp * p.pp * p.dp} GPUs; add [job], [model] (e.g. name = "
+    lines.append(f"# launch on {p.world_size} GPUs; add [job], [model] (e.g. name = "
                  "\"llama3\", flavor) and [optimizer] as usual")
     for name, section in sections:
         lines.append("")
