@@ -231,24 +231,29 @@ class Model:
         """Width of the keys (and, but for MLA, of the values) attention reads."""
         return self.num_kv_heads * self.head_dim
 
-    def attention_features(self) -> list:
-        """What this model's attention has beyond Llama's (heads hidden / num_heads wide,
-        every layer full causal, no sinks), one phrase each: what an export or the runtime
-        must carry, or refuse the plan over."""
-        out = []
+    def attention_feature_map(self) -> dict:
+        """What this model has beyond Llama's attention (heads hidden / num_heads wide, every
+        layer full causal, no sinks) and layers, by key ("head_dim", "mla", "sliding_window",
+        "sinks", "mtp"), one phrase each: what an export or the runtime must carry, or refuse
+        the plan over."""
+        out = {}
         if self.head_dim_override:
-            out.append(f"head_dim {self.head_dim} (not hidden / num_heads)")
+            out["head_dim"] = f"head_dim {self.head_dim} (not hidden / num_heads)"
         if self.is_mla:
-            out.append(f"multi-head latent attention (kv_lora_rank {self.kv_lora_rank}, "
-                       f"q_lora_rank {self.q_lora_rank})")
+            out["mla"] = (f"multi-head latent attention (kv_lora_rank {self.kv_lora_rank}, "
+                          f"q_lora_rank {self.q_lora_rank})")
         if self.sliding_window:
-            out.append(f"sliding-window attention ({self.sliding_window} tokens on "
-                       f"{self.num_sliding_layers} of {self.num_layers} layers)")
+            out["sliding_window"] = (f"sliding-window attention ({self.sliding_window} tokens "
+                                     f"on {self.num_sliding_layers} of {self.num_layers} layers)")
         if self.attention_sinks:
-            out.append("attention sinks")
+            out["sinks"] = "attention sinks"
         if self.mtp_layers:
-            out.append(f"{self.mtp_layers} multi-token prediction layer(s)")
+            out["mtp"] = f"{self.mtp_layers} multi-token prediction layer(s)"
         return out
+
+    def attention_features(self) -> list:
+        """The phrases of attention_feature_map."""
+        return list(self.attention_feature_map().values())
 
     # ---- parameter counts -------------------------------------------------
     def norm_params(self) -> int:

@@ -27,6 +27,10 @@ def problems(plan, engine: Engine) -> list:
     elif plan.model.is_moe and not engine.ep_layout_ok(p.ep, p.etp, p.tp, p.zero_stage):
         out.append(f"{e} cannot lay out ep={p.ep} etp={p.etp} with tp={p.tp} and "
                    f"ZeRO-{p.zero_stage}")
+    if engine.model_features is not None:
+        for key, phrase in plan.model.attention_feature_map().items():
+            if key not in engine.model_features:
+                out.append(f"{e}'s export cannot write the model's {phrase}")
     if p.tp > 1 and engine.max_tp == 1:
         out.append(f"{e} has no tensor parallelism (tp={p.tp})")
     if p.tp > 1 and p.sequence_parallel not in engine.sp_choices:

@@ -87,6 +87,11 @@ class Engine:
     # expert parallelism only over sharded data parallelism (torchtitan: ep borrows from
     # dp_shard x cp, and from tp when etp = 1; DDP replicas cannot hold experts)
     ep_needs_sharded_dp: bool = False
+    # the model's attention features beyond Llama's (planner.specs.Model.attention_feature_map
+    # keys) its export writes into the model's definition; None: its export leaves the
+    # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP
+    # script), so any is carried there
+    model_features: tuple | None = None
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency

@@ -145,12 +145,39 @@ def _zero(plan: Plan, args: list, notes: list) -> bool:
     raise AssertionError("checked by planner.engines.runnable")
 
 
+def _attention(m, args: list) -> None:
+    """The attention features beyond Llama's the engine spec says this export writes
+    (planner.engines.megatron `model_features`), as Megatron-Core's arguments
+    (megatron/training/arguments.py): --kv-channels is the per-head projection width
+    (default hidden / heads); multi-latent attention takes its ranks and head widths
+    (--qk-head-dim the no-rope part, --qk-pos-emb-head-dim the rope part; --qk-layernorm the
+    norms on its low-rank latents); --window-size "left,right" with --window-attn-skip-freq N,
+    one full-attention layer after N-1 windowed ones, as the model's full_attention_interval;
+    --softmax-type learnable: a learned sink logit per head (GPT-OSS)."""
+    if m.head_dim_override:
+        args.append(("--kv-channels", m.head_dim))
+    if m.is_mla:
+        args.append(("--multi-latent-attention", None))
+        if m.q_lora_rank:
+            args.append(("--q-lora-rank", m.q_lora_rank))
+        args += [("--kv-lora-rank", m.kv_lora_rank), ("--qk-head-dim", m.qk_nope_head_dim),
+                 ("--qk-pos-emb-head-dim", m.qk_rope_head_dim), ("--v-head-dim", m.v_head_dim),
+                 ("--qk-layernorm", None)]
+    if m.sliding_window:
+        args.append(("--window-size", f"{m.sliding_window},0"))
+        if m.full_attention_interval:
+            args.append(("--window-attn-skip-freq", m.full_attention_interval))
+    if m.attention_sinks:
+        args.append(("--softmax-type", "learnable"))
+
+
 def _model(plan: Plan, args: list, notes: list) -> None:
     m, b = plan.model, plan.batch
     args += [("--num-layers", m.num_layers), ("--hidden-size", m.hidden),
              ("--ffn-hidden-size", m.ffn_hidden), ("--num-attention-heads", m.num_heads)]
     if m.num_kv_heads != m.num_heads:
         args += [("--group-query-attention", None), ("--num-query-groups", m.num_kv_heads)]
+    _attention(m, args)
     max_pos = max(m.max_seq_len, b.seq_len)
     if max_pos != m.max_seq_len:
         notes.append(f"--max-position-embeddings raised from the model's {m.max_seq_len} to the "
