@@ -7,7 +7,8 @@ counts, and their forward equals a reference written here from the Hugging Face 
 and RMSNorm run in fp32, so agreement is to fp32 rounding). The sliding-window
 mask is checked against transformers' rule by brute force; plans the runtime cannot lay out
 are refused in one line by `runtime.parallelize.check_layout`; and one tp2 run (explicit
-head_dim + sliding windows + sinks, sequence parallel) trains exactly like one process.
+head_dim + sliding windows + sinks, sequence parallel) trains exactly like one process (marked
+slow: ~45 s of process starts; the rest takes ~6 s).
 """
 import json
 import math
@@ -302,6 +303,7 @@ def _launch(nproc, plan, metrics):
             if '"step"' in x]
 
 
+@pytest.mark.slow
 def test_tp2_explicit_head_dim_windows_sinks_match_one_process(tmp_path):
     """Sinks split over tp with the heads; windows on layers 0 and 2 (interval 2), head_dim 20
     (q_dim 80 != hidden 64), sequence parallel: the same losses and gradient norms."""
