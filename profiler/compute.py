@@ -419,7 +419,7 @@ def runtime_part(spec: Model, tp: int, kind: str, device, tp_mesh, sp: bool = Fa
     from runtime.model import Transformer
     from runtime.parallelize import apply_tp, materialize_and_init
     depth = stack_depth(spec, device) if kind == "layer" else 1
-    one = spec.scaled(num_layers=depth)
+    one = spec.scaled(num_layers=depth, mtp_layers=0)   # parts of the trunk: no MTP modules
     with torch.device("meta"):
         part = Transformer(one)
     if kind != "layer":
