@@ -317,3 +317,29 @@ def test_tp2_explicit_head_dim_windows_sinks_match_one_process(tmp_path):
     for a, b in zip(two, one):
         for key in ("loss", "grad_norm"):
             assert abs(a[key] - b[key]) <= 1e-4 * abs(b[key]), (key, a, b)
+
+
+# ---- the profiler's scaled-down models keep the attention shape consistent ---------------
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "deepseek-v3", "qwen3-30b-a3b"])
+def test_profiler_scaled_spec_shrinks_explicit_head_widths_with_hidden(name):
+    from planner.catalog import get_model
+    from profiler.compute import scaled_spec, shard_layer
+    spec = get_model(name)
+    small, _, note = scaled_spec(spec, torch.device("cpu"), 4096, 2)
+    k = spec.hidden // small.hidden
+    assert note and k > 1 and small.num_heads == spec.num_heads
+    assert small.is_mla == spec.is_mla
+    # the widths relative to hidden are the model's (up to rounding to even rope halves)
+    assert abs(small.q_dim * k - spec.q_dim) <= 2 * k * spec.num_heads
+    assert abs(small.attn_out_dim * k - spec.attn_out_dim) <= 2 * k * spec.num_heads
+    assert small.q_dim < spec.q_dim
+    with torch.no_grad():
+        layer = shard_layer(small, 1, torch.device("cpu"))
+        assert numel(layer) == small.layer_params()     # a dense layer of the small model
+        layer(torch.randn(1, 8, small.hidden))
+        tp2 = shard_layer(small, 2, torch.device("cpu"))   # a tp rank's local shapes
+        tp2(torch.randn(1, 8, small.hidden))
+        assert tp2.attention.wo.in_features * 2 == small.attn_out_dim
+        if not small.is_mla:
+            assert tp2.attention.wq.out_features * 2 == small.q_dim
