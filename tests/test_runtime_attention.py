@@ -343,3 +343,15 @@ def test_profiler_scaled_spec_shrinks_explicit_head_widths_with_hidden(name):
         assert tp2.attention.wo.in_features * 2 == small.attn_out_dim
         if not small.is_mla:
             assert tp2.attention.wq.out_features * 2 == small.q_dim
+
+
+def test_cli_refuses_mtp_in_one_line_exit_2(tmp_path):
+    plan_of(BASE.scaled(name="mtp", mtp_layers=1), path=tmp_path / "p.json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "runtime", "--plan", str(tmp_path / "p.json"),
+                        "--steps", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "multi-token prediction (1 mtp_layers)" in lines[0], r.stderr
+    assert r.stdout == ""
