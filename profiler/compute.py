@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from planner.bounds import divisors  # noqa: F401  (profiler.run reads it from here)
-from planner.specs import Model
 from planner.cost.compute import attention_width
+from planner.specs import Model
 from planner.validity import tp_ok
 from profiler.timing import Timer, summarize, time_fn
 
