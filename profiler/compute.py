@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from planner.bounds import divisors  # noqa: F401  (profiler.run reads it from here)
+from planner.cost.compute import attention_width
 from planner.specs import Model
 from planner.validity import tp_ok
 from profiler.timing import Timer, summarize, time_fn
@@ -55,10 +56,21 @@ def shard_layer(spec: Model, tp: int, device, recompute: str = "none") -> nn.Mod
         layer = DecoderLayer(spec)
         if tp > 1:
             a, m = layer.attention, layer.feed_forward
-            a.wq = _linear(h, h // tp, spec.attn_bias)
-            a.wk = _linear(h, kv // tp, spec.attn_bias)
-            a.wv = _linear(h, kv // tp, spec.attn_bias)
-            a.wo = _linear(h // tp, h, spec.linear_bias)
+            if spec.is_mla:   # down projections whole (Megatron MLASelfAttention), ups by heads
+                n, qk = spec.num_heads, spec.qk_nope_head_dim + spec.qk_rope_head_dim
+                if a.wq is not None:
+                    a.wq = _linear(h, n * qk // tp, spec.attn_bias)
+                else:
+                    a.wq_b = _linear(spec.q_lora_rank, n * qk // tp, False)
+                a.wkv_b = _linear(spec.kv_lora_rank,
+                                  n * (spec.qk_nope_head_dim + spec.v_head_dim) // tp, False)
+            else:
+                a.wq = _linear(h, spec.q_dim // tp, spec.attn_bias)
+                a.wk = _linear(h, kv // tp, spec.attn_bias)
+                a.wv = _linear(h, kv // tp, spec.attn_bias)
+            a.wo = _linear(spec.attn_out_dim // tp, h, spec.linear_bias)
+            if a.sinks is not None:
+                a.sinks = nn.Parameter(torch.empty(spec.num_heads // tp))
             m.w1 = _linear(h, f // tp, spec.linear_bias)
             m.w2 = _linear(f // tp, h, spec.linear_bias)
             if m.w3 is not None:
@@ -323,6 +335,23 @@ def bandwidth_point(device, nbytes, warmup, repeats, budget_s):
     return {"bytes": 2 * n * 4, "time_s": t, "gbps": 2 * n * 4 / t["median"] / 1e9}
 
 
+def shrunk_attention(spec: Model, k: int) -> dict:
+    """The attention widths of `spec` / k, kept consistent with a hidden size / k: an explicit
+    head_dim (head_dim_override) shrinks like hidden / num_heads would, and so do MLA's ranks and
+    head widths (the rope part stays even); the head counts stay. {} when nothing is explicit."""
+    if k == 1:
+        return {}
+    if spec.is_mla:
+        return dict(q_lora_rank=max(1, spec.q_lora_rank // k) if spec.q_lora_rank else 0,
+                    kv_lora_rank=max(1, spec.kv_lora_rank // k),
+                    qk_rope_head_dim=max(2, spec.qk_rope_head_dim // k // 2 * 2),
+                    qk_nope_head_dim=max(1, spec.qk_nope_head_dim // k),
+                    v_head_dim=max(1, spec.v_head_dim // k))
+    if spec.head_dim_override:
+        return dict(head_dim_override=max(2, spec.head_dim_override // k // 2 * 2))
+    return {}
+
+
 def scaled_spec(spec: Model, device, seq: int, max_tp: int):
     """A model small enough to time here, or the model itself. Returns (spec, seq, note).
 
@@ -335,16 +364,21 @@ def scaled_spec(spec: Model, device, seq: int, max_tp: int):
         return spec, seq, None
     s = min(seq, 512)
 
+    explicit = spec.is_mla or bool(spec.head_dim_override)
+
     def cost(k):
         h, f = spec.hidden // k, spec.ffn_hidden // k
+        if explicit:    # the shrunk widths (shrunk_attention) need no hidden % num_heads
+            m = spec.scaled(hidden=h, ffn_hidden=f, **shrunk_attention(spec, k))
+            params = m.attn_matmul_params() + m.mlp_matmul_params()
+            return params, 2.0 * params * s + 2.0 * s * s * attention_width(m), m.head_dim
         kv = spec.kv_dim // k
         params = h * (h + 2 * kv) + h * h + (3 if spec.gated_mlp else 2) * h * f
-        return params, 2.0 * params * s + 2.0 * s * s * h
+        return params, 2.0 * params * s + 2.0 * s * s * h, spec.head_dim // k
 
     k = 1
     while True:
-        params, flops = cost(k)
-        hd = spec.head_dim // k
+        params, flops, hd = cost(k)
         if (params <= 30e6 and flops <= 4e9) or hd <= 8:
             break
         k *= 2
@@ -353,7 +387,8 @@ def scaled_spec(spec: Model, device, seq: int, max_tp: int):
     vocab = max(64 * max_tp, (spec.vocab_size // k) // (64 * max_tp) * (64 * max_tp))
     small = spec.scaled(name=f"{spec.name}/{k}", hidden=spec.hidden // k,
                         ffn_hidden=max(max_tp, spec.ffn_hidden // k // max_tp * max_tp),
-                        vocab_size=vocab, max_seq_len=max(s, min(spec.max_seq_len, s)))
+                        vocab_size=vocab, max_seq_len=max(s, min(spec.max_seq_len, s)),
+                        **shrunk_attention(spec, k))
     note = (f"CPU: {spec.name} is too large to time here; timed a version with hidden, FFN and "
             f"vocabulary / {k} (head_dim {spec.head_dim} -> {small.head_dim}, same heads) at "
             f"seq_len {s}; the planner scales its model by the measured / modelled ratio")
@@ -384,7 +419,7 @@ def runtime_part(spec: Model, tp: int, kind: str, device, tp_mesh, sp: bool = Fa
     from runtime.model import Transformer
     from runtime.parallelize import apply_tp, materialize_and_init
     depth = stack_depth(spec, device) if kind == "layer" else 1
-    one = spec.scaled(num_layers=depth)
+    one = spec.scaled(num_layers=depth, mtp_layers=0)   # parts of the trunk: no MTP modules
     with torch.device("meta"):
         part = Transformer(one)
     if kind != "layer":

@@ -210,7 +210,8 @@ def profile_model(spec: Model, seq: int, device, quick: bool, log) -> dict:
                             for tp in tps for b in mbss], notes, kind, passes)
     entry["layer_runtime_tp"] = _all(
         C.runtime_point, [(small, tp, "layer", b, s, device, meshes[tp], warmup, repeats, budget,
-                           sp) for tp in tps if tp > 1 and s % tp == 0 for sp in (False, True)
+                           sp) for tp in tps if tp > 1 and s % tp == 0 and not small.is_mla
+                          for sp in (False, True)
                           for b in (mbss[:2] if quick else mbss)],
         notes, "layer with the runtime's TP", passes)
     for p in entry["layer_runtime_tp"]:

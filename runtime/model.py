@@ -14,7 +14,10 @@ outside. The layout-relevant conventions are:
 Covers the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the GPT family (LayerNorm, GELU MLP,
 learned positions, biases), relu2 activations and parallel residuals, and mixtures of experts
 (`MoEFeedForward` on the layers `Model.moe_layer` names: top-k router, stacked expert weights,
-shared experts; `runtime.expert` splits the experts over ep ranks). ALiBi is refused.
+shared experts, expert/router biases; `runtime.expert` splits the experts over ep ranks), and
+attention beyond Llama's: an explicit head_dim (`Model.head_dim_override`), sliding windows on
+`Model.sliding_layer(i)`, attention sinks, multi-head latent attention (`MLAttention`). ALiBi
+and multi-token prediction are refused.
 
 Parameters are initialised by `init_full_tensor(name, shape, spec, seed)`: each full tensor comes
 from a generator seeded by (seed, parameter name), so every layout starts from the same weights.
@@ -102,28 +105,73 @@ def apply_rope(x, cos, sin):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).type_as(x)
 
 
-class AttentionCore(nn.Module):
-    """softmax(q k^T / sqrt(d)) v with a causal mask; no parameters. Selective recompute
-    checkpoints exactly this module."""
+def attention_mask(s: int, window: int, device):
+    """[s, s] bool, True where query i may attend key j: causal, and within a sliding window of
+    `window` keys when window > 0: i - window < j <= i (transformers masking_utils.py
+    `sliding_window_overlay`: kv_idx > q_idx - sliding_window, and'ed with
+    `causal_mask_function`: kv_idx <= q_idx), so a query sees `window` keys, itself included."""
+    i = torch.arange(s, device=device)
+    d = i[:, None] - i[None, :]
+    ok = d >= 0
+    if window:
+        ok = ok & (d < window)
+    return ok
 
-    def forward(self, q, k, v):
+
+class AttentionCore(nn.Module):
+    """softmax(q k^T / sqrt(d) + mask) v with a causal (or sliding-window causal) mask; no
+    parameters. Selective recompute checkpoints exactly this module.
+
+    `window` > 0: a banded causal mask (`attention_mask`). `sinks` ([heads] logits, gpt-oss):
+    each head's softmax gets one more logit that no value is read for (transformers
+    modeling_gpt_oss.py eager_attention_forward: logits concatenated with the sink, softmax,
+    the sink's column dropped), done inside SDPA as one extra key of zeros (logit q.0 = 0) and
+    value of zeros whose additive mask entry is the head's sink. The scale is 1/sqrt of q's
+    head width (MLA: qk_nope + qk_rope), SDPA's default."""
+
+    def __init__(self, window: int = 0):
+        super().__init__()
+        self.window = window
+
+    def forward(self, q, k, v, sinks=None):
         # q: [b, hq, s, hd], k/v: [b, hkv, s, hd]; grouped-query attention inside SDPA, so no
         # repeated copy of k/v is made (or saved for backward) outside the kernel
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        s = q.shape[2]
+        gqa = q.shape[1] != k.shape[1]
+        window = self.window if self.window and self.window < s else 0
+        if sinks is None and not window:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        ok = attention_mask(s, window, q.device)
+        if sinks is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=ok, enable_gqa=gqa)
+        b, hkv = k.shape[0], k.shape[1]
+        k = torch.cat([k, k.new_zeros(b, hkv, 1, k.shape[-1])], dim=2)
+        v = torch.cat([v, v.new_zeros(b, hkv, 1, v.shape[-1])], dim=2)
+        bias = torch.zeros(s, s, dtype=q.dtype, device=q.device).masked_fill(~ok, float("-inf"))
+        mask = torch.cat([bias.expand(q.shape[1], s, s),
+                          sinks.to(q.dtype)[:, None, None].expand(-1, s, 1)], dim=-1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: Model):
+    """Multi-head / grouped-query attention: wq hidden -> q_dim (num_heads * head_dim), wk/wv
+    hidden -> kv_dim, wo attn_out_dim -> hidden (head_dim may differ from hidden / num_heads:
+    `Model.head_dim_override`); a sliding window on the layers `Model.sliding_layer` names
+    (`layer` is the global layer index); per-head sink logits `sinks` with
+    `Model.attention_sinks`. Exactly `Model.attn_matmul_params + attn_bias_params +
+    attn_extra_params` (+ the wo bias with linear_bias)."""
+
+    def __init__(self, spec: Model, layer: int = 0):
         super().__init__()
         self.head_dim = spec.head_dim
         self.rope = spec.position == "rope"
         self.rope_theta = spec.rope_theta
-        self.wq = nn.Linear(spec.hidden, spec.hidden, bias=spec.attn_bias)
+        self.wq = nn.Linear(spec.hidden, spec.q_dim, bias=spec.attn_bias)
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.attn_bias)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.attn_bias)
-        self.wo = nn.Linear(spec.hidden, spec.hidden, bias=spec.linear_bias)
-        self.core = AttentionCore()
+        self.wo = nn.Linear(spec.attn_out_dim, spec.hidden, bias=spec.linear_bias)
+        self.sinks = nn.Parameter(torch.empty(spec.num_heads)) if spec.attention_sinks else None
+        self.core = AttentionCore(spec.sliding_window if spec.sliding_layer(layer) else 0)
 
     def forward(self, x):
         b, s, _ = x.shape
@@ -133,8 +181,73 @@ class Attention(nn.Module):
         if self.rope:
             cos, sin = rope_cos_sin(s, self.head_dim, self.rope_theta, x.device)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        sinks = _local(self.sinks) if self.sinks is not None else None   # tp: this rank's heads
+        o = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3; transformers models/deepseek_v3/
+    modeling_deepseek_v3.py DeepseekV3Attention), the weights `Model.attn_matmul_params` counts:
+
+    * queries: `wq_a` hidden -> q_lora_rank, RMSNorm `q_a_norm`, `wq_b` -> heads * (nope + rope)
+      (q_lora_rank 0: one `wq` hidden -> heads * (nope + rope));
+    * `wkv_a` (kv_a_proj_with_mqa) hidden -> kv_lora_rank + rope: the latent and one shared
+      rope key k_pe; RMSNorm `kv_a_norm` on the latent; `wkv_b` kv_lora_rank -> heads * (nope +
+      v_head_dim): each head's k_nope and value;
+    * RoPE on the rope part only (q_rot per head, k_pe shared by every head), k = [k_nope; k_pe],
+      q = [q_nope; q_rot]; softmax scale 1/sqrt(nope + rope); `wo` heads * v_head_dim -> hidden.
+
+    Biases with attn_bias on wq_a (or wq) and wkv_a (`Model.attn_bias_params`), on wo with
+    linear_bias. RoPE is rotate-half on the rope part (HF's default `rope_interleave` pairs
+    adjacent dims instead: a fixed permutation of wq/wkv_a's rope columns, the same model
+    trained from scratch); no YaRN mscale. Tensor parallelism is refused (runtime.support)."""
+
+    def __init__(self, spec: Model, layer: int = 0):
+        super().__init__()
+        h, n = spec.hidden, spec.num_heads
+        self.nope, self.rope_dim, self.v_dim = (spec.qk_nope_head_dim, spec.qk_rope_head_dim,
+                                                spec.v_head_dim)
+        self.kv_lora_rank = spec.kv_lora_rank
+        self.rope = spec.position == "rope"
+        self.rope_theta = spec.rope_theta
+        qk = self.nope + self.rope_dim
+        if spec.q_lora_rank:
+            self.wq_a = nn.Linear(h, spec.q_lora_rank, bias=spec.attn_bias)
+            self.q_a_norm = RMSNorm(spec.q_lora_rank, spec.norm_eps)
+            self.wq_b = nn.Linear(spec.q_lora_rank, n * qk, bias=False)
+            self.wq = None
+        else:
+            self.wq_a = self.q_a_norm = self.wq_b = None
+            self.wq = nn.Linear(h, n * qk, bias=spec.attn_bias)
+        self.wkv_a = nn.Linear(h, spec.kv_lora_rank + self.rope_dim, bias=spec.attn_bias)
+        self.kv_a_norm = RMSNorm(spec.kv_lora_rank, spec.norm_eps)
+        self.wkv_b = nn.Linear(spec.kv_lora_rank, n * (self.nope + self.v_dim), bias=False)
+        self.wo = nn.Linear(n * self.v_dim, h, bias=spec.linear_bias)
+        self.sinks = nn.Parameter(torch.empty(n)) if spec.attention_sinks else None
+        self.core = AttentionCore(spec.sliding_window if spec.sliding_layer(layer) else 0)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = (self.wq(x) if self.wq is not None
+             else self.wq_b(self.q_a_norm(self.wq_a(x)))).view(b, s, -1, self.nope + self.rope_dim)
+        q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
+        latent, k_rot = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        kv = self.wkv_b(self.kv_a_norm(latent)).view(b, s, -1, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k_rot = k_rot.view(b, s, 1, self.rope_dim)
+        if self.rope:
+            cos, sin = rope_cos_sin(s, self.rope_dim, self.rope_theta, x.device)
+            q_rot, k_rot = apply_rope(q_rot, cos, sin), apply_rope(k_rot, cos, sin)
+        q = torch.cat([q_nope, q_rot], dim=-1)
+        k = torch.cat([k_nope, k_rot.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        sinks = _local(self.sinks) if self.sinks is not None else None
+        o = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sinks)
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
+
+
+def make_attention(spec: Model, layer: int = 0) -> nn.Module:
+    return MLAttention(spec, layer) if spec.is_mla else Attention(spec, layer)
 
 
 def _activation(name: str):
@@ -194,8 +307,9 @@ def _local(t):
 
 class GroupedExperts(nn.Module):
     """The routed experts of an MoE layer as stacked weights: `w1` (and `w3` when gated)
-    [experts, hidden, moe_ffn_hidden], `w2` [experts, moe_ffn_hidden, hidden], no biases (as
-    `Model.expert_params` counts them). `forward(x, counts)`: the rows of `x` are sorted by
+    [experts, hidden, moe_ffn_hidden], `w2` [experts, moe_ffn_hidden, hidden], biases
+    `w1_bias`/`w3_bias` [experts, moe_ffn_hidden] and `w2_bias` [experts, hidden] only with
+    `expert_bias` (as `Model.expert_params` counts them). `forward(x, counts)`: the rows of `x` are sorted by
     expert, `counts[e]` rows for expert e; each expert's rows go through its FFN (a grouped
     matmul as one matmul per expert on its slice of rows; torch._grouped_mm has no CPU
     backward in torch 2.13)."""
@@ -207,23 +321,34 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(e, h, f))
         self.w2 = nn.Parameter(torch.empty(e, f, h))
         self.w3 = nn.Parameter(torch.empty(e, h, f)) if spec.gated_mlp else None
+        # expert_bias (gpt-oss gate_up_proj_bias, down_proj_bias): [experts, width] each
+        bias = spec.expert_bias
+        self.w1_bias = nn.Parameter(torch.empty(e, f)) if bias else None
+        self.w2_bias = nn.Parameter(torch.empty(e, h)) if bias else None
+        self.w3_bias = nn.Parameter(torch.empty(e, f)) if bias and spec.gated_mlp else None
 
     def forward(self, x, counts: list):
         w1, w2 = _local(self.w1), _local(self.w2)
         w3 = _local(self.w3) if self.w3 is not None else None
+        b1, b2, b3 = (_local(b) if b is not None else None
+                      for b in (self.w1_bias, self.w2_bias, self.w3_bias))
         out = []
         for e, rows in enumerate(torch.split(x, counts)):
-            h = self.act(rows @ w1[e])
+            h = rows @ w1[e]
+            h = self.act(h + b1[e] if b1 is not None else h)
             if w3 is not None:
-                h = h * (rows @ w3[e])
-            out.append(h @ w2[e])
+                g = rows @ w3[e]
+                h = h * (g + b3[e] if b3 is not None else g)
+            y = h @ w2[e]
+            out.append(y + b2[e] if b2 is not None else y)
         return torch.cat(out) if out else x[:0]
 
 
 class MoEFeedForward(nn.Module):
     """Router, routed experts and shared experts (Mixtral / Qwen3-MoE / DeepSeek-V3 shape).
 
-    Routing, dropless and deterministic: router logits (a linear without bias, fp32 softmax
+    Routing, dropless and deterministic: router logits (a linear, with a bias only with
+    `expert_bias` as gpt-oss's router, fp32 softmax
     over all experts), the top-k experts of each token, their probabilities renormalised to
     sum to 1 (Mixtral; Qwen3-MoE with norm_topk_prob: softmax then top-k then normalise, which
     equals a softmax over the top-k logits). No token is dropped (no capacity factor) and no
@@ -235,7 +360,7 @@ class MoEFeedForward(nn.Module):
         super().__init__()
         self.top_k = spec.experts_per_token
         self.num_experts = spec.num_experts
-        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=False)
+        self.router = nn.Linear(spec.hidden, spec.num_experts, bias=spec.expert_bias)
         self.experts = GroupedExperts(spec)
         self.shared_expert = (FeedForward(spec, spec.shared_expert_ffn_hidden, bias=False)
                               if spec.shared_expert_ffn_hidden else None)
@@ -264,12 +389,12 @@ class DecoderLayer(nn.Module):
     `moe`: the FFN is an `MoEFeedForward` (layer i of a Transformer: `spec.moe_layer(i)`).
     """
 
-    def __init__(self, spec: Model, moe: bool = False):
+    def __init__(self, spec: Model, moe: bool = False, layer: int = 0):
         super().__init__()
         check_supported(spec)
         self.parallel_residual = spec.parallel_residual
         self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec)
+        self.attention = make_attention(spec, layer)
         self.ffn_norm = make_norm(spec)
         self.feed_forward = MoEFeedForward(spec) if moe else FeedForward(spec)
         self.dropout = nn.Dropout(spec.dropout) if spec.dropout > 0 else None
@@ -285,16 +410,25 @@ class DecoderLayer(nn.Module):
         return h + self._drop(self.feed_forward(self.ffn_norm(h)))
 
 
+def check_whole_model_supported(spec: Model) -> None:
+    """What a whole `Transformer` cannot build beyond `check_supported` (a lone DecoderLayer,
+    as the profiler times, can)."""
+    check_supported(spec)
+    if spec.mtp_layers:
+        raise UnsupportedModel(f"model {spec.name}: multi-token prediction ({spec.mtp_layers} "
+                               f"mtp_layers) is not built by the runtime yet")
+
+
 class Transformer(nn.Module):
     def __init__(self, spec: Model):
         super().__init__()
-        check_supported(spec)
+        check_whole_model_supported(spec)
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden)
         self.pos_embeddings = (nn.Embedding(spec.max_seq_len, spec.hidden)
                                if spec.position == "learned" else None)
         self.emb_dropout = nn.Dropout(spec.dropout) if spec.dropout > 0 else None
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(spec, moe=spec.moe_layer(i))
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(spec, moe=spec.moe_layer(i), layer=i)
                                      for i in range(spec.num_layers)})
         self.norm = make_norm(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
@@ -357,9 +491,9 @@ def init_full_tensor(name: str, shape, spec: Model, seed: int, device="cpu") -> 
     tensors)."""
     leaf = name.rsplit(".", 1)[-1]
     parent = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
-    if leaf == "bias":
+    if leaf == "bias" or leaf.endswith("_bias"):        # also the experts' w1_bias, ...
         return torch.zeros(shape, device=device)
-    if parent in ("attention_norm", "ffn_norm", "norm"):
+    if parent.endswith("norm"):     # attention_norm, ffn_norm, norm; MLA's q_a_norm, kv_a_norm
         return torch.ones(shape, device=device)
     g = torch.Generator(device=device).manual_seed(_seed_of(seed, name))
     std = 0.02

@@ -25,9 +25,9 @@ def check_layout(plan) -> None:
     """Refuse a plan this runtime cannot lay out: the rules of planner.validity, which the
     search and Plan.validate share (so a plan the search emits is never refused here)."""
     from planner.validity import plan_problems
-    from runtime.expert import runtime_problems
+    from runtime.support import runtime_problems
     # plan_problems for the runtime refuses cp > 1 (no CP here); runtime_problems adds this
-    # runtime's MoE limits
+    # runtime's own limits (MoE, attention, MTP)
     problems = plan_problems(plan, runner="runtime") + runtime_problems(plan)
     if problems:
         raise LayoutError(problems[0])
@@ -109,6 +109,9 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
                                                    desired_input_layouts=(Replicate(),)),
             })
         parallelize_module(layer, tp_mesh, lp)
+        sinks = getattr(layer.attention, "sinks", None)
+        if sinks is not None:   # attention sinks: one logit per query head, split with the heads
+            layer.attention.sinks = nn.Parameter(distribute_tensor(sinks, tp_mesh, [Shard(0)]))
     return replicated
 
 
