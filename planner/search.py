@@ -381,7 +381,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                             continue
                         for rec in recs:
                             for ep, etp in experts:
-                                if not engine.ep_layout_ok(ep, etp, tp, zero):
+                                if not engine.ep_layout_ok(ep, etp, tp, zero, model.is_moe):
                                     continue
                                 out.append(Candidate(
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,

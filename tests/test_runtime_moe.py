@@ -101,6 +101,21 @@ def test_runtime_refuses_what_it_cannot_lay_out(tmp_path, par, line):
     assert str(e.value) == line
 
 
+def test_the_search_offers_the_runtime_only_moe_layouts_it_runs():
+    """Priced for the runtime engine, an MoE model gets tp 1 and etp 1 (what the runtime lays
+    out), ep searched; every ranked plan passes the runtime's own preflight."""
+    from planner.catalog import get_cluster
+    from planner.search import Fixed, search, to_plan
+    from runtime.train import preflight
+    cluster = get_cluster("cpux8")
+    rep = search(MOE, cluster, Fixed(), seq_len=16, global_batch=32, engine="runtime", top=8)
+    assert rep.ranked and any(r.candidate.ep > 1 for r in rep.ranked)
+    for r in rep.ranked:
+        c = r.candidate
+        assert c.tp == 1 and c.etp == 1
+        preflight(to_plan(MOE, cluster, r, rep), 8, 8, on_gpu=False)   # raises if refused
+
+
 # ---- expert parallel layouts against one process ------------------------------------------
 
 @pytest.fixture(scope="module")

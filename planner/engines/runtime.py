@@ -40,6 +40,10 @@ RUNTIME = Engine(
     overlap_grad_reduce=False, overlap_param_gather=False,
     zero2_gathers_every_microbatch=False, short_1f1b_as_gpipe=True,
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
+    # runtime/expert.py: experts split over an ep dim carved out of dp, tokens dispatched with
+    # all_to_all_single (gloo and NCCL); MoE layers not tensor-split, no expert TP
+    # (runtime.expert.runtime_problems refuses both)
+    moe_dispatchers=("alltoall",), moe_etp="none", moe_with_tp=False,
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

@@ -87,6 +87,8 @@ class Engine:
     # expert parallelism only over sharded data parallelism (torchtitan: ep borrows from
     # dp_shard x cp, and from tp when etp = 1; DDP replicas cannot hold experts)
     ep_needs_sharded_dp: bool = False
+    # MoE layers under tensor parallelism (False: an MoE model runs at tp 1 only)
+    moe_with_tp: bool = True
     # the model's attention features beyond Llama's (planner.specs.Model.attention_feature_map
     # keys) its export writes into the model's definition; None: its export leaves the
     # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP
@@ -146,8 +148,11 @@ class Engine:
     def etp_ok(self, etp: int, tp: int) -> bool:
         return etp == 1 or self.moe_etp == "any" or (self.moe_etp == "tp" and etp == tp)
 
-    def ep_layout_ok(self, ep: int, etp: int, tp: int, zero: int) -> bool:
-        """The engine can lay out ep x etp experts on this grid with this ZeRO stage."""
+    def ep_layout_ok(self, ep: int, etp: int, tp: int, zero: int, moe: bool = True) -> bool:
+        """The engine can lay out ep x etp experts on this grid with this ZeRO stage (`moe`:
+        the model has experts; a dense model's (1, 1) is always fine)."""
+        if moe and tp > 1 and not self.moe_with_tp:
+            return False
         if not self.etp_ok(etp, tp):
             return False
         return not (self.ep_needs_sharded_dp and zero < 2 and tp % (ep * etp))
