@@ -130,7 +130,11 @@ def fixed_of(run) -> Fixed:
                  ep=f.get("ep"), etp=f.get("etp"),
                  # context parallelism as published (1 where the source printed none); its
                  # K/V exchange, never printed, is the planner's choice for the engine
-                 cp=f.get("cp", 1))
+                 cp=f.get("cp", 1),
+                 # Megatron-Core's TP communication overlap as the run had it: on in the
+                 # Megatron-Bridge performance recipes (the rows' tp_comm_overlap_source), off
+                 # where absent (the 2021-24 Megatron runs predate or did not use it)
+                 tp_comm_overlap=f.get("tp_comm_overlap", False))
 
 
 def cluster_of(run) -> Cluster:

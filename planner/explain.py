@@ -43,6 +43,8 @@ def summary_line(plan: Plan) -> str:
         parts.insert(1, f"cp={p.cp}({p.cp_comm_type})")
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
+        if p.tp_comm_overlap:
+            parts.append("tp-comm-overlap")
     if p.pp > 1:
         parts.append(p.schedule + (f"(vpp={p.vpp})" if p.vpp > 1 else ""))
     parts.append(f"mbs={b.micro_batch_size}x{b.num_microbatches}")
