@@ -153,7 +153,7 @@ def _published_config(run) -> str:
     f = run["fixed"]
     names = [("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("sequence_parallel", "sp"),
              ("ep", "ep"), ("etp", "etp"), ("micro_batch", "mbs"), ("vpp", "vpp"),
-             ("recompute", "rec")]
+             ("recompute", "rec"), ("tp_comm_overlap", "tp-comm-overlap")]
     parts = []
     for key, short in names:
         if key in f:
