@@ -976,3 +976,21 @@ def check_torchtitan(plan, text):
         assert {"full": "full", "op": "selective"}[p.recompute] == ac["mode"]
         if ac["mode"] == "selective":
             assert ac["selective_ac_option"] == "op"
+
+
+def test_tp_comm_overlap_exported_as_priced(capsys):
+    """The search overlaps Megatron's TP communication with tp > 1 and sp, and the export says
+    so (--tp-comm-overlap); `--no-tp-comm-overlap` prices and exports without it; an engine
+    that cannot overlap refuses such a plan in one line."""
+    from planner.cli import main
+    out = {}
+    for extra in ([], ["--no-tp-comm-overlap"]):
+        assert main(["--model", "llama8b", "--cluster", "h100x16", "--tp", "2", "--sp",
+                     "--export", "megatron", *extra]) == 0
+        out[bool(extra)] = capsys.readouterr().out
+    assert "--tp-comm-overlap" in out[False] and "--tp-comm-overlap" not in out[True]
+    plan = mkplan(tp=8, pp=4, sp=True, engine="deepspeed", validate=False)
+    plan = dataclasses.replace(plan, parallelism=dataclasses.replace(plan.parallelism,
+                                                                     tp_comm_overlap=True))
+    with pytest.raises(BadInput, match="--no-tp-comm-overlap"):
+        export(plan, "deepspeed")
