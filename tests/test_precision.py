@@ -45,7 +45,7 @@ def test_megatron_speedup_at_the_published_layout():
     fixed = dict(tp=4, pp=8, dp=2, vpp=5, mbs=1, schedule="interleaved")
     t = {p: best("megatron", p, fixed=fixed, seq_len=8192, global_batch=128)
          .best.estimate.step_time_s for p in ("bf16", "fp8")}
-    assert PUBLISHED_SPEEDUP[0] <= t["bf16"] / t["fp8"] <= PUBLISHED_SPEEDUP[1]   # 1.56
+    assert PUBLISHED_SPEEDUP[0] <= t["bf16"] / t["fp8"] <= PUBLISHED_SPEEDUP[1]   # 1.42
 
 
 def test_torchtitan_fp8_speedup():
