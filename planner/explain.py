@@ -387,7 +387,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             bits.append(f"{s['candidates']} candidates, {s.get('solved', 0)} solved exactly, "
                         f"{s.get('pruned_memory', 0)} out of memory, "
                         f"{s.get('pruned_bound', 0)} pruned by bound")
-        if "search_gap" in s:
+        if s.get("search_gap") is not None:
             bits.append(f"whole-search gap {s['search_gap'] * 100:.2f}%")
         if s.get("solver_limit_hit"):
             bits.append(f"{s['solver_limit_hit']} stopped at the solver's time limit")

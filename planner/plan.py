@@ -309,7 +309,8 @@ SEARCH = S.Obj({
     "solver_status": (S.Str(100), None), "gap": (S.Num(ge=0.0), None),
     "candidates": (S.Int(0), None), "solved": (S.Int(0), None),
     "pruned_memory": (S.Int(0), None), "pruned_bound": (S.Int(0), None),
-    "seconds": (_POS, None), "profile": (S.Str(4096), None),
+    "seconds": (_POS, None), "search_gap": (S.Nullable(S.Num(ge=0.0)), None),
+    "solver_limit_hit": (S.Int(0), None), "profile": (S.Str(4096), None),
     "profile_used": (S.List(S.Str(4096)), None), "estimate": (S.Str(4096), None)}, extra=True)
 PLAN_SCHEMA = S.Obj({
     "schema_version": S.Enum(SCHEMA_VERSION),
