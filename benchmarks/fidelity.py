@@ -62,8 +62,9 @@ FIT_ROWS = {
 CP_NOTES = """Notes. cp is fixed as published; the K/V exchange (never printed) is the planner's
 choice for the engine: p2p (Megatron's default; torchtitan's "alltoall" ring) wherever it was
 not dominated. None of these rows entered any fit: every constant was set before they were
-added. The Megatron-Bridge H100 405B CP 2 rows are predicted 13-22% slow, the B200 ones within
-5%: the H100 rows need 64 of 126 layers recomputed to fit 80 GB in the planner's memory model,
+added. The Megatron-Bridge rows are priced with the TP communication overlap their recipes ran
+(fixed.tp_comm_overlap). Their H100 405B CP 2 rows are predicted 6-15% slow, the B200 ones 2-10%
+slow (FP8 tensorwise 9-10%, MXFP8 2%): the H100 rows need 64 of 126 layers recomputed to fit 80 GB in the planner's memory model,
 which Megatron-Bridge's recipe may avoid with settings the table does not print. The torchtitan
 405B rows' measured memory is 44-50% above the prediction, as for the same TP x PP float8 runs
 without CP (tests/test_fidelity.py KNOWN_MEMORY_GAPS): an open finding, not a CP term."""
@@ -130,7 +131,11 @@ def fixed_of(run) -> Fixed:
                  ep=f.get("ep"), etp=f.get("etp"),
                  # context parallelism as published (1 where the source printed none); its
                  # K/V exchange, never printed, is the planner's choice for the engine
-                 cp=f.get("cp", 1))
+                 cp=f.get("cp", 1),
+                 # Megatron-Core's TP communication overlap as the run had it: on in the
+                 # Megatron-Bridge performance recipes (the rows' tp_comm_overlap_source), off
+                 # where absent (the 2021-24 Megatron runs predate or did not use it)
+                 tp_comm_overlap=f.get("tp_comm_overlap", False))
 
 
 def cluster_of(run) -> Cluster:
@@ -149,7 +154,7 @@ def _published_config(run) -> str:
     f = run["fixed"]
     names = [("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("sequence_parallel", "sp"),
              ("ep", "ep"), ("etp", "etp"), ("micro_batch", "mbs"), ("vpp", "vpp"),
-             ("recompute", "rec")]
+             ("recompute", "rec"), ("tp_comm_overlap", "tp-comm-overlap")]
     parts = []
     for key, short in names:
         if key in f:

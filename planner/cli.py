@@ -103,6 +103,9 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", choices=RECIPES,
                    help="the engine's scaling recipe for a low --precision (default: the "
                         "engine's: megatron tensorwise, torchtitan tensorwise, fsdp delayed)")
+    p.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
+                   help="price and export the TP collectives exposed (default: overlapped with "
+                        "the GEMMs where the engine offers it, Megatron-Core --tp-comm-overlap)")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
                    help="GiB per GPU kept free below what the allocator may reserve "
                         "(default: 3%% of the GPU's memory)")
@@ -120,7 +123,8 @@ def _fixed(a) -> Fixed:
     return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=a.recompute, sp=a.sp, schedule=schedule,
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
-                 ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type)
+                 ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
+                 tp_comm_overlap=a.tp_comm_overlap)
 
 
 def _engine_of(a):

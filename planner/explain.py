@@ -43,6 +43,8 @@ def summary_line(plan: Plan) -> str:
         parts.insert(1, f"cp={p.cp}({p.cp_comm_type})")
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
+        if p.tp_comm_overlap:
+            parts.append("tp-comm-overlap")
     if p.pp > 1:
         parts.append(p.schedule + (f"(vpp={p.vpp})" if p.vpp > 1 else ""))
     parts.append(f"mbs={b.micro_batch_size}x{b.num_microbatches}")
@@ -385,7 +387,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             bits.append(f"{s['candidates']} candidates, {s.get('solved', 0)} solved exactly, "
                         f"{s.get('pruned_memory', 0)} out of memory, "
                         f"{s.get('pruned_bound', 0)} pruned by bound")
-        if "search_gap" in s:
+        if s.get("search_gap") is not None:
             bits.append(f"whole-search gap {s['search_gap'] * 100:.2f}%")
         if s.get("solver_limit_hit"):
             bits.append(f"{s['solver_limit_hit']} stopped at the solver's time limit")

@@ -6,8 +6,9 @@ Layout of `schema_version` 1:
     cluster     {name, num_gpus, gpus_per_node, nvlink_domain, gpu, gpu_memory_gib,
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
-                 schedule, recompute, rank_order}   (ep, etp: 1 when absent; cp_comm_type "p2p"
-                 when absent: how a cp > 1 group exchanges K/V, planner.cost.context)
+                 schedule, recompute, rank_order, tp_comm_overlap}   (ep, etp: 1 when absent;
+                 cp_comm_type "p2p" when absent: how a cp > 1 group exchanges K/V,
+                 planner.cost.context; tp_comm_overlap false when absent)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -71,6 +72,9 @@ class Parallelism:
     etp: int = 1
     rank_order: tuple = RANK_ORDER
     cp_comm_type: str = "p2p"
+    # the TP collectives overlapped with the layer's GEMMs (Megatron-Core --tp-comm-overlap,
+    # tp > 1 with sequence parallelism); False in plans from before it
+    tp_comm_overlap: bool = False
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -224,6 +228,11 @@ class Plan:
             bad(f"zero_stage {S.show(p.zero_stage)} not in 0..3")
         if not isinstance(p.sequence_parallel, bool):
             bad(f"sequence_parallel must be true or false, got {S.show(p.sequence_parallel)}")
+        if not isinstance(p.tp_comm_overlap, bool):
+            bad(f"tp_comm_overlap must be true or false, got {S.show(p.tp_comm_overlap)}")
+        if p.tp_comm_overlap and not (p.sequence_parallel and p.tp > 1):
+            bad("tp_comm_overlap needs tp > 1 with sequence_parallel (Megatron-Core "
+                "--tp-comm-overlap)")
         for k in ("seq_len", "global_batch_size", "micro_batch_size", "num_microbatches"):
             v = getattr(b, k)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -266,7 +275,8 @@ PARALLELISM = S.Obj({
     "recompute": (S.Enum(*RECOMPUTE), "none"), "cp": (S.Int(1, B.MAX_GPUS), 1),
     "ep": (S.Int(1, B.MAX_GPUS), 1), "etp": (S.Int(1, B.MAX_GPUS), 1),
     "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 4), list(RANK_ORDER)),
-    "cp_comm_type": (S.Enum(*CP_COMM_TYPES), "p2p")})
+    "cp_comm_type": (S.Enum(*CP_COMM_TYPES), "p2p"),
+    "tp_comm_overlap": (S.Bool(), False)})
 
 
 def with_cp(order: tuple) -> tuple:
@@ -299,7 +309,8 @@ SEARCH = S.Obj({
     "solver_status": (S.Str(100), None), "gap": (S.Num(ge=0.0), None),
     "candidates": (S.Int(0), None), "solved": (S.Int(0), None),
     "pruned_memory": (S.Int(0), None), "pruned_bound": (S.Int(0), None),
-    "seconds": (_POS, None), "profile": (S.Str(4096), None),
+    "seconds": (_POS, None), "search_gap": (S.Nullable(S.Num(ge=0.0)), None),
+    "solver_limit_hit": (S.Int(0), None), "profile": (S.Str(4096), None),
     "profile_used": (S.List(S.Str(4096)), None), "estimate": (S.Str(4096), None)}, extra=True)
 PLAN_SCHEMA = S.Obj({
     "schema_version": S.Enum(SCHEMA_VERSION),

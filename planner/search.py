@@ -77,6 +77,9 @@ class Fixed:
     # (None: searched among the engine's)
     cp: int | None = None
     cp_comm_type: str | None = None
+    # TP collectives overlapped with the GEMMs where the engine offers it (tp > 1 with sp);
+    # False: priced and exported without (plan --no-tp-comm-overlap)
+    tp_comm_overlap: bool = True
 
 
 @dataclass
@@ -387,7 +390,9 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                     seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
                                     recompute=rec, flash=f.flash, precision=f.precision,
-                                    recipe=f.recipe, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp))
+                                    recipe=f.recipe, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp,
+                                    tp_comm_overlap=(f.tp_comm_overlap and sp
+                                                     and engine.tp_comm_overlap)))
     return out
 
 
@@ -992,6 +997,7 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
     engine = get_engine(engine if engine is not None else report.engine if report else None)
     par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, cp_comm_type=c.cp_comm,
                       ep=c.ep, etp=c.etp, zero_stage=c.zero, sequence_parallel=c.sp,
+                      tp_comm_overlap=c.tp_comm_overlap,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
@@ -1018,4 +1024,5 @@ def candidate_of(plan: Plan) -> Candidate:
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
                      flash=plan.attention == "flash", precision=plan.precision,
-                     recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type)
+                     recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
+                     tp_comm_overlap=p.tp_comm_overlap)

@@ -115,7 +115,8 @@ def test_the_report_shows_out_of_memory_rows(capsys):
     code, out, err = run(capsys, "--model", "llama70b", "--cluster", "h100x32", "--top", "2")
     assert code == 0, err
     assert re.search(r"out of memory( on stage \d+)? by \d+\.\d GiB", out)
-    assert "faster if it fit" in out
+    # the table wraps its cells: read them with the borders and line breaks folded away
+    assert "faster if it fit" in re.sub(r"[│\s]+", " ", out)
 
 
 def test_not_divisible_alternatives(capsys, tmp_path):

@@ -421,6 +421,7 @@ def megatron_parser():
     a("--tensor-model-parallel-size", type=int, default=1)
     a("--pipeline-model-parallel-size", type=int, default=1)
     a("--sequence-parallel", action="store_true")
+    a("--tp-comm-overlap", action="store_true")
     a("--context-parallel-size", type=int, default=1)
     a("--cp-comm-type", nargs="+", type=str, default=["p2p"])
     a("--decoder-first-pipeline-num-layers", type=int, default=None)
@@ -601,6 +602,10 @@ def check_megatron(plan, text):
     # one comm type for every layer (Megatron takes a list, one per layer, or one for all)
     assert a.cp_comm_type == [p.cp_comm_type] or cp == 1
     assert a.sequence_parallel == (p.sequence_parallel and p.tp > 1)
+    # TP communication overlap exactly as priced; Megatron asserts it only with sequence
+    # parallelism (megatron/training/arguments.py validate_args)
+    assert a.tp_comm_overlap == p.tp_comm_overlap
+    assert not a.tp_comm_overlap or a.sequence_parallel
     # batch: Megatron derives the micro-batch count from global / (micro x dp)
     assert a.micro_batch_size == b.micro_batch_size
     assert a.global_batch_size == b.global_batch_size
@@ -971,3 +976,21 @@ def check_torchtitan(plan, text):
         assert {"full": "full", "op": "selective"}[p.recompute] == ac["mode"]
         if ac["mode"] == "selective":
             assert ac["selective_ac_option"] == "op"
+
+
+def test_tp_comm_overlap_exported_as_priced(capsys):
+    """The search overlaps Megatron's TP communication with tp > 1 and sp, and the export says
+    so (--tp-comm-overlap); `--no-tp-comm-overlap` prices and exports without it; an engine
+    that cannot overlap refuses such a plan in one line."""
+    from planner.cli import main
+    out = {}
+    for extra in ([], ["--no-tp-comm-overlap"]):
+        assert main(["--model", "llama8b", "--cluster", "h100x16", "--tp", "2", "--sp",
+                     "--export", "megatron", *extra]) == 0
+        out[bool(extra)] = capsys.readouterr().out
+    assert "--tp-comm-overlap" in out[False] and "--tp-comm-overlap" not in out[True]
+    plan = mkplan(tp=8, pp=4, sp=True, engine="deepspeed", validate=False)
+    plan = dataclasses.replace(plan, parallelism=dataclasses.replace(plan.parallelism,
+                                                                     tp_comm_overlap=True))
+    with pytest.raises(BadInput, match="--no-tp-comm-overlap"):
+        export(plan, "deepspeed")

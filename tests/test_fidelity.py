@@ -146,6 +146,10 @@ def test_low_precision_rows_within_issue_targets(rows):
         errs = [abs(r["error_pct"]) for r in rs]
         assert statistics.median(errs) <= 12.0, name
         assert fidelity._p90(errs) <= 25.0, name
+    # Megatron's held-out FP8/MXFP8 rows (8B H100/B200, 405B CP 2), tightened once the TP
+    # communication overlap the Megatron-Bridge runs used was priced (was 14.8% / 21.0%)
+    mh = [abs(r["error_pct"]) for r in held if r["engine"] == "megatron"]
+    assert len(mh) == 15 and statistics.median(mh) <= 10.0 and fidelity._p90(mh) <= 15.0
 
 
 def test_context_parallel_rows_within_issue_targets(rows):

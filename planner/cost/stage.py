@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost import comm
-from planner.cost.compute import BF16, attention_width, mean_attended_keys
+from planner.cost.compute import BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys
 from planner.cost.context import cp_exchange
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.schedule import in_flight, pipeline_time
@@ -59,6 +59,9 @@ class Candidate:
     # expert parallelism of an MoE model (planner.cost.moe), folded out of tp x dp
     ep: int = 1
     etp: int = 1
+    # the TP collectives overlap the layer's GEMMs (Megatron-Core --tp-comm-overlap, with sp):
+    # what sticks out of them plus the slowdown they cause is priced (stage_coefficients)
+    tp_comm_overlap: bool = False
 
     @property
     def m(self) -> int:
@@ -322,8 +325,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         tp_fwd = 2 * one
     else:
         tp_fwd = 0.0
-    tp_layer = 2 * tp_fwd
-    tp_rec = tp_fwd if c.recompute == "full" else 0.0
+    tp_pass = (tp_fwd, tp_fwd)   # what forward and backward pay of it
 
     # pipeline point-to-point: the activation forward and its gradient backward per chunk;
     # Megatron sends 1/t of it per rank (scatter-gather, Narayanan et al. 2021, Sec. 4.1).
@@ -340,6 +342,16 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     # the block linears' weights on this GPU: what low precision quantises
     linear_params = (model.attn_matmul_params() + model.mlp_matmul_params()) / t
     lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp, cp=cp)
+    if c.tp_comm_overlap and t > 1 and c.sp:
+        # userbuffers pipeline each all-gather / reduce-scatter with the GEMM that consumes /
+        # produces it (QKV, out-proj, FC1, FC2): what sticks out of the pass's GEMMs, plus the
+        # slowdown of the GEMMs it runs beside (the GPU's overlap_slowdown, as for every
+        # overlapped collective: StageCoeffs.exposed_comm)
+        slow = facts.gpu.overlap_slowdown
+        tp_pass = tuple(max(0.0, tp_fwd - g) + slow * tp_fwd
+                        for g in (lt.gemm_fwd, GEMM_BWD_FACTOR * lt.gemm_fwd))
+    tp_layer = tp_pass[0] + tp_pass[1]
+    tp_rec = tp_pass[0] if c.recompute == "full" else 0.0
     # saved activations, logits, embedding and head: per token, so per s/cp tokens
     act_none = facts.activation_bytes(model, b, sl, t, c.sp, "none", flash, lp=lp)
     act_rec = facts.activation_bytes(model, b, sl, t, c.sp, c.recompute, flash, lp=lp)
@@ -407,8 +419,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             compute_rec=lt.recompute(c.recompute),
             tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
             cp_layer=cp_layer, cp_rec=cp_rec,
-            fwd_layer=lt.fwd + tp_fwd + cpx.fwd, fwd_fixed=fwd_fixed,
-            bwd_layer=lt.bwd + tp_fwd + cpx.bwd, bwd_fixed=bwd_fixed,
+            fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd, fwd_fixed=fwd_fixed,
+            bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd, bwd_fixed=bwd_fixed,
             grad_overlapped=engine.overlap_grad_reduce,
             gather_overlapped=engine.overlap_param_gather,
             opt_layer=facts.optimizer_time(local(layer_params)),

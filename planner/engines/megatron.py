@@ -11,6 +11,12 @@ What it runs (megatron/training/arguments.py, megatron-core >= 0.14):
   recomputes the first N layers of every model chunk, one N for all chunks; selective
   recompute (the attention core) applies to every layer.
 - Overlaps: --overlap-grad-reduce and --overlap-param-gather (the exports set both).
+- TP communication overlap: --tp-comm-overlap (needs --sequence-parallel and Transformer
+  Engine) runs the TP all-gathers and reduce-scatters as userbuffers chunks pipelined with the
+  layer's GEMMs (megatron/training/arguments.py; transformer_engine/pytorch/module/base.py
+  initialize_ub). Megatron-Bridge's performance recipes set it (scripts/performance, e.g.
+  userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192). The search sets it wherever tp > 1 with sp
+  (it only hides time); `plan --no-tp-comm-overlap` prices and exports without it.
 - Context parallelism: --context-parallel-size N with --cp-comm-type p2p (default) |
   all_gather | a2a | a2a+p2p (megatron/training/arguments.py; Transformer Engine's
   context_parallel.py runs them). Ranks are ordered tp-cp-ep-dp-pp
@@ -47,7 +53,7 @@ MEGATRON = Engine(
     max_tp=None, sp_choices=(False, True),
     schedules=("1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE)),
-    overlap_grad_reduce=True, overlap_param_gather=True,
+    overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
     zero2_gathers_every_microbatch=False,
     # --moe-token-dispatcher-type alltoall | allgather (megatron/core/transformer/moe/
     # token_dispatcher.py); --expert-tensor-parallel-size any divisor (MoE parallel folding)

@@ -41,6 +41,9 @@ def problems(plan, engine: Engine) -> list:
             out.append(f"{e} has no pipeline parallelism (pp={p.pp})")
         elif p.schedule not in engine.schedules:
             out.append(f"{e} has no {p.schedule} schedule")
+    if p.tp_comm_overlap and not engine.tp_comm_overlap:
+        out.append(f"{e} does not overlap TP communication with the GEMMs (plan with "
+                   f"--no-tp-comm-overlap)")
     if p.cp > 1 and not engine.cp_comm_types:
         out.append(f"{e} has no context parallelism (cp={p.cp})")
     elif p.cp > 1 and p.cp_comm_type not in engine.cp_comm_types:

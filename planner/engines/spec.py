@@ -76,6 +76,11 @@ class Engine:
     # context parallelism: the K/V exchanges it runs (planner.cost.context.CP_COMM_TYPES), the
     # first its default; empty: no context parallelism
     cp_comm_types: tuple = ()
+    # tensor-parallel collectives overlapped with the layer's GEMMs when tp > 1 with sequence
+    # parallelism (Megatron-Core --tp-comm-overlap: Transformer Engine userbuffers split the
+    # all-gathers / reduce-scatters into chunks pipelined with the QKV/FC1 and out-proj/FC2
+    # GEMMs; transformer_engine/pytorch/module/base.py initialize_ub)
+    tp_comm_overlap: bool = False
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it

@@ -275,6 +275,8 @@ def megatron_args(plan: Plan) -> str:
     args.append(("--tensor-model-parallel-size", p.tp))
     if p.sequence_parallel and p.tp > 1:
         args.append(("--sequence-parallel", None))
+    if p.tp_comm_overlap:   # priced overlapped: userbuffers (needs sp and Transformer Engine)
+        args.append(("--tp-comm-overlap", None))
     if p.cp > 1:
         args += [("--context-parallel-size", p.cp), ("--cp-comm-type", p.cp_comm_type)]
     _pipeline(plan, args, notes)
