@@ -422,7 +422,9 @@ class Trainer:
         if len(plan.stages) > 1:
             self.schedule, self.stages = build_schedule(plan, stage_parts, self.pp_mesh.get_group(),
                                                         self.device)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+        # ZeRO 0/1 on CUDA: bf16 autocast over the whole step; its cache keeps one bf16 cast of
+        # each weight for the step (priced: planner/engines/runtime.py autocast_copy_bytes)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=True)
                          if self.on_gpu and p.zero_stage < 2 else nullcontext())
         dist.barrier()
 

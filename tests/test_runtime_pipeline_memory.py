@@ -67,3 +67,54 @@ def test_first_pipeline_rank_holds_one_microbatch_at_m1():
     for rank, m in enumerate(measured):
         want = planned_activations(plan, best, m["pp_rank"])
         assert activations_as_planned(m["activations"], *want), (rank, m, want)
+
+
+# ---- ZeRO 0/1 under autocast: one bf16 copy of each weight for the step ----------------------
+
+def test_autocast_keeps_one_bf16_copy_of_each_weight_for_the_step():
+    """What `autocast_copy_bytes` prices (runtime/train.py runs ZeRO 0/1 on CUDA under one bf16
+    autocast region per step): autocast casts a weight once and every micro-batch saves that
+    same 2-byte-per-element copy; it lives for the step (without the cache each micro-batch
+    would keep its own). Checked with CPU autocast, the same cast cache."""
+    lin = torch.nn.Linear(16, 32, bias=False)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+    for cache in (True, False):
+        saved.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for _ in range(2):                      # two micro-batches
+                lin(torch.randn(4, 16, requires_grad=True)).float().sum().backward()
+        copies = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                  for t in saved if t.dtype == torch.bfloat16 and t.numel() == lin.weight.numel()}
+        assert len(copies) == (1 if cache else 2)
+        assert set(copies.values()) == {2 * lin.weight.numel()}
+
+
+def _planned_params_gib(gpu: str, zero: int):
+    from planner.catalog import get_gpu
+    from planner.plan import Batch, Parallelism, Plan, make_stages
+    model = Model("tiny", num_layers=2, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=4,
+                  vocab_size=128, max_seq_len=64, tied_embeddings=False)
+    cluster = Cluster(f"{gpu}x2", get_gpu(gpu), 2, 2)
+    report = search(model, cluster, Fixed(zero=zero, pp=1, tp=1, dp=2), seq_len=32,
+                    global_batch=8, engine="runtime")
+    best = report.ranked[0]
+    return model, best.estimate.stage_memory_gib[0]["params"]
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_runtime_engine_prices_the_autocast_copy_on_gpus_only(zero):
+    """ZeRO 0/1 keep whole fp32 parameters (4 B); on a GPU the runtime adds autocast's bf16
+    copy (2 B), on a CPU (fp32, no autocast) nothing. Parameters counted by torch from the
+    runtime's own model on the meta device."""
+    from runtime.model import Transformer
+    model, gpu_gib = _planned_params_gib("h100", zero)
+    _, cpu_gib = _planned_params_gib("cpu", zero)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in Transformer(model).parameters())
+    assert cpu_gib == pytest.approx(4 * n / 2**30, rel=1e-6)
+    assert gpu_gib == pytest.approx(6 * n / 2**30, rel=1e-6)

@@ -18,8 +18,12 @@ and v (8 B). Saved activations as the cost model counts them (runtime/model.py: 
 the gated MLP save only their inputs, SDPA keeps K/V grouped). On CPUs it computes in fp32 (no
 bf16 autocast: `fp32_compute_on`), so there every activation, gathered parameter copy and TP/PP
 message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_bytes).
-Not priced yet: under ZeRO 0/1 on CUDA, autocast's bf16 copies of the fp32 weights (2 bytes per
-parameter, cached for the step); the cost model counts a compute copy only under ZeRO 2.
+Under ZeRO 0/1 on CUDA it computes under bf16 autocast (runtime/train.py), whose cache keeps a
+bf16 cast of every weight a matmul uses until the step's autocast region ends: 2 bytes per
+parameter beside the fp32 weights (`autocast_copy_bytes`; counted for all parameters, so the
+fp32-only embedding lookup and norms make it an upper bound by 2 bytes per embedding parameter
+on the first stage when the embedding is untied). ZeRO 2 keeps FSDP2's gathered bf16 copy
+(`compute_copy_bytes`), ZeRO 3 the gathered layers (counted under `other`).
 Precision: bf16 only (runtime/ has no FP8 path).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
@@ -40,6 +44,7 @@ RUNTIME = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    autocast_copy_bytes=2.0,   # runtime/train.py: ZeRO 0/1 on CUDA, autocast's cache
     fp32_compute_on=("cpu",),   # runtime/train.py: autocast and bf16 FSDP only on CUDA
     loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
