@@ -1,15 +1,18 @@
 """Our runtime (runtime/): init_device_mesh, DTensor TP/SP, FSDP2, torch.distributed.pipelining.
 
 What it runs (runtime/parallelize.py, runtime/pipeline.py): ZeRO 0-3 with or without
-pipelining (ZeRO-0/1 its own gradient all-reduce after backward, ZeRO-2/3 FSDP2 with
+pipelining (ZeRO-0/1 its own bucketed gradient all-reduce, launched from the gradient hooks of
+each chunk's last micro-batch backward as DDP's, ZeRO-2/3 FSDP2 with
 reshard_after_forward False / True, gradients reduce-scattered every micro-batch; ZeRO-2 keeps
 the parameters gathered until the step's last micro-batch, so they are gathered once a step);
 TP with or without SP; GPipe, 1F1B (as GPipe when there are
 fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
-TP groups sit inside one host (its world check), also inside an NVL72 rack. Not overlapped:
-the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
+TP groups sit inside one host (its world check), also inside an NVL72 rack. Overlapped: the
+ZeRO-0/1 gradient reduction with the last micro-batch's backward (runtime/parallelize.py
+GradAllReduce: reverse-order buckets, DDP's 1 MiB first bucket, then 64 MiB, at most two in
+flight, so within the plan's data-parallel bucket under `other`). Not overlapped: the ZeRO-1
 parameter broadcast after the step.
 
 How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profiler` measures
@@ -38,7 +41,8 @@ RUNTIME = Engine(
     max_tp=None, sp_choices=(False, True),
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
-    overlap_grad_reduce=False, overlap_param_gather=False,
+    overlap_grad_reduce=True,    # ZeRO 0/1 (runtime/parallelize.py GradAllReduce)
+    overlap_param_gather=False,
     zero2_gathers_every_microbatch=False, short_1f1b_as_gpipe=True,
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
