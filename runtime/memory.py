@@ -130,7 +130,11 @@ class StepMemory:
             self.live_bytes += n
             self.act_peak = max(self.act_peak, self.live_bytes)
         entry[0] += 1
-        holder = _Saved(t)
+        # keep a detached alias (same storage and version counter, no grad_fn): holding `t`
+        # itself would tie a saved output to its own autograd node in a cycle that only a
+        # backward breaks, so a graph never backpropagated (torch.distributed.pipelining's
+        # first-step shape inference) would stay alive and be counted
+        holder = _Saved(t.detach())
         weakref.finalize(holder, self._release, ptr)
         return holder
 

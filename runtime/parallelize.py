@@ -305,27 +305,125 @@ def _buckets(tensors: list, cap: int = BUCKET_BYTES):
         yield run
 
 
-class GradAllReduce:
-    """ZeRO 0/1 gradient averaging over the dp group: bucketed all-reduces of the local grads."""
+FIRST_BUCKET_BYTES = 1 * 2**20     # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+IN_FLIGHT = 2                      # buckets being all-reduced at once
 
-    def __init__(self, params: list, dp_group, dp: int):
+
+class GradAllReduce:
+    """ZeRO 0/1 gradient averaging over the dp group: bucketed all-reduces of the local grads.
+
+    `chunks` (lists of parameters, one per pipeline chunk of this rank, or the whole model):
+    their reduction overlaps the backward, as DDP's: `arm(i)` before chunk i's last
+    micro-batch backward; parameters are bucketed in reverse order (the order backward
+    produces them; the first bucket small, DDP's 1 MiB, so communication starts early), and
+    each bucket's all-reduce is launched (async) as soon as its gradients are accumulated and
+    every earlier bucket of the chunk is launched, so all ranks issue them in the same order.
+    `__call__` launches what is left (a parameter that got no gradient), waits, and writes the
+    averages back. Each bucket is all-reduced as one flat copy, at most IN_FLIGHT at once. Without `chunks` everything is reduced in `__call__`, after backward."""
+
+    def __init__(self, params: list, dp_group, dp: int, chunks: list | None = None,
+                 bucket_bytes: int = BUCKET_BYTES, first_bucket_bytes: int = FIRST_BUCKET_BYTES):
         self.params, self.group, self.dp = params, dp_group, dp
+        self.chunks = []               # per chunk: list of buckets (lists of parameters)
+        self.armed = set()
+        self.pending = []              # (async work, flat buffer, bucket)
+        self._ready, self._launched = {}, {}
+        if dp == 1 or not chunks:
+            return
+        wanted = {id(q) for q in params}
+        for ci, chunk in enumerate(chunks):
+            ps = [q for q in reversed(list(chunk)) if id(q) in wanted]
+            buckets, run, size = [], [], 0
+            for q in ps:
+                nbytes = q.numel() * q.element_size()
+                cap = first_bucket_bytes if not buckets else bucket_bytes
+                if run and (size + nbytes > cap or q.dtype != run[0].dtype):
+                    buckets.append(run)
+                    run, size = [], 0
+                run.append(q)
+                size += nbytes
+            if run:
+                buckets.append(run)
+            self.chunks.append(buckets)
+            for bi, bucket in enumerate(buckets):
+                for q in bucket:
+                    q.register_post_accumulate_grad_hook(
+                        lambda q, ci=ci, bi=bi: self._grad_ready(ci, bi, q))
+
+    def arm(self, chunk: int) -> None:
+        """The next backward of `chunk` is its last of the step: reduce while it runs."""
+        if self.chunks:
+            self.armed.add(chunk)
+            self._ready[chunk] = [set() for _ in self.chunks[chunk]]
+            self._launched[chunk] = 0
+
+    def _grad_ready(self, ci, bi, q):
+        if ci not in self.armed:
+            return
+        self._ready[ci][bi].add(id(q))
+        buckets = self.chunks[ci]
+        while (self._launched[ci] < len(buckets)
+               and len(self._ready[ci][self._launched[ci]]) == len(buckets[self._launched[ci]])):
+            self._launch(buckets[self._launched[ci]])
+            self._launched[ci] += 1
+
+    def flush(self, chunk: int) -> None:
+        """Finish `chunk`'s reduction now (its last backward is over): the pipeline schedule
+        scales the gradients in place right after (`PipelineStage.scale_grads`), which must
+        see the averages."""
+        if not self.chunks:
+            return
+        self._launched.setdefault(chunk, 0)
+        for b in self.chunks[chunk][self._launched[chunk]:]:
+            self._launch(b)
+        self._launched[chunk] = len(self.chunks[chunk])
+        while self.pending:
+            self._finish(self.pending.pop(0))
+
+    @torch.no_grad()
+    def _launch(self, bucket):
+        for q in bucket:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        self._launch_tensors([_local(q.grad) for q in bucket])
+
+    def _launch_tensors(self, run):
+        # at most IN_FLIGHT flat buffers exist (2 x 64 MiB, within the plan's DP_BUCKET_BYTES
+        # of 160 MB under `other`): the oldest is finished before another is made
+        while len(self.pending) >= IN_FLIGHT:
+            self._finish(self.pending.pop(0))
+        flat = torch._utils._flatten_dense_tensors(run)
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        self.pending.append((work, flat, run))
+
+    def _finish(self, item):
+        work, flat, run = item
+        work.wait()
+        flat.div_(self.dp)
+        for g, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
+            g.copy_(f)
 
     @torch.no_grad()
     def __call__(self):
         if self.dp == 1:
             return
-        grads = []
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(_local(p.grad))
-        for run in _buckets(grads):
-            flat = torch._utils._flatten_dense_tensors(run)
-            dist.all_reduce(flat, group=self.group)
-            flat.div_(self.dp)
-            for g, f in zip(run, torch._utils._unflatten_dense_tensors(flat, run)):
-                g.copy_(f)
+        if self.chunks:
+            for ci, buckets in enumerate(self.chunks):     # what no hook launched, in order
+                for b in buckets[self._launched.get(ci, 0):]:
+                    self._launch(b)
+        else:
+            grads = []
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(_local(p.grad))
+            for run in _buckets(grads):
+                self._launch_tensors(run)
+        while self.pending:
+            self._finish(self.pending.pop(0))
+        self.armed.clear()
+        self._ready.clear()
+        self._launched.clear()
 
 
 def zero1_owners(params: list, dp: int) -> list:

@@ -119,8 +119,17 @@ def _sharded_grad_stage():
             self.zero_stage = zero_stage
 
         after_backward = None        # called after every micro-batch's backward (memory)
+        before_last_backward = None  # called before the step's last one (ZeRO 0/1 overlap)
+        before_scale_grads = None    # called before the schedule scales the gradients
+
+        def scale_grads(self, grad_scale_factor):
+            if self.before_scale_grads is not None:
+                self.before_scale_grads()
+            super().scale_grads(grad_scale_factor)
 
         def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            if last_backward and self.before_last_backward is not None:
+                self.before_last_backward()
             if backward_type != "full" or not isinstance(self.submod, FSDPModule):
                 out = super().backward_maybe_with_nosync(backward_type, bwd_kwargs,
                                                          last_backward)

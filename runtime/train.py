@@ -389,7 +389,10 @@ class Trainer:
                   eps=1e-8, foreach=True)
         self.grad_sync = self.param_sync = self.expert_grad_sync = self.expert_param_sync = None
         if p.zero_stage <= 1:
-            self.grad_sync = par.GradAllReduce(params, self.dp_group, p.dp)
+            # reduced while each chunk's last micro-batch backward runs (DDP's overlap)
+            self.grad_sync = par.GradAllReduce(params, self.dp_group, p.dp,
+                                               chunks=[list(part.parameters())
+                                                       for part in self.parts])
             if experts:
                 self.expert_grad_sync = par.GradAllReduce(experts, self.edp_mesh.get_group(),
                                                           expert.expert_grad_divisor(plan))
@@ -422,7 +425,9 @@ class Trainer:
         if len(plan.stages) > 1:
             self.schedule, self.stages = build_schedule(plan, stage_parts, self.pp_mesh.get_group(),
                                                         self.device)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+        # ZeRO 0/1 on CUDA: bf16 autocast over the whole step; its cache keeps one bf16 cast of
+        # each weight for the step (priced: planner/engines/runtime.py autocast_copy_bytes)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=True)
                          if self.on_gpu and p.zero_stage < 2 else nullcontext())
         dist.barrier()
 
@@ -450,8 +455,12 @@ class Trainer:
 
         local_loss = torch.zeros((), device=self.device)
         sample = memory.sample if memory is not None else (lambda: None)
-        for st in (self.stages if self.schedule is not None else ()):
+        for ci, st in enumerate(self.stages if self.schedule is not None else ()):
             st.after_backward = memory.sample if memory is not None else None
+            st.before_last_backward = (None if self.grad_sync is None
+                                       else (lambda ci=ci: self.grad_sync.arm(ci)))
+            st.before_scale_grads = (None if self.grad_sync is None
+                                     else (lambda ci=ci: self.grad_sync.flush(ci)))
         with self.autocast, (memory.hooks() if memory is not None else nullcontext()):
             if self.schedule is None:
                 nmb = b.num_microbatches
@@ -463,6 +472,8 @@ class Trainer:
                         part.set_reshard_after_backward(plan.parallelism.zero_stage >= 3
                                                         or i == nmb - 1)
                     loss = loss_fn(part(x), y)
+                    if i == nmb - 1 and self.grad_sync is not None:
+                        self.grad_sync.arm(0)
                     (loss / nmb).backward()
                     local_loss += loss.detach() / nmb
                     sample()
@@ -477,14 +488,14 @@ class Trainer:
                 if self.last_stage:
                     local_loss = torch.stack([l.detach().float() for l in losses]).mean()
 
+        if self.grad_sync is not None:    # ZeRO 0/1: finish the dp reduction backward started
+            self.grad_sync()              # (linear, so before the tp / tied sums below)
         if self.align_grads is not None:
             self.align_grads()
         if self.tp_sync is not None:
             self.tp_sync()
         if self.tied_sync is not None:
             self.tied_sync()
-        if self.grad_sync is not None:
-            self.grad_sync()
         if self.expert_grad_sync is not None:
             self.expert_grad_sync()
         # the tied output copy of a pipeline's last stage is the embedding: count it once

@@ -18,13 +18,11 @@ those under `other`).
 Not compared, because the cost model counts them otherwise than this runtime holds them:
 GPT-style models under tp (learned positions are sharded over tp here, counted whole).
 
-Known gap, found with RUNTIME_PLAN_EXAMPLES=10 (not among the default examples): on the first
-step torch.distributed.pipelining infers stage shapes by running the first stage's forward once
-more on real data with grad enabled and keeps its outputs until the backward metadata is
-inferred, so pipeline rank 0 holds one extra micro-batch of its layers' activations on that step
-(seen: tiny 6-layer Llama, cpux4, pp2 dp2 ZeRO 2 GPipe m = 1 mbs 8: 1.82x the plan on pp rank
-0). Giving the stages static input/output shapes would remove it; until then a plan with few
-micro-batches under pp undercounts the first step on pp rank 0.
+Found with RUNTIME_PLAN_EXAMPLES=10 and fixed (tests/test_runtime_pipeline_memory.py): pipelining's
+first-step shape inference runs stage 0's forward with grad on and drops it without a backward;
+the measurement's saved-tensor hooks held each saved tensor itself, a cycle through the autograd
+node of a saved output, so that graph was never freed and pipeline rank 0 measured one extra
+micro-batch (1.82x the plan at pp2 m = 1). Without the hooks autograd frees it (no real gap).
 """
 import json
 import os

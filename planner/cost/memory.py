@@ -21,7 +21,7 @@ GRAD_BYTES = 2         # bf16 gradients (ZeRO paper's accounting)
 
 def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRAD_BYTES,
                       weight_bytes: float = WEIGHT_BYTES, optimizer_bytes: float = ADAM_K,
-                      compute_copy_bytes: float = 0.0) -> tuple:
+                      compute_copy_bytes: float = 0.0, autocast_copy_bytes: float = 0.0) -> tuple:
     """(weights, gradients, optimizer) bytes per GPU for `params` parameters on this GPU.
 
     Defaults are the ZeRO paper's 2 + 2 + 12. `grad_bytes` 4: engines that accumulate fp32
@@ -30,7 +30,9 @@ def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRA
     sharded parameter as the master (`weight_bytes` 4, `optimizer_bytes` 8: Adam's m and v) and,
     where ZeRO-2 keeps the parameters gathered (SHARD_GRAD_OP), a bf16 unsharded copy of
     `compute_copy_bytes` per parameter; ZeRO-1 shards the optimizer state, ZeRO-2 also the
-    gradients, ZeRO-3 also the weights."""
+    gradients, ZeRO-3 also the weights. Under ZeRO-0/1 an engine that keeps fp32 weights and
+    computes under bf16 autocast also holds autocast's cached bf16 casts of them for the step,
+    `autocast_copy_bytes` per parameter."""
     w, g, o = weight_bytes * params, grad_bytes * params, optimizer_bytes * params
     if zero >= 1:
         o /= dp
@@ -40,6 +42,8 @@ def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRA
         w /= dp
     if zero == 2:
         w += compute_copy_bytes * params
+    if zero <= 1:
+        w += autocast_copy_bytes * params
     return w, g, o
 
 

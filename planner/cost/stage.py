@@ -367,7 +367,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     grad_bytes = engine.grad_bytes
     states = dict(grad_bytes=grad_bytes, weight_bytes=engine.weight_bytes,
                   optimizer_bytes=engine.optimizer_bytes,
-                  compute_copy_bytes=facts.compute_copy_bytes)
+                  compute_copy_bytes=facts.compute_copy_bytes,
+                  autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
 
     coeffs = []
     for rank in (range(p) if ranks is None else ranks):

@@ -1,15 +1,18 @@
 """Our runtime (runtime/): init_device_mesh, DTensor TP/SP, FSDP2, torch.distributed.pipelining.
 
 What it runs (runtime/parallelize.py, runtime/pipeline.py): ZeRO 0-3 with or without
-pipelining (ZeRO-0/1 its own gradient all-reduce after backward, ZeRO-2/3 FSDP2 with
+pipelining (ZeRO-0/1 its own bucketed gradient all-reduce, launched from the gradient hooks of
+each chunk's last micro-batch backward as DDP's, ZeRO-2/3 FSDP2 with
 reshard_after_forward False / True, gradients reduce-scattered every micro-batch; ZeRO-2 keeps
 the parameters gathered until the step's last micro-batch, so they are gathered once a step);
 TP with or without SP; GPipe, 1F1B (as GPipe when there are
 fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
-TP groups sit inside one host (its world check), also inside an NVL72 rack. Not overlapped:
-the ZeRO-0/1 gradient reduction runs after the backward, and the ZeRO-1
+TP groups sit inside one host (its world check), also inside an NVL72 rack. Overlapped: the
+ZeRO-0/1 gradient reduction with the last micro-batch's backward (runtime/parallelize.py
+GradAllReduce: reverse-order buckets, DDP's 1 MiB first bucket, then 64 MiB, at most two in
+flight, so within the plan's data-parallel bucket under `other`). Not overlapped: the ZeRO-1
 parameter broadcast after the step.
 
 How fast: eager PyTorch as torchtitan (the same kernels), until `python -m profiler` measures
@@ -18,8 +21,12 @@ and v (8 B). Saved activations as the cost model counts them (runtime/model.py: 
 the gated MLP save only their inputs, SDPA keeps K/V grouped). On CPUs it computes in fp32 (no
 bf16 autocast: `fp32_compute_on`), so there every activation, gathered parameter copy and TP/PP
 message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_bytes).
-Not priced yet: under ZeRO 0/1 on CUDA, autocast's bf16 copies of the fp32 weights (2 bytes per
-parameter, cached for the step); the cost model counts a compute copy only under ZeRO 2.
+Under ZeRO 0/1 on CUDA it computes under bf16 autocast (runtime/train.py), whose cache keeps a
+bf16 cast of every weight a matmul uses until the step's autocast region ends: 2 bytes per
+parameter beside the fp32 weights (`autocast_copy_bytes`; counted for all parameters, so the
+fp32-only embedding lookup and norms make it an upper bound by 2 bytes per embedding parameter
+on the first stage when the embedding is untied). ZeRO 2 keeps FSDP2's gathered bf16 copy
+(`compute_copy_bytes`), ZeRO 3 the gathered layers (counted under `other`).
 Precision: bf16 only (runtime/ has no FP8 path).
 No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
 backends and the runtime does not wire it; the search never chooses cp > 1 here and the
@@ -37,7 +44,8 @@ RUNTIME = Engine(
     max_tp=None, sp_choices=(False, True),
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
-    overlap_grad_reduce=False, overlap_param_gather=False,
+    overlap_grad_reduce=True,    # ZeRO 0/1 (runtime/parallelize.py GradAllReduce)
+    overlap_param_gather=False,
     zero2_gathers_every_microbatch=False, short_1f1b_as_gpipe=True,
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     # runtime/expert.py: experts split over an ep dim carved out of dp, tokens dispatched with
@@ -47,6 +55,7 @@ RUNTIME = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    autocast_copy_bytes=2.0,   # runtime/train.py: ZeRO 0/1 on CUDA, autocast's cache
     fp32_compute_on=("cpu",),   # runtime/train.py: autocast and bf16 FSDP only on CUDA
     loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,

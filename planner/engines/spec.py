@@ -115,6 +115,10 @@ class Engine:
     # bf16 unsharded copy of the parameters held while computing, where the persistent weights
     # are fp32 (FSDP mixed precision): per parameter of the unsharded layers it keeps
     compute_copy_bytes: float = 0.0
+    # bf16 copy of the whole parameters held for the step under ZeRO 0/1 where the persistent
+    # weights are fp32 and bf16 compute is autocast's (its weight-cast cache lives until the
+    # autocast region ends); 0 where the engine computes in fp32 (`fp32_compute_on`)
+    autocast_copy_bytes: float = 0.0
     # catalog GPU names (device types) on which the engine computes in fp32, without bf16
     # autocast: its saved activations, gathered parameter copies and TP/PP messages are 4 bytes
     # an element there, not 2 (planner.engines.facts.CatalogFacts.compute_elem_bytes)
