@@ -19,6 +19,7 @@ planner.cost.stage (the same expressions `evaluate` uses).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -494,19 +495,42 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     return n, t
 
 
+@functools.lru_cache(maxsize=4096)
+def _kinds_window(P: tuple, i: int, p: int) -> tuple:
+    """(least, most) MoE layers pipeline rank i of p (one chunk each, contiguous stages in
+    model order, at least one layer each) can hold with n = 1..L layers: its first layer is at
+    least i and its stage ends by L - (p - 1 - i), so it is a window [b, b + n) with
+    i <= b <= L - (p - 1 - i) - n, holding P[b + n] - P[b] MoE layers. No window: (L+1, -1)."""
+    L = len(P) - 1
+    A = np.asarray(P, dtype=float)
+    lo, hi = np.full(L, L + 1.0), np.full(L, -1.0)
+    for n in range(1, L + 1):
+        b_hi = L - (p - 1 - i) - n
+        if b_hi >= i:
+            q = A[i + n:b_hi + n + 1] - A[i:b_hi + 1]
+            lo[n - 1], hi[n - 1] = q.min(), q.max()
+    return lo, hi
+
+
 def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candidate,
-                          rules: Rules):
+                          rules: Rules, window=None):
     """_rank_min_times of a rank of a model with L layers, Q of them MoE: a rank holding n
     layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
     over those q, with the least recompute its memory needs (each recomputed layer saving at
-    most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound."""
+    most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound.
+    `window`: the (least, most) MoE layers the rank can hold with n = v..L layers where it
+    holds one contiguous stage (_kinds_window), else any count in the range above."""
     d = k.moe
     n = np.arange(v, L + 1, dtype=float)[:, None]
     if L - Q <= Q:   # over the rank's dense layers (fewer choices), else its MoE layers
         q = n - np.arange(0, L - Q + 1, dtype=float)[None, :]
     else:
         q = np.arange(0, Q + 1, dtype=float)[None, :] + 0 * n
-    ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
+    if window is None:
+        ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
+    else:
+        q_lo, q_hi = window
+        ok = (q >= q_lo[:, None]) & (q <= q_hi[:, None])
     mem0 = k.mem_total_fixed() + n * k.mem_total_layer() + q * sum(d.mem_layer.values())
     save = max(k.mem_rec, k.mem_rec + d.mem_rec)
     if c.recompute == "none":
@@ -531,7 +555,7 @@ def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candida
 
 
 def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
-                low=None) -> float:
+                low=None, model=None) -> float:
     """A step time no placement of this candidate can beat.
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
@@ -543,8 +567,11 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     p, m, v = c.pp, c.m, c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]
-        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules)
-                    for k, lk in zip(coeffs, low)]
+        P = layer_kinds(model) if model is not None else None
+        wins = ([_kinds_window(tuple(P), i, p) for i in range(p)]
+                if P is not None and v == 1 and p == len(coeffs) else [None] * len(coeffs))
+        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules, w)
+                    for k, lk, w in zip(coeffs, low, wins)]
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
         coeffs = low
@@ -946,7 +973,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                          margin_gib=margin_gib)
         if heur.estimate.fits:
             best_heur.add(heur.estimate.step_time_s)
-        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low) if coeffs[0].moe is not None
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
               else lower_bound(coeffs, c, L, cap, rules))
         scored.append((lb, c, coeffs, heur, rules, low))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
