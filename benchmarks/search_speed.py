@@ -58,6 +58,10 @@ INSTANCES = [
     # long context (issue 12): Llama 3 405B reached 128K with context parallelism; the search
     # must choose cp > 1 here, in a few seconds (no brute force: cp multiplies its space)
     ("llama405b", "h100x16384", 131072, 128),
+    # MoE (issue 11): DeepSeek-V3's dense and MoE layers with ep/etp searched, default engine
+    # (ENGINE prices no MoE), no brute force (ep x etp multiply its space)
+    ("deepseek-v3", "h100x256"),
+    ("deepseek-v3", "h100x2048"),
 ]
 TARGETS_S = {("llama70b", "h100x32"): 1.0, ("llama405b", "h100x16384"): 10.0,
              ("llama405b", "h100x16384", 131072, 128): 10.0}
@@ -303,8 +307,9 @@ def run_instance(model_name, cluster_name, repeat, do_exhaustive, max_splits, se
     wall, cpu, out = time_process(_plan_cmd() + ["--model", model_name, "--cluster",
                                                  cluster_name, "--json"] + extra, repeat)
     plan = json.loads(out) if out.strip().startswith("{") else None
-    ins = time_search(model, cluster, repeat, seq, gbs, ENGINE if not seq else None)
-    do_exhaustive = do_exhaustive and not seq
+    default_engine = bool(seq) or model.is_moe   # ENGINE has no CP and prices no MoE
+    ins = time_search(model, cluster, repeat, seq, gbs, None if default_engine else ENGINE)
+    do_exhaustive = do_exhaustive and not default_engine
     rep = ins["report"]
     best = rep.best
     row = {

@@ -18,6 +18,8 @@ planner.cost.stage (the same expressions `evaluate` uses).
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -498,19 +500,42 @@ def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     return n, t
 
 
+@functools.lru_cache(maxsize=4096)
+def _kinds_window(P: tuple, i: int, p: int) -> tuple:
+    """(least, most) MoE layers pipeline rank i of p (one chunk each, contiguous stages in
+    model order, at least one layer each) can hold with n = 1..L layers: its first layer is at
+    least i and its stage ends by L - (p - 1 - i), so it is a window [b, b + n) with
+    i <= b <= L - (p - 1 - i) - n, holding P[b + n] - P[b] MoE layers. No window: (L+1, -1)."""
+    L = len(P) - 1
+    A = np.asarray(P, dtype=float)
+    lo, hi = np.full(L, L + 1.0), np.full(L, -1.0)
+    for n in range(1, L + 1):
+        b_hi = L - (p - 1 - i) - n
+        if b_hi >= i:
+            q = A[i + n:b_hi + n + 1] - A[i:b_hi + 1]
+            lo[n - 1], hi[n - 1] = q.min(), q.max()
+    return lo, hi
+
+
 def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candidate,
-                          rules: Rules):
+                          rules: Rules, window=None):
     """_rank_min_times of a rank of a model with L layers, Q of them MoE: a rank holding n
     layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
     over those q, with the least recompute its memory needs (each recomputed layer saving at
-    most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound."""
+    most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound.
+    `window`: the (least, most) MoE layers the rank can hold with n = v..L layers where it
+    holds one contiguous stage (_kinds_window), else any count in the range above."""
     d = k.moe
     n = np.arange(v, L + 1, dtype=float)[:, None]
     if L - Q <= Q:   # over the rank's dense layers (fewer choices), else its MoE layers
         q = n - np.arange(0, L - Q + 1, dtype=float)[None, :]
     else:
         q = np.arange(0, Q + 1, dtype=float)[None, :] + 0 * n
-    ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
+    if window is None:
+        ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
+    else:
+        q_lo, q_hi = window
+        ok = (q >= q_lo[:, None]) & (q <= q_hi[:, None])
     mem0 = k.mem_total_fixed() + n * k.mem_total_layer() + q * sum(d.mem_layer.values())
     save = max(k.mem_rec, k.mem_rec + d.mem_rec)
     if c.recompute == "none":
@@ -535,7 +560,7 @@ def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candida
 
 
 def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
-                low=None) -> float:
+                low=None, model=None) -> float:
     """A step time no placement of this candidate can beat.
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
@@ -547,8 +572,11 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     p, m, v = c.pp, c.m, c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]
-        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules)
-                    for k, lk in zip(coeffs, low)]
+        P = layer_kinds(model) if model is not None else None
+        wins = ([_kinds_window(tuple(P), i, p) for i in range(p)]
+                if P is not None and v == 1 and p == len(coeffs) else [None] * len(coeffs))
+        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules, w)
+                    for k, lk, w in zip(coeffs, low, wins)]
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
         coeffs = low
@@ -585,13 +613,21 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     return m * t_star + (total - t_star) / v + tail
 
 
-def quick_lower_bound(coeffs, c: Candidate, L: int) -> float:
+def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
     """A cheaper bound below `lower_bound`: the stages' times sum to at least
-    total = sum of fixed times + L x the least per-layer time (no recompute, no exposure); the
+    total = sum of fixed times + L x the least per-layer time (no recompute, no exposure); with
+    dense and MoE layers (full coefficients with `moe`, Q of the L layers MoE) each kind's
+    layers at least that kind's least per-layer time, as `lower_bound`'s kinds total. The
     slowest stage is at least total/p, so the step is at least
     m * total/p + (p - 1)/v * total/p (pipeline_time with every stage at the mean)."""
     p, m, v = c.pp, c.m, c.vpp
-    mean = (sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)) / p
+    total = sum(k.t_fixed for k in coeffs)
+    if Q is not None and coeffs[0].moe is not None:
+        total += ((L - Q) * min(k.t_layer for k in coeffs)
+                  + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
+    else:
+        total += L * min(k.t_layer for k in coeffs)
+    mean = total / p
     return m * mean + (p - 1) * mean / v
 
 
@@ -819,7 +855,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
 
 
 def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, heur=None,
-                    engine=None, margin_gib=None, cutoff_s=None):
+                    engine=None, margin_gib=None, cutoff_s=None, low=None):
     """Best layer placement for one candidate: (Result, fits). With `cutoff_s`, a candidate
     that cannot beat it comes back as its heuristic placement."""
     engine = get_engine(engine)
@@ -833,7 +869,7 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
     if c.vpp > 1 and coeffs[0].moe is not None:
         heur.status = "EVEN_SPLIT"   # layer kinds over interleaved chunks: not solved exactly
         return heur, heur.estimate.fits
-    caps = max_layers([lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
+    caps = max_layers(low or [lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
         return heur, False
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
@@ -847,6 +883,25 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
         heur.status, heur.gap = res.status, res.gap   # rounding ties: keep the better one
         return heur, True
     return res, res.estimate.fits
+
+
+class TopTimes:
+    """Step times kept sorted, one per key when keyed (a key's later time replaces its
+    earlier one): `threshold` is the top-th least, inf until there are that many."""
+
+    def __init__(self, top: int):
+        self.top, self._times, self._of = max(top, 1), [], {}
+
+    def add(self, t: float, key=None) -> None:
+        if key is not None:
+            old = self._of.get(key)
+            if old is not None:
+                del self._times[bisect.bisect_left(self._times, old)]
+            self._of[key] = t
+        bisect.insort(self._times, t)
+
+    def threshold(self) -> float:
+        return self._times[self.top - 1] if len(self._times) >= self.top else math.inf
 
 
 def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
@@ -864,6 +919,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         raise BadInput(_why_no_candidates(model, cluster, f, gbs, engine))
     cap = capacity_bytes(cluster, engine, margin_gib)
     L = model.num_layers
+    P_kinds = layer_kinds(model)
+    Q = P_kinds[-1] if P_kinds is not None else None
     scored, closest, pruned_mem = [], None, 0
 
     def consider_closest(res):
@@ -904,39 +961,41 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
-            rejected_bounds[c] = quick_lower_bound(low, c, L)
+            rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
             too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             continue
-        feasible.append((quick_lower_bound(low, c, L), c, coeffs, rules))
+        feasible.append((quick_lower_bound(coeffs, c, L, Q), c, coeffs, rules, low))
     # Heuristic placements in quick-bound order: once a candidate's quick bound exceeds the
     # K-th best heuristic so far, so does every later one's full bound (lower_bound >=
     # quick_lower_bound), so the loop below would prune them all: they are not placed at all.
     feasible.sort(key=lambda x: x[0])
-    best_heur = []
-    for i, (lb0, c, coeffs, rules) in enumerate(feasible):
-        if len(best_heur) >= top and lb0 > sorted(best_heur)[top - 1] * (1 + 1e-9):
+    best_heur = TopTimes(top)
+    for i, (lb0, c, coeffs, rules, low) in enumerate(feasible):
+        if lb0 > best_heur.threshold() * (1 + 1e-9):
             pruned_quick = len(feasible) - i
             break
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
         if heur.estimate.fits:
-            best_heur.append(heur.estimate.step_time_s)
-        P = layer_kinds(model) if coeffs[0].moe is not None else None
-        lb = (lower_bound(coeffs, c, L, cap, rules, Q=P[-1],
-                          low=[lower_coeffs(k) for k in coeffs]) if P is not None
+            best_heur.add(heur.estimate.step_time_s)
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
               else lower_bound(coeffs, c, L, cap, rules))
-        scored.append((lb, c, coeffs, heur, rules))
+        scored.append((lb, c, coeffs, heur, rules, low))
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
     # of them is a threshold a candidate's bound must beat to be worth an exact solve.
     scored.sort(key=lambda x: x[0])
-    plans = {c: h for _, c, _, h, _ in scored if h.estimate.fits}   # best known plan per candidate
+    plans = {c: h for _, c, _, h, _, _ in scored if h.estimate.fits}   # best known plan per candidate
+    best_plans = TopTimes(top)
+    for c, r in plans.items():
+        best_plans.add(r.estimate.step_time_s, c)
     solved, pruned_bound = 0, 0
     # least step time a candidate not solved to optimality might still reach (the whole
     # search's gap), and how many solves stopped at the time limit
     open_bound, limit_hit = math.inf, 0
-    for i, (lb, c, coeffs, heur, rules) in enumerate(scored):
-        times = sorted(r.estimate.step_time_s for r in plans.values())
-        threshold = times[top - 1] if len(times) >= top else math.inf
+    for i, (lb, c, coeffs, heur, rules, low) in enumerate(scored):
+        # a candidate's plan only improves on its heuristic one, so the K-th best time over
+        # the plans so far (heuristic ones included) only falls: kept incrementally
+        threshold = best_plans.threshold()
         if lb > threshold * (1 + 1e-9):
             pruned_bound = len(scored) - i + pruned_quick
             open_bound = min(open_bound, lb)
@@ -947,7 +1006,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             res.status = "OPTIMAL"
         else:
             res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
-                                        margin_gib, cutoff_s=threshold)
+                                        margin_gib, cutoff_s=threshold, low=low)
             solved += 1
             if res.status == "FEASIBLE":
                 limit_hit += 1
@@ -962,6 +1021,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             progress(i + 1, len(scored))
         if fits:
             plans[c] = res
+            best_plans.add(res.estimate.step_time_s, c)
         else:
             consider_closest(res)
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]

@@ -36,7 +36,9 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 engine=None, margin_gib=None) -> list:
     tips = []
     fits = lambda cl, f, s, g: _fits(model, cl, f, s, g, engine, margin_gib)   # noqa: E731
-    if fixed.recompute != "full" and (engine is None or "full" in engine.recompute_modes):
+    # with recompute free the search has tried "full" already: searching again finds nothing new
+    if fixed.recompute not in ("full", None) and (engine is None
+                                                  or "full" in engine.recompute_modes):
         best = fits(cluster, dataclasses.replace(fixed, recompute=None if
                     fixed.recompute is None else "full"), seq_len, gbs)
         if best is not None:

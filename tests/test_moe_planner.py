@@ -127,6 +127,56 @@ def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, m, ep
         assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(3, 7), first=st.integers(0, 3), pp=st.integers(2, 4),
+       m=st.sampled_from([1, 4]), zero=st.sampled_from([0, 1]),
+       rec=st.sampled_from(["full", "none"]), frac=st.floats(0.05, 1.2))
+def test_layer_kinds_lower_bound_is_below_brute_force(layers, first, pp, m, zero, rec, frac):
+    """The search prunes on lower_bound (each rank's MoE count from the windows a contiguous
+    stage can take): it must never exceed the best placement found by brute force."""
+    from planner.cost.stage import capacity_bytes
+    from planner.search import lower_bound, lower_coeffs, rules_for
+    if pp > layers or first >= layers or first == 0:
+        return
+    model = tiny_moe(layers, first, 1)
+    dp = 2
+    c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
+                  global_batch=dp * m, recompute=rec, ep=2)
+    big = cluster_with_memory(10_000, n=pp * dp)
+    k = stage_coefficients(model, big, c, "megatron")
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
+    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    budget = memory_budget(big, "megatron", 0.0)
+    cluster = cluster_with_memory(budget.context_gib + budget.reserved(
+        floor + frac * (need - floor)), n=pp * dp)
+    want = brute_force(model, cluster, c, "megatron")
+    coeffs = stage_coefficients(model, cluster, c, "megatron")
+    cap = capacity_bytes(cluster, get_engine("megatron"), 0.0)
+    lb = lower_bound(coeffs, c, layers, cap, rules_for(get_engine("megatron"), c),
+                     Q=model.num_moe_layers, low=[lower_coeffs(x) for x in coeffs], model=model)
+    if want is not None:
+        assert lb <= want.step_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("first,pp_cluster", [(1, 4), (2, 8)])
+def test_pruned_search_equals_exhaustive_solves(first, pp_cluster):
+    """The search's pruning (memory, quick and full bounds, the top-K threshold) returns the
+    same best step time as solving every candidate exactly, with no pruning at all."""
+    import planner.search as S
+    model = tiny_moe(6, first, 1)
+    cluster = cluster_with_memory(24, n=pp_cluster)
+    got = search(model, cluster, global_batch=8, top=1, engine="megatron")
+    best = None
+    for c in S.enumerate_candidates(model, cluster, Fixed(), S.default_seq_len(model), 8,
+                                    get_engine("megatron")):
+        res, fits = solve_candidate(model, cluster, c, engine="megatron")
+        if fits and (best is None or res.estimate.step_time_s < best):
+            best = res.estimate.step_time_s
+    assert (got.best is None) == (best is None)
+    if best is not None:
+        assert got.best.estimate.step_time_s == pytest.approx(best, rel=1e-6)
+
+
 def test_dense_model_has_no_expert_terms():
     m = Model("dense", num_layers=4, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=8,
               vocab_size=32000, max_seq_len=4096)

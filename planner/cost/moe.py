@@ -260,8 +260,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
-        moe_k = _replace(
-            k, mem_fixed=mem_fixed,
+        changes = dict(
             compute_layer=k.compute_layer + d_fwd + d_bwd,
             compute_rec=k.compute_rec + d_rec,
             ep_layer=2 * ep_fwd, ep_rec=ep_rec,
@@ -274,7 +273,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             **{f: z_ne[f] + z_ex[f] for f in ("zf_layer", "zb_layer", "grad_layer",
                                              "gather_layer")})
         if all_moe:
-            out.append(moe_k)
+            out.append(_replace(k, mem_fixed=mem_fixed, **changes))
             continue
         delta = StageCoeffs(rank=k.rank, compute_fixed=0.0, compute_layer=0.0, compute_rec=0.0,
                             tp_layer=0.0, tp_rec=0.0, pp_fixed=0.0, fwd_layer=0.0,
@@ -282,10 +281,12 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                             grad_overlapped=k.grad_overlapped,
                             gather_overlapped=k.gather_overlapped,
                             overlap_slowdown=k.overlap_slowdown)
-        for f in LAYER_FIELDS:
-            setattr(delta, f, getattr(moe_k, f) - getattr(k, f))
-        delta.mem_layer = {key: moe_k.mem_layer.get(key, 0.0) - k.mem_layer.get(key, 0.0)
-                           for key in set(moe_k.mem_layer) | set(k.mem_layer)}
+        for f in LAYER_FIELDS:   # what an MoE layer changes (the fields it leaves: 0)
+            if f in changes:
+                setattr(delta, f, changes[f] - getattr(k, f))
+        moe_mem = changes["mem_layer"]
+        delta.mem_layer = {key: moe_mem.get(key, 0.0) - k.mem_layer.get(key, 0.0)
+                           for key in set(moe_mem) | set(k.mem_layer)}
         out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
     return out
 
