@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks._common import RESULTS, describe, machine, markdown_table, out_path, today
-from planner.catalog import get_cluster, get_gpu
+from planner.catalog import get_cluster, get_gpu, get_model
 from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.search import Fixed, search
@@ -217,60 +217,161 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
         "fits": fits, "peak_gib": e.peak_memory_gib, "reserved_gib": e.peak_reserved_gib,
         "measured_gib": measured,
         "memory_error_pct": (e.peak_reserved_gib / measured - 1) * 100 if measured else None,
-        "capacity_gib": e.capacity_gib,
+        "capacity_gib": e.capacity_gib, "time_breakdown_s": dict(e.time_breakdown_s),
         # for tests: the chosen candidate must honour every published knob
         "candidate": c, "layers": list(best.layers), "recompute": list(best.recompute),
     }
 
 
 def model_of(run):
-    """The run's model: its `planner_model` spec where the data gives one (a model type the
-    Hugging Face reader does not read yet), else its config.json fields."""
+    """The run's model: the catalog model it names (`catalog_model`, with the run's
+    `model_overrides`, e.g. DeepSeek-V3's mtp_layers as its recipe ran), else its
+    `planner_model` spec where the data gives one, else its config.json fields."""
+    if "catalog_model" in run:
+        return dataclasses.replace(get_model(run["catalog_model"]),
+                                   **run.get("model_overrides", {}))
     if "planner_model" in run:
         from planner.specs import Model
         return Model.from_dict(run["planner_model"], f"run {run['id']}: planner_model")
     return model_from_hf_config(run["model"], run["model"].get("_name", run["id"]))
 
 
-def moe_markdown(runs) -> str:
-    """The MoE table: evaluable rows (BF16 first) with their error, the others with why."""
+# The MoE table's columns: the shared ones less those its rows never have (memory was not
+# measured, no ZeRO sensitivity run), plus the model and the shares of the predicted step.
+MOE_COLUMNS = ["run", "model", "precision", "gpu", "gpus", "published_config", "planner_chose",
+               "published_s", "predicted_s", "error_pct", "published_tflops", "predicted_tflops",
+               "compute_share_pct", "ep_share_pct", "other_share_pct", "reserved_gib",
+               "capacity_gib", "fits"]
+MOE_HEADERS = ["run", "model", "precision", "GPU", "GPUs", "published config",
+               "planner chose (unpublished knobs)", "published s", "predicted s", "error %",
+               "published model TFLOP/s/GPU", "predicted TFLOP/s/GPU", "compute % of step",
+               "EP all-to-all % of step", "rest % of step", "reserved GiB", "capacity GiB",
+               "fits"]
+
+# What the MoE table shows beyond its numbers (written with it by --moe); the figures quoted
+# are those of the table generated with it (benchmarks/results/fidelity_moe_2026-12-01.md).
+MOE_NOTES = """Notes.
+
+- Models: the catalog models (planner/catalog/models.py, from each repository's config.json):
+  GPT-OSS-120B with head_dim 64, attention sinks, sliding window 128 on every second layer and
+  expert biases; Qwen3 with head_dim 128; DeepSeek-V3 with MLA (q/kv LoRA ranks 1536/512,
+  rope/nope head dims 64/128), 3 dense layers, a shared expert and one MTP layer.
+- MTP: every DeepSeek-V3 row ran with one multi-token-prediction layer (Megatron-Bridge
+  recipes/deepseek/deepseek_v3.py mtp_num_layers=1, not overridden by the performance configs;
+  the rows carry `model_overrides.mtp_layers = 1` and `mtp_source`). On this branch the
+  planner's cost model (planner/cost) does not read mtp_layers yet, so the MTP layer's compute
+  (about 1/61 of the layers plus one more output head) is not in these DeepSeek predictions.
+- TP communication overlap: the only rows with tp > 1 (H100 Qwen3-235B, H100 DeepSeek-V3) ran
+  without it (their performance recipes set CommOverlapConfig(tp_comm_overlap=False); the rows'
+  `tp_comm_overlap_source`), so fixed.tp_comm_overlap is false there.
+- Precision: Megatron-Bridge FP8 / FP8-CS rows are priced as FP8 tensorwise current scaling,
+  MXFP8 / FP8-MX rows as MXFP8 (`recipe`); the 25.09 rows' precision is corrected as in
+  published_runs_2.json (`corrections`: H100 has no MXFP8; the B200 value outside the
+  parentheses is FP8-CS).
+- Token-drop rows (25.09 "tokendrop") are priced dropless: with force-balanced routing the
+  capacity factor drops nothing, so the expert compute is the same.
+- Held out: no constant of the planner was chosen on any of these rows.
+- The two TFLOP/s columns count differently (NVIDIA's "Model TFLOP" vs the planner's FLOPs per
+  step, recompute included); compare the step times.
+
+What looks missing (evidence from the per-row table):
+
+1. The published step time itself moves with the software release by more than the planner's
+   error on several rows: the same configuration of Qwen3-30B-A3B on 16 H100 (tp1 pp2 ep8 vpp12
+   mbs1 gbs1024) took 51.3 s in 26.02 and 28.9 s in 26.04.01 / 26.02.01. Part of the error is
+   therefore kernel and runtime versions (router fusion, grouped GEMM, DeepEP / HybridEP
+   dispatchers) that no static cost model of the configuration can see.
+2. Compute-bound rows are predicted far too fast: GPT-OSS-120B on H100 (pp4 ep8) is predicted
+   at 7.0 s, 86% of it compute, against 13.7-14.1 s published (-49 to -51%); on B200 -25 to
+   -32%. The planner prices the experts' grouped GEMMs at the dense GEMM efficiency; small
+   per-expert GEMMs (2880 x 2880 experts with about mbs*seq*top-k/experts tokens each on
+   GPT-OSS, 768-wide experts on Qwen3-30B), the router, token permute / unpermute and the
+   sink / sliding-window attention kernels are slower than that. A grouped-GEMM efficiency
+   that falls with tokens per expert, and the memory-bound permute kernels, are the likely
+   missing physics (a measured profile of a grouped GEMM would set them).
+3. The EP all-to-all, where it crosses nodes, is priced large and its error has no one sign:
+   every row with EP inside a node (ep8: all-to-all 6-26% of the predicted step) is
+   under-predicted (-18 to -74%), while the rows with EP across nodes (ep16-64: 47-69% of the
+   step) scatter from -27% (GPT-OSS ep64) through about 0% (Qwen3-235B H100 ep32, most likely
+   compute under-priced and all-to-all over-priced cancelling) to +67% (DeepSeek-V3 1024 H100,
+   ep64, DeepEP and the moe a2a overlap in its recipe) and +104% (DeepSeek-V3 256 B200 ep32:
+   all-to-all alone 25 s of a 40 s prediction against 19.7 s published, faster than the same
+   model's ep8 runs at 23.3 s). The planner prices dispatch / combine serially, with no
+   overlap with compute (Megatron's overlap_moe_expert_parallel_comm) and as plain NCCL
+   all-to-all (not DeepEP / HybridEP's hierarchical NVLink-then-IB dispatch).
+4. Recompute: the planner's memory model needs full recompute of part of the layers on several
+   rows (DeepSeek-V3 pp8: 16 of 61 layers; H100 1024-GPU: 32 of 61; GPT-OSS B200 mbs4: 19 of
+   36) where the recipes ran selective recompute only (mla_up_proj, mlp), so the memory model
+   is pessimistic for these MoE layers and adds recompute time to the over-predicted rows."""
+
+
+def _published_model_tflops(run) -> float | None:
+    """The row's "Model TFLOP / sec / GPU": the value outside or inside the parentheses, as
+    its `_variant` says (the 25.09 / 25.11 tables print "FP8-CS (FP8-MX)" pairs)."""
+    pub = run.get("published", {})
+    v = pub.get("Model TFLOP / sec / GPU")
+    if v is None:
+        return None
+    outside, _, inside = str(v).partition("(")
+    inner = "inside" in pub.get("_variant", "") and inside
+    return float((inside.rstrip(") ") if inner else outside).strip())
+
+
+def moe_markdown(runs, csv_path=None) -> tuple:
+    """The MoE table: evaluable rows (BF16 first) with their error and the shares of the
+    predicted step, per GPU and precision; the rows not evaluable with why."""
     ok = [r for r in runs if "not_evaluable" not in r]
     ok.sort(key=lambda r: r.get("precision", "bf16") != "bf16")
     t0 = time.perf_counter()
-    rows = [{**predict(r), "fit": "held out"} for r in ok]   # nothing fitted on them
+    rows = []
+    for r in ok:
+        row = {**predict(r), "fit": "held out"}   # nothing fitted on them
+        b, step = row["time_breakdown_s"], row["predicted_s"]
+        ep = b.get("ep_comm", 0.0)
+        row.update(model=r.get("catalog_model", r["model"].get("_name", "")),
+                   published_tflops=_published_model_tflops(r),
+                   compute_share_pct=100 * b.get("compute", 0.0) / step,
+                   ep_share_pct=100 * ep / step,
+                   other_share_pct=100 * (1 - (b.get("compute", 0.0) + ep) / step))
+        rows.append(row)
     seconds = time.perf_counter() - t0
     lines = [f"# Fidelity vs published MoE runs ({today()})", "",
              "Megatron-Bridge rows of benchmarks/data/published_runs_moe.json: published "
-             "configuration (tp, pp, dp, ep, vpp, micro-batch) fixed, the rest chosen by the "
-             "planner for Megatron; routing balanced and dropless as the rows ran "
-             "(moe_router_force_load_balancing). Nothing fitted on these rows. "
+             "configuration (tp, pp, dp, ep, vpp, micro-batch, precision) fixed, the rest "
+             "chosen by the planner for Megatron; routing balanced and dropless as the rows ran "
+             "(moe_router_force_load_balancing). Nothing fitted on these rows (all held out). "
              f"Generated by `python -m benchmarks.fidelity --moe` in {seconds:.1f} s "
              f"({machine()}).", ""]
     if rows:
-        bf16 = [r for r in rows if r["precision"] == "bf16"]
-        lines += ["| scope | runs | median abs error % | p90 abs error % | max abs error % | "
-                  "mean signed error % | predicted not to fit |", "|:---|---:|---:|---:|---:|"
-                  "---:|---:|"]
-        for name, sel in (("bf16", bf16), ("all evaluated", rows)):
-            if sel:
-                v = stats(sel)
-                lines.append(f"| {name} | {v['runs']} | {v['median_abs_pct']:.1f} | "
-                             f"{v['p90_abs_pct']:.1f} | {v['max_abs_pct']:.1f} | "
-                             f"{v['mean_signed_pct']:+.1f} | {v['not_fit']} |")
-        lines += ["", f"Target: median <= {MOE_MEDIAN_TARGET_PCT:.0f}%, no published "
-                  "configuration predicted not to fit.", ""]
-        lines.append(markdown_table(rows, COLUMNS, headers=HEADERS))
-        approx = sorted({a for r in ok for a in r.get("planner_model_approximations", [])})
-        if approx:
-            lines += ["", "Approximations of the evaluated rows' models (until the Hugging Face "
-                      "readers for their model types land):", ""] + [f"- {a}" for a in approx]
+        lines += ["| engine | scope | GPU | runs | median abs error % | p90 abs error % | "
+                  "max abs error % | mean signed error % | predicted not to fit |",
+                  "|:---|:---|:---|---:|---:|---:|---:|---:|---:|"]
+        scopes = []
+        for prec, keep in (("bf16", lambda r: r["precision"] == "bf16"),
+                           ("fp8 / mxfp8", lambda r: r["precision"] != "bf16"),
+                           ("all", lambda r: True)):
+            for gpu in sorted({r["gpu"] for r in rows}) + ["all"]:
+                sel = [r for r in rows if keep(r) and gpu in ("all", r["gpu"])]
+                if sel:
+                    scopes.append((prec, gpu, sel))
+        for prec, gpu, sel in scopes:
+            v = stats(sel)
+            lines.append(f"| megatron | {prec} | {gpu} | {v['runs']} | "
+                         f"{v['median_abs_pct']:.1f} | {v['p90_abs_pct']:.1f} | "
+                         f"{v['max_abs_pct']:.1f} | {v['mean_signed_pct']:+.1f} | "
+                         f"{v['not_fit']} |")
+        lines += ["", f"Target (issue 11): median <= {MOE_MEDIAN_TARGET_PCT:.0f}%, no "
+                  "published configuration predicted not to fit.", ""]
+        lines.append(markdown_table(rows, MOE_COLUMNS, headers=MOE_HEADERS))
+        if csv_path is not None:
+            write_csv(rows, csv_path, MOE_COLUMNS)
     skipped = [r for r in runs if "not_evaluable" in r]
+    lines += ["", f"Not evaluable ({len(skipped)} rows)" + (":" if skipped else "."), ""]
     if skipped:
-        lines += ["", f"Not evaluable yet ({len(skipped)} rows):", "",
-                  "| run | precision | why |", "|:---|:---|:---|"]
+        lines += ["| run | precision | why |", "|:---|:---|:---|"]
         lines += [f"| {r['id']} | {r.get('precision', 'bf16')} | {r['not_evaluable']} |"
                   for r in skipped]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + MOE_NOTES + "\n", rows
 
 
 def table(runs=None) -> list:
@@ -356,14 +457,15 @@ def to_markdown(rows, summ, seconds: float, scope: str = "published runs") -> st
     return "\n".join(lines)
 
 
-def write_csv(rows, path) -> None:
+def write_csv(rows, path, columns=None) -> None:
     import csv
+    columns = columns or COLUMNS
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()
-                        if k in COLUMNS})
+                        if k in columns})
 
 
 def plot(rows, path) -> None:
@@ -464,10 +566,11 @@ def main(argv=None):
         return 0
     t0 = time.perf_counter()
     if a.moe:
-        md = moe_markdown(load_runs(DATA_MOE))
+        csv_path = out_path(a.out, "fidelity_moe", "csv")
+        md, rows = moe_markdown(load_runs(DATA_MOE), csv_path)
         path = out_path(a.out, "fidelity_moe", "md")
         path.write_text(md)
-        print(md + f"wrote {path}")
+        print(md + f"wrote {csv_path}, {path}")
         return 0
     runs = load_runs()
     if a.cp:

@@ -1,0 +1,88 @@
+"""The cost model against the published Megatron-Bridge MoE runs (benchmarks/data/
+published_runs_moe.json): runs the real predictor on every committed row (about 5 s)."""
+
+import statistics
+
+import pytest
+
+from benchmarks import fidelity
+from planner.catalog import get_model
+
+# A regression guard, not the target: the median |error| of the table as measured when the
+# catalog models (head_dim, MLA, sliding windows, sinks) and FP8/MXFP8 pricing were first
+# applied to these rows (benchmarks/results/fidelity_moe_2026-12-01.md: 30.4% over the 10
+# BF16 rows, 34.7% over all 42), rounded up. Issue 11's target is
+# fidelity.MOE_MEDIAN_TARGET_PCT (15%); nothing was fitted on these rows, so lowering these
+# bounds needs better physics, never a constant chosen on them.
+BF16_MEDIAN_GUARD_PCT = 31.0
+ALL_MEDIAN_GUARD_PCT = 35.0
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return fidelity.load_runs(fidelity.DATA_MOE)
+
+
+@pytest.fixture(scope="module")
+def table(runs):
+    md, rows = fidelity.moe_markdown(runs)
+    return md, rows
+
+
+def test_data_set_is_complete(runs):
+    # the 42 "moe" rows of published-runs-2.json; dropping one would improve the figures
+    assert len(runs) == 42 and len({r["id"] for r in runs}) == 42
+    for r in runs:
+        assert r["engine"] == "megatron" and r["step_time_s"] > 0 and r["source"]
+        assert "moe" in r["needs"]
+        if "not_evaluable" in r:
+            assert r["not_evaluable"].strip(), r["id"]
+            continue
+        # evaluated with the catalog model the row's config.json describes
+        cfg, m = r["model"], get_model(r["catalog_model"])
+        assert m.num_layers == cfg["num_hidden_layers"] and m.hidden == cfg["hidden_size"]
+        if "head_dim" in cfg:
+            assert m.head_dim == cfg["head_dim"], r["id"]
+        if cfg["model_type"] == "deepseek_v3":
+            assert m.kv_lora_rank == cfg["kv_lora_rank"] and m.q_lora_rank == cfg["q_lora_rank"]
+            # the recipe ran one MTP layer (the row's mtp_source)
+            assert r["model_overrides"]["mtp_layers"] == 1 and "mtp_num_layers" in r["mtp_source"]
+        # a low precision names its recipe; H100 has no MXFP8
+        if r["precision"] != "bf16":
+            assert r["recipe"] in ("tensorwise", "mxfp8")
+            assert not ("-h100-" in r["id"] and r["precision"] == "mxfp8"), r["id"]
+        # tp > 1 rows say whether their recipe overlapped TP communication, with the source
+        if r["fixed"]["tp"] > 1:
+            assert "tp_comm_overlap" in r["fixed"] and r["tp_comm_overlap_source"]
+
+
+def test_every_row_is_evaluated_or_says_why(runs, table):
+    md, rows = table
+    evaluated = {r["run"] for r in rows}
+    for r in runs:
+        assert r["id"] in evaluated or r["id"] in md, r["id"]
+    assert len(rows) + sum("not_evaluable" in r for r in runs) == len(runs)
+
+
+def test_no_published_configuration_is_predicted_not_to_fit(table):
+    _, rows = table
+    assert [r["run"] for r in rows if not r["fits"]] == []
+
+
+def test_candidates_honour_the_published_knobs(runs, table):
+    _, rows = table
+    by_id = {r["id"]: r for r in runs}
+    for row in rows:
+        f, c = by_id[row["run"]]["fixed"], row["candidate"]
+        assert (c.tp, c.pp, c.dp, c.ep, c.mbs) == (f["tp"], f["pp"], f["dp"], f["ep"],
+                                                   f["micro_batch"]), row["run"]
+        assert row["precision"] == by_id[row["run"]]["precision"]
+
+
+def test_median_error_guard(table):
+    _, rows = table
+    bf16 = [abs(r["error_pct"]) for r in rows if r["precision"] == "bf16"]
+    everything = [abs(r["error_pct"]) for r in rows]
+    assert len(bf16) == 10 and len(everything) == 42
+    assert statistics.median(bf16) <= BF16_MEDIAN_GUARD_PCT
+    assert statistics.median(everything) <= ALL_MEDIAN_GUARD_PCT
