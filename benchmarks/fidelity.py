@@ -259,8 +259,9 @@ MOE_NOTES = """Notes.
 - MTP: every DeepSeek-V3 row ran with one multi-token-prediction layer (Megatron-Bridge
   recipes/deepseek/deepseek_v3.py mtp_num_layers=1, not overridden by the performance configs;
   the rows carry `model_overrides.mtp_layers = 1` and `mtp_source`). On this branch the
-  planner's cost model (planner/cost) does not read mtp_layers yet, so the MTP layer's compute
-  (about 1/61 of the layers plus one more output head) is not in these DeepSeek predictions.
+  planner's cost model (planner/cost) does not read mtp_layers yet, so the MTP layer (about
+  1/61 of the layers plus one more output head) is in neither the step time nor the memory of
+  these DeepSeek predictions: they would be slower with it.
 - TP communication overlap: the only rows with tp > 1 (H100 Qwen3-235B, H100 DeepSeek-V3) ran
   without it (their performance recipes set CommOverlapConfig(tp_comm_overlap=False); the rows'
   `tp_comm_overlap_source`), so fixed.tp_comm_overlap is false there.
@@ -278,11 +279,11 @@ What looks missing (evidence from the per-row table):
 
 1. The published step time itself moves with the software release by more than the planner's
    error on several rows: the same configuration of Qwen3-30B-A3B on 16 H100 (tp1 pp2 ep8 vpp12
-   mbs1 gbs1024) took 51.3 s in 26.02 and 28.9 s in 26.04.01 / 26.02.01. Part of the error is
+   mbs1 gbs1024) took 51.3 s in 26.02 and 28.9 s in 26.02.01. Part of the error is
    therefore kernel and runtime versions (router fusion, grouped GEMM, DeepEP / HybridEP
    dispatchers) that no static cost model of the configuration can see.
-2. Compute-bound rows are predicted far too fast: GPT-OSS-120B on H100 (pp4 ep8) is predicted
-   at 7.0 s, 86% of it compute, against 13.7-14.1 s published (-49 to -51%); on B200 -25 to
+2. Compute-bound rows are predicted far too fast: GPT-OSS-120B on H100 (pp4 ep8 mbs1) is
+   predicted at 7.0 s, 86% of it compute, against 13.7-14.1 s published (-49 to -51%); on B200 -25 to
    -32%. The planner prices the experts' grouped GEMMs at the dense GEMM efficiency; small
    per-expert GEMMs (2880 x 2880 experts with about mbs*seq*top-k/experts tokens each on
    GPT-OSS, 768-wide experts on Qwen3-30B), the router, token permute / unpermute and the
@@ -300,9 +301,11 @@ What looks missing (evidence from the per-row table):
    overlap with compute (Megatron's overlap_moe_expert_parallel_comm) and as plain NCCL
    all-to-all (not DeepEP / HybridEP's hierarchical NVLink-then-IB dispatch).
 4. Recompute: the planner's memory model needs full recompute of part of the layers on several
-   rows (DeepSeek-V3 pp8: 16 of 61 layers; H100 1024-GPU: 32 of 61; GPT-OSS B200 mbs4: 19 of
-   36) where the recipes ran selective recompute only (mla_up_proj, mlp), so the memory model
-   is pessimistic for these MoE layers and adds recompute time to the over-predicted rows."""
+   rows: DeepSeek-V3 pp8 16 of 61 layers and the H100 1024-GPU row 32 of 61, where the
+   DeepSeek-V3 performance recipes ran selective recompute only (recompute_modules mla_up_proj,
+   plus mlp on H100), so the memory model looks pessimistic for these MoE layers and adds
+   recompute time to the two over-predicted rows; GPT-OSS B200 mbs4 19 of 36 (its recompute is
+   not printed)."""
 
 
 def _published_model_tflops(run) -> float | None:
