@@ -11,8 +11,8 @@ import pytest
 
 from planner.catalog import get_cluster, get_model
 from planner.cost import comm
-from planner.cost.schedule import in_flight
 from planner.cost.compute import GEMM_BWD_FACTOR, attention_width, gemm_time, mean_attended_keys
+from planner.cost.schedule import in_flight
 from planner.cost.stage import (MTP_SAVED_HIDDENS, Candidate, evaluate, model_flops_per_step,
                                 stage_coefficients)
 from planner.engines import get_engine
