@@ -474,7 +474,10 @@ def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: Stag
     DeepSeek-V3), the final layernorm, and the shared output layer and cross-entropy again.
     The layer is priced as the rank's own layers are (its fwd/bwd with TP, CP and EP
     communication, its states, ZeRO collectives and optimizer, its activations x micro-batches
-    in flight); it is never recomputed (a plan's recompute counts cover the decoder layers)."""
+    in flight), without recompute: Megatron's MultiTokenPredictionLayer has a
+    _checkpointed_forward it uses under --recompute-granularity full, not priced yet, so
+    under full recompute this over-counts the module's activations (the safe side for "fits")
+    and under-counts its time by one forward of the module."""
     from planner.cost.compute import gemm_time
     from planner.cost.moe import _replace
     L = model.mtp_layers
