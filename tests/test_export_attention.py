@@ -1,12 +1,11 @@
-"""Attention beyond Llama's travels exactly into the Megatron export (head_dim, multi-latent
-attention, sliding windows, sinks), parsed back with Megatron's own argument types; what an
-export cannot write is refused in one line (planner.engines.runnable)."""
+"""Attention beyond Llama's and MTP modules travel exactly into the Megatron export (head_dim,
+multi-latent attention, sliding windows, sinks, --mtp-num-layers), parsed back with Megatron's
+own argument types; what an export cannot write is refused in one line
+(planner.engines.runnable)."""
 import ast
-
-import pytest
+import dataclasses
 
 from planner.catalog import get_model
-from planner.errors import BadInput
 from planner.export import export
 from tests.test_export import megatron_tokens
 from tests.test_moe_export import hand_plan, moe_parser
@@ -41,6 +40,7 @@ def attention_parser():
     a("--window-size", type=tuple_type, default=None)
     a("--window-attn-skip-freq", type=freq_type, default=None)
     a("--softmax-type", type=str, default="vanilla", choices=["vanilla", "off-by-one", "learnable"])
+    a("--mtp-num-layers", type=int, default=None)   # _add_network_size_args
     return ap
 
 
@@ -81,7 +81,6 @@ def test_sliding_windows_and_sinks_of_gpt_oss():
 
 
 def test_multi_latent_attention_of_a_deepseek_shape():
-    import dataclasses
     m = dataclasses.replace(get_model("deepseek-v3"), mtp_layers=0)
     a = parsed(hand_plan(m, "h100x256", tp=1, pp=16, dp=16, ep=16, etp=1))
     assert a.multi_latent_attention and a.qk_layernorm
@@ -90,9 +89,25 @@ def test_multi_latent_attention_of_a_deepseek_shape():
         m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (128, 64, 128)
 
 
-def test_what_the_export_cannot_write_is_refused_in_one_line():
+def test_mtp_modules_are_written_as_mtp_num_layers():
     m = get_model("deepseek-v3")               # one MTP module
-    plan = hand_plan(m, "h100x256", tp=1, pp=16, dp=16, ep=16, etp=1)
-    with pytest.raises(BadInput) as e:
-        export(plan, "megatron")
-    assert "multi-token prediction" in str(e.value) and "\n" not in str(e.value)
+    a = parsed(hand_plan(m, "h100x256", tp=1, pp=16, dp=16, ep=16, etp=1))
+    assert a.mtp_num_layers == m.mtp_layers == 1
+    no_mtp = parsed(hand_plan(dataclasses.replace(m, mtp_layers=0), "h100x256", tp=1, pp=16,
+                              dp=16, ep=16, etp=1))
+    assert no_mtp.mtp_num_layers is None       # Megatron's default: no MTP
+
+
+def test_an_uneven_layout_puts_the_mtp_layers_on_the_last_stage():
+    """With --pipeline-model-parallel-layout Megatron builds MTP only where the layout has "m"
+    (multi_token_prediction.py get_mtp_num_layers_to_build): the last stage, before the loss."""
+    from planner.plan import make_stages
+    from tests.test_export import expand_layout
+    m = dataclasses.replace(get_model("deepseek-v3"), mtp_layers=2)
+    plan = hand_plan(m, "h100x256", tp=1, pp=4, dp=64, ep=16, etp=1)
+    plan.stages = make_stages(m.num_layers, 4, 1, [14, 16, 18, 13])
+    a = parsed(plan)
+    assert a.mtp_num_layers == 2
+    layout = a.pipeline_model_parallel_layout
+    assert layout is not None and layout.endswith("|t*13m*2L")
+    assert [st.count("t") for st in expand_layout(layout.replace("m*2", ""))] == [14, 16, 18, 13]

@@ -33,8 +33,10 @@ Sec. 2.2, Switch Sec. 2.2), i.e. the same scaling with the factor known.
 Not modelled yet (benchmarks/results/fidelity_moe_*.md: the published BF16 GPT-OSS rows run
 ~30% slower than predicted): the alltoall dispatcher's device-to-host sync of the token counts,
 the host overhead of the router / permute kernels, a grouped GEMM slower than a dense one, the
-shared expert's and the dispatch's overlap (--moe-shared-expert-overlap, a2a overlap), MTP
-layers and MLA attention (no Model fields yet), the FP8 weight copies of the experts.
+shared expert's and the dispatch's overlap (--moe-shared-expert-overlap, a2a overlap), MLA
+attention (no Model fields yet), the FP8 weight copies of the experts. An MTP module's MoE
+layer is this module's layer, added to the last pipeline rank (planner.cost.stage,
+_with_mtp_modules).
 """
 from __future__ import annotations
 

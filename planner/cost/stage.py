@@ -436,10 +436,101 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         ))
     if model.is_moe:
         from planner.cost.moe import with_moe_layers
-        return with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
-                               tp_fwd=tp_fwd, infl=[in_flight(schedule, p, i, c.m, v)
-                                                    for i in range(p)])
+        coeffs = with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
+                                 tp_fwd=tp_fwd, infl=[in_flight(schedule, p, i, c.m, v)
+                                                      for i in range(p)])
+    if model.mtp_layers:
+        head_in_flight = c.m if (schedule == "gpipe" and p > 1) else 1
+        extra_emb = 0.0 if p == 1 else (emb_params - (model.vocab_size * model.hidden / t
+                                                     if model.tied_embeddings else 0.0))
+        coeffs = [_with_mtp_modules(model, c, engine, facts, k, states=states, act=act,
+                                    tp_link=tp_link, dp_link=dp_link, extra_emb=extra_emb,
+                                    emb=(emb_f, emb_b), head=(head_f, head_b),
+                                    logits=head_act * head_in_flight,
+                                    infl=in_flight(schedule, p, k.rank, c.m, v))
+                  if k.rank == p - 1 else k for k in coeffs]
     return coeffs
+
+
+# What one MTP module saves for backward beside its transformer layer, in hidden-wide bf16
+# tensors per token (megatron/core/transformer/multi_token_prediction.py,
+# MultiTokenPredictionLayer.forward): the enorm and hnorm inputs (the shifted tokens' embedding
+# and the previous depth's hidden states), the 2*hidden-wide eh_proj input (their
+# concatenation) and the final layernorm's input (the layer's output).
+MTP_SAVED_HIDDENS = 2 + 2 + 1
+
+
+def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: StageCoeffs,
+                      states: dict, act: float, tp_link, dp_link, extra_emb: float,
+                      emb: tuple, head: tuple, logits: float, infl: int) -> StageCoeffs:
+    """The last pipeline rank's coefficients with the model's MTP modules added to its fixed
+    parts, as Megatron-Core builds them there (multi_token_prediction.py: without a custom
+    layout mtp_on_this_rank is the last pipeline stage, its last virtual chunk). Each module
+    (MultiTokenPredictionLayer; DeepSeek-V3 report Sec. 2.2): the embedding of the tokens
+    shifted by one more (GPTModel keeps an `embedding` on the MTP stage: `if self.pre_process
+    or self.mtp_process`, a copy of the word embeddings under pp > 1 unless the output layer's
+    shared weight already is it), enorm and hnorm, eh_proj (a ColumnParallelLinear 2h -> h),
+    one transformer layer of the decoder's layer spec (the last layer's kind, MoE for
+    DeepSeek-V3), the final layernorm, and the shared output layer and cross-entropy again.
+    The layer is priced as the rank's own layers are (its fwd/bwd with TP, CP and EP
+    communication, its states, ZeRO collectives and optimizer, its activations x micro-batches
+    in flight), without recompute: Megatron's MultiTokenPredictionLayer has a
+    _checkpointed_forward it uses under --recompute-granularity full, not priced yet, so
+    under full recompute this over-counts the module's activations (the safe side for "fits")
+    and under-counts its time by one forward of the module."""
+    from planner.cost.compute import gemm_time
+    from planner.cost.moe import _replace
+    L = model.mtp_layers
+    t = c.tp
+    b, sl = c.mbs, c.seq_len // c.cp
+    h = model.hidden
+    kind = k.moe if (k.moe is not None and model.moe_layer(model.num_layers - 1)) else None
+
+    def per_layer(f):
+        return getattr(k, f) + (getattr(kind, f) if kind is not None else 0.0)
+
+    def per_layer_mem(key):
+        return k.mem_layer.get(key, 0.0) + (kind.mem_layer.get(key, 0.0) if kind else 0.0)
+
+    # eh_proj: one (b*sl x 2h) @ (2h x h/t) GEMM (bf16: it runs outside the decoder's
+    # low-precision linears); under sequence parallel its input is all-gathered and, being
+    # column-parallel, its output gathered over tp (gather_from_tensor_model_parallel_region)
+    # and scattered back to the sequence shards; the backward moves the same volumes.
+    eh_f = gemm_time(facts.gpu, b * sl, h / t, 2 * h)
+    eh_b = GEMM_BWD_FACTOR * eh_f
+    eh_comm = 0.0
+    if t > 1:
+        eh_comm = comm.all_gather(act, t, tp_link) + (
+            comm.all_gather(2 * act, t, tp_link) if c.sp else 0.0)
+    emb_f, emb_b = emb
+    head_f, head_b = head
+    fwd = per_layer("fwd_layer") + eh_f + eh_comm + emb_f + head_f
+    bwd = per_layer("bwd_layer") + eh_b + eh_comm + emb_b + head_b
+    # parameters beside the layers: each module's eh_proj shard and three norms, and the one
+    # embedding copy they share (counted here per module: divided by L)
+    extra = 2 * h * h / t + 3 * model.norm_params() + extra_emb / L
+    dp = c.dp_cp
+    we, ge, oe = model_state_bytes(extra, dp, c.zero, **states)
+    ze = dp_collectives(c.zero, engine, dp, dp_link, states["grad_bytes"] * extra, 0.0,
+                        facts.compute_elem_bytes * extra, 0.0)
+    local = extra / dp if c.zero >= 1 else extra
+    saved = MTP_SAVED_HIDDENS * BF16 * b * sl * h / (t if c.sp and t > 1 else 1)
+    mem_fixed = dict(k.mem_fixed)
+    for key, add in (("params", we), ("grads", ge), ("optimizer", oe)):
+        mem_fixed[key] = mem_fixed.get(key, 0.0) + L * (per_layer_mem(key) + add)
+    mem_fixed["activations"] = mem_fixed.get("activations", 0.0) + L * (
+        per_layer_mem("activations") + saved * infl + logits)
+    if c.zero == 3 and dp > 1:   # the gathered eh_proj and embedding copy, as the head's
+        mem_fixed["other"] = mem_fixed.get("other", 0.0) + L * (
+            facts.compute_elem_bytes + states["grad_bytes"]) * extra
+    return _replace(k, mem_fixed=mem_fixed,
+                   compute_fixed=k.compute_fixed + L * (fwd + bwd),
+                   fwd_fixed=k.fwd_fixed + L * fwd, bwd_fixed=k.bwd_fixed + L * bwd,
+                   opt_fixed=k.opt_fixed + L * (per_layer("opt_layer")
+                                                + facts.optimizer_time(local)),
+                   **{f"{x}_fixed": getattr(k, f"{x}_fixed") + L * (per_layer(f"{x}_layer")
+                                                                    + ze[f"{x}_fixed"])
+                      for x in ("zf", "zb", "grad", "gather")})
 
 
 def model_flops_per_step(model: Model, seq_len: int, global_batch: int) -> float:
@@ -447,16 +538,22 @@ def model_flops_per_step(model: Model, seq_len: int, global_batch: int) -> float
     6 x matmul parameters x tokens + non-causal attention 12*B*s^2*h per layer; for GPT this is
     72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) (Narayanan et al. 2021, Appendix). The attention
     term takes the model's attention width and window (compute.attention_width,
-    mean_attended_keys: s keys a query, fewer under a sliding window)."""
+    mean_attended_keys: s keys a query, fewer under a sliding window).
+
+    MTP modules count as Megatron's num_floating_point_operations counts them
+    (megatron/training/training.py, transformer_flops): each adds one layer of the last
+    layer's kind (attention and MLP or MoE), its norms and eh_proj (3h + 2h^2 per token) and
+    one more output logit GEMM (V*h x (mtp_num_layers + 1))."""
     tokens = seq_len * global_batch
-    matmul = model.num_layers * (model.attn_matmul_params() + model.mlp_matmul_params()) \
-        + model.vocab_size * model.hidden
+    dense = model.attn_matmul_params() + model.mlp_matmul_params()
+    mtp = model.mtp_layers
+    matmul = model.num_layers * dense + model.vocab_size * model.hidden * (1 + mtp)
     if model.is_moe:   # an MoE layer's token runs its router, shared and top-k experts
         from planner.cost.moe import flops_per_token_layer
-        q = model.num_moe_layers
-        matmul += q * (flops_per_token_layer(model)
-                       - model.attn_matmul_params() - model.mlp_matmul_params())
-    attn = (model.num_layers * 12.0 * global_batch * seq_len
+        q = model.num_moe_layers + (mtp if model.moe_layer(model.num_layers - 1) else 0)
+        matmul += q * (flops_per_token_layer(model) - dense)
+    matmul += mtp * (dense + 3 * model.hidden + 2 * model.hidden * model.hidden)
+    attn = ((model.num_layers + mtp) * 12.0 * global_batch * seq_len
             * mean_attended_keys(model, seq_len, causal=False) * attention_width(model))
     return 6.0 * matmul * tokens + attn
 

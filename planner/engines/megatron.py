@@ -46,9 +46,9 @@ from planner.engines.validation import validation_of
 
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",
-    # what planner.export.megatron writes of the model's attention (its _attention); MTP
-    # layers not yet
-    model_features=("head_dim", "mla", "sliding_window", "sinks"),
+    # what planner.export.megatron writes of the model's attention and MTP modules (its
+    # _attention: --mtp-num-layers)
+    model_features=("head_dim", "mla", "sliding_window", "sinks", "mtp"),
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     max_tp=None, sp_choices=(False, True),
     schedules=("1f1b", "interleaved"), stage_layers=ANY_SPLIT,

@@ -69,13 +69,17 @@ def first_last_split(num_layers: int, pp: int, vpp: int, first, last):
     return [per_rank[i % pp] // vpp for i in range(pp * vpp)]
 
 
-def layout_string(counts: list) -> str:
-    """--pipeline-model-parallel-layout for per-virtual-stage decoder counts."""
+def layout_string(counts: list, mtp: int = 0) -> str:
+    """--pipeline-model-parallel-layout for per-virtual-stage decoder counts; `mtp` MTP layers
+    ("m", megatron/core/transformer/pipeline_parallel_layer_layout.py) before the loss on the
+    last virtual stage, where the planner prices them (planner.cost.stage) and where
+    Megatron-Core puts them without a layout (multi_token_prediction.py mtp_on_this_rank)."""
     stages = []
     for i, n in enumerate(counts):
         s = "E" if i == 0 else ""
         s += "" if n == 0 else ("t" if n == 1 else f"t*{n}")
         if i == len(counts) - 1:
+            s += "" if mtp == 0 else ("m" if mtp == 1 else f"m*{mtp}")
             s += "L"
         stages.append(s)
     return "|".join(stages)
@@ -103,7 +107,7 @@ def _pipeline(plan: Plan, args: list, notes: list) -> None:
                 args.append(("--num-virtual-stages-per-pipeline-rank", vpp))
             return
     # The layout sets the virtual pipeline size itself (stages / pp); no other vpp flag with it.
-    args.append(("--pipeline-model-parallel-layout", layout_string(counts)))
+    args.append(("--pipeline-model-parallel-layout", layout_string(counts, m.mtp_layers)))
     notes.append(f"stages hold {fmt_list(counts)} layers (virtual-stage order): "
                  "--pipeline-model-parallel-layout")
 
@@ -153,7 +157,8 @@ def _attention(m, args: list) -> None:
     (--qk-head-dim the no-rope part, --qk-pos-emb-head-dim the rope part; --qk-layernorm the
     norms on its low-rank latents); --window-size "left,right" with --window-attn-skip-freq N,
     one full-attention layer after N-1 windowed ones, as the model's full_attention_interval;
-    --softmax-type learnable: a learned sink logit per head (GPT-OSS)."""
+    --softmax-type learnable: a learned sink logit per head (GPT-OSS); --mtp-num-layers N: the
+    model's multi-token prediction modules."""
     if m.head_dim_override:
         args.append(("--kv-channels", m.head_dim))
     if m.is_mla:
@@ -169,6 +174,10 @@ def _attention(m, args: list) -> None:
             args.append(("--window-attn-skip-freq", m.full_attention_interval))
     if m.attention_sinks:
         args.append(("--softmax-type", "learnable"))
+    if m.mtp_layers:
+        # multi-token prediction modules on the last pipeline stage (megatron/core/transformer/
+        # multi_token_prediction.py), each one decoder layer of the last layer's kind
+        args.append(("--mtp-num-layers", m.mtp_layers))
 
 
 def _model(plan: Plan, args: list, notes: list) -> None:
