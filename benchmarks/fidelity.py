@@ -258,10 +258,9 @@ MOE_NOTES = """Notes.
   rope/nope head dims 64/128), 3 dense layers, a shared expert and one MTP layer.
 - MTP: every DeepSeek-V3 row ran with one multi-token-prediction layer (Megatron-Bridge
   recipes/deepseek/deepseek_v3.py mtp_num_layers=1, not overridden by the performance configs;
-  the rows carry `model_overrides.mtp_layers = 1` and `mtp_source`). On this branch the
-  planner's cost model (planner/cost) does not read mtp_layers yet, so the MTP layer (about
-  1/61 of the layers plus one more output head) is in neither the step time nor the memory of
-  these DeepSeek predictions: they would be slower with it.
+  the rows carry `model_overrides.mtp_layers = 1` and `mtp_source`). The planner prices it
+  on the last pipeline rank (planner/cost/stage.py: one more layer of the last kind, eh_proj,
+  norms, another head and its logits) and counts its FLOPs as Megatron does.
 - TP communication overlap: the only rows with tp > 1 (H100 Qwen3-235B, H100 DeepSeek-V3) ran
   without it (their performance recipes set CommOverlapConfig(tp_comm_overlap=False); the rows'
   `tp_comm_overlap_source`), so fixed.tp_comm_overlap is false there.
