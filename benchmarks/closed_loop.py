@@ -345,8 +345,8 @@ GAPS = """## What the prediction does not capture (CPU runtime)
 - **Runtime work outside the measured pieces:** per-step zero_grad, the gradient-norm pass
   (a `.cpu()` per parameter), the loss all-reduce, data slicing, Python per micro-batch; the
   `torch.distributed.pipelining` schedule's own overhead (modelled only as p2p alpha-beta).
-- **Data parallel:** the runtime's ZeRO-0/1 all-reduce runs after the whole backward (nothing
-  overlaps), the planner hides it behind the last backward; ZeRO-1 is an all-reduce plus
+- **Data parallel:** the runtime's ZeRO-0/1 all-reduce overlaps the last micro-batch's backward
+  in buckets, as the planner prices it (runtime/parallelize.py GradAllReduce); ZeRO-1 is an all-reduce plus
   broadcasts in the runtime, a reduce-scatter plus all-gather in the planner; ZeRO-2/3 is FSDP2
   (per-layer hooks, gloo collectives) whose hook overhead is not measured.
 - **Tensor parallel:** measured, not modelled: the embedding's and the vocabulary-parallel
