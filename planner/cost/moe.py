@@ -119,8 +119,10 @@ def dispatcher(model: Model, cluster: Cluster, b: int, s: int, tp: int, ep: int,
 def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
               allowed=DISPATCHERS, imbalance: float = BALANCED,
               capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
-              lp=None) -> MoeLayer:
-    """`gpu`: the GPU as the engine drives it (planner.engines.facts.engine_gpu)."""
+              lp=None, act_bytes: float = BF16) -> MoeLayer:
+    """`gpu`: the GPU as the engine drives it (planner.engines.facts.engine_gpu);
+    `act_bytes`: the width of a saved activation element (the engine facts'
+    compute_elem_bytes: fp32 where the engine computes in fp32, as our runtime on CPUs)."""
     h, E, k, f = model.hidden, model.num_experts, model.experts_per_token, model.moe_ffn_hidden
     T = tokens_in(b, s, tp)
     # the slowest rank's share: imbalance, or a capacity factor's padding (dropless: none)
@@ -159,8 +161,8 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     # (gated: gate, up, activation output), the expert outputs before combine, the router's
     # fp32 probabilities; the shared expert like a dense MLP (its input is the MLP input the
     # dense terms already count)
-    mlp_act = (6 if model.gated_mlp else 4)
-    saved = (BF16 * rows * h + mlp_act * rows * f / etp + BF16 * T * k * h
+    mlp_act = (3 if model.gated_mlp else 2) * act_bytes
+    saved = (act_bytes * rows * h + mlp_act * rows * f / etp + act_bytes * T * k * h
              + FP32 * T * E + mlp_act * b * s * sf / tp)
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
                     dense_params, saved, per_expert)
@@ -186,15 +188,17 @@ def dense_mlp_fwd(model: Model, gpu, b: int, s: int, tp: int, lp=None,
     return gemm, elem
 
 
-def dense_mlp_saved(model: Model, b: int, s: int, tp: int, mode: str) -> float:
+def dense_mlp_saved(model: Model, b: int, s: int, tp: int, mode: str,
+                    act_bytes: float = BF16) -> float:
     """Saved bytes of a dense layer's MLP intermediates under `mode` (planner.cost.memory:
-    activation_terms' mlp term; op_saved_terms keeps w1's output): what an MoE layer replaces."""
+    activation_terms' mlp term; op_saved_terms keeps w1's output): what an MoE layer replaces.
+    `act_bytes` as in moe_layer (the facts scale the dense terms the same way)."""
     f = model.ffn_hidden
     if mode == "full":
         return 0.0
     if mode == "op":
-        return b * s * 2 * f / tp
-    return b * s * (6 * f if model.gated_mlp else 4 * f) / tp
+        return b * s * f * act_bytes / tp
+    return b * s * (3 * f if model.gated_mlp else 2 * f) * act_bytes / tp
 
 
 # StageCoeffs fields that are per layer (what a layer kind changes)
@@ -215,7 +219,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
     ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, engine.moe_dispatchers,
-                   elementwise_traffic=engine.elementwise_traffic, lp=lp)
+                   elementwise_traffic=engine.elementwise_traffic, lp=lp,
+                   act_bytes=facts.compute_elem_bytes)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
     d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem
@@ -245,9 +250,10 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     # activations: the dense MLP's saved intermediates replaced by the MoE layer's
     act_none_d = facts.activation_bytes(model, b, s, t, c.sp, "none", c.flash, lp=lp)
     act_rec_d = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, c.flash, lp=lp)
-    act_none = act_none_d - dense_mlp_saved(model, b, s, t, "none") + ml.activation_bytes
+    eb = facts.compute_elem_bytes
+    act_none = act_none_d - dense_mlp_saved(model, b, s, t, "none", eb) + ml.activation_bytes
     act_rec = act_rec_d if c.recompute in ("full", "none") else (
-        act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute) + ml.activation_bytes)
+        act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute, eb) + ml.activation_bytes)
     if c.recompute == "none":
         act_rec = act_none
     dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
