@@ -16,6 +16,7 @@ import sys
 from planner.bounds import MAX_INT_ARG
 from planner.catalog import get_cluster, get_model
 from planner.cost.context import CP_COMM_TYPES
+from planner.cost.moe import DISPATCHERS
 from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
 from planner.explain import alternatives, describe_candidate, ensure_estimate, render
@@ -106,6 +107,13 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
                    help="price and export the TP collectives exposed (default: overlapped with "
                         "the GEMMs where the engine offers it, Megatron-Core --tp-comm-overlap)")
+    p.add_argument("--moe-dispatcher", choices=DISPATCHERS,
+                   help="MoE token dispatcher (default: the cheapest the engine has; Megatron: "
+                        "alltoall, allgather, or flex, DeepEP's node-deduplicated dispatch)")
+    p.add_argument("--no-ep-comm-overlap", dest="ep_comm_overlap", action="store_false",
+                   help="price and export the EP all-to-alls exposed (default: overlapped "
+                        "across micro-batches where the engine offers it and the layout "
+                        "allows, Megatron-Core --overlap-moe-expert-parallel-comm)")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
                    help="GiB per GPU kept free below what the allocator may reserve "
                         "(default: 3%% of the GPU's memory)")
@@ -124,7 +132,8 @@ def _fixed(a) -> Fixed:
                  recompute=a.recompute, sp=a.sp, schedule=schedule,
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
                  ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
-                 tp_comm_overlap=a.tp_comm_overlap)
+                 tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,
+                 ep_comm_overlap=a.ep_comm_overlap)
 
 
 def _engine_of(a):

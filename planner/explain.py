@@ -39,6 +39,9 @@ def summary_line(plan: Plan) -> str:
     parts = [f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"zero={p.zero_stage}"]
     if plan.model.is_moe:
         parts.insert(3, _experts(plan.model, p.tp, p.dp, p.ep, p.etp))
+    if plan.model.is_moe and p.moe_dispatcher:
+        parts.insert(4, f"dispatch={p.moe_dispatcher}"
+                     + ("+ep-comm-overlap" if p.ep_comm_overlap else ""))
     if p.cp > 1:
         parts.insert(1, f"cp={p.cp}({p.cp_comm_type})")
     if p.tp > 1:

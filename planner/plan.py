@@ -6,9 +6,12 @@ Layout of `schema_version` 1:
     cluster     {name, num_gpus, gpus_per_node, nvlink_domain, gpu, gpu_memory_gib,
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
-                 schedule, recompute, rank_order, tp_comm_overlap}   (ep, etp: 1 when absent;
+                 schedule, recompute, rank_order, tp_comm_overlap, moe_dispatcher,
+                 ep_comm_overlap}   (ep, etp: 1 when absent;
                  cp_comm_type "p2p" when absent: how a cp > 1 group exchanges K/V,
-                 planner.cost.context; tp_comm_overlap false when absent)
+                 planner.cost.context; tp_comm_overlap, ep_comm_overlap false when absent;
+                 moe_dispatcher "" when absent: the MoE token dispatcher priced,
+                 planner.cost.moe, "" for a dense model)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -45,6 +48,7 @@ from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.errors import BadInput
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model, read_json_object
+from planner.cost.moe import DISPATCHERS
 from planner.validity import plan_problems
 
 SCHEMA_VERSION = 1
@@ -75,6 +79,12 @@ class Parallelism:
     # the TP collectives overlapped with the layer's GEMMs (Megatron-Core --tp-comm-overlap,
     # tp > 1 with sequence parallelism); False in plans from before it
     tp_comm_overlap: bool = False
+    # MoE: the token dispatcher the plan was priced with (planner.cost.moe.DISPATCHERS; "" for
+    # a dense model, and in plans from before it: the export then takes the cheapest) and the
+    # EP all-to-alls overlapped across micro-batches (Megatron-Core
+    # --overlap-moe-expert-parallel-comm; False in plans from before it)
+    moe_dispatcher: str = ""
+    ep_comm_overlap: bool = False
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -230,6 +240,8 @@ class Plan:
             bad(f"sequence_parallel must be true or false, got {S.show(p.sequence_parallel)}")
         if not isinstance(p.tp_comm_overlap, bool):
             bad(f"tp_comm_overlap must be true or false, got {S.show(p.tp_comm_overlap)}")
+        if not isinstance(p.ep_comm_overlap, bool):
+            bad(f"ep_comm_overlap must be true or false, got {S.show(p.ep_comm_overlap)}")
         if p.tp_comm_overlap and not (p.sequence_parallel and p.tp > 1):
             bad("tp_comm_overlap needs tp > 1 with sequence_parallel (Megatron-Core "
                 "--tp-comm-overlap)")
@@ -276,7 +288,9 @@ PARALLELISM = S.Obj({
     "ep": (S.Int(1, B.MAX_GPUS), 1), "etp": (S.Int(1, B.MAX_GPUS), 1),
     "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 4), list(RANK_ORDER)),
     "cp_comm_type": (S.Enum(*CP_COMM_TYPES), "p2p"),
-    "tp_comm_overlap": (S.Bool(), False)})
+    "tp_comm_overlap": (S.Bool(), False),
+    "moe_dispatcher": (S.Enum("", *DISPATCHERS), ""),
+    "ep_comm_overlap": (S.Bool(), False)})
 
 
 def with_cp(order: tuple) -> tuple:

@@ -29,7 +29,7 @@ from ortools.sat.python import cp_model
 
 from planner import validity as V
 from planner.bounds import divisors
-from planner.cost.moe import layer_kinds
+from planner.cost.moe import candidate_dispatcher, layer_kinds
 from planner.cost import comm
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
@@ -82,6 +82,12 @@ class Fixed:
     # TP collectives overlapped with the GEMMs where the engine offers it (tp > 1 with sp);
     # False: priced and exported without (plan --no-tp-comm-overlap)
     tp_comm_overlap: bool = True
+    # MoE: the token dispatcher (None: the cheapest the engine has, planner.cost.moe) and the
+    # EP all-to-alls overlapped across micro-batches where the engine offers it and the layout
+    # allows (planner.validity.ep_comm_overlap_blockers); False: priced and exported without
+    # (plan --no-ep-comm-overlap)
+    moe_dispatcher: str | None = None
+    ep_comm_overlap: bool = True
 
 
 @dataclass
@@ -155,6 +161,9 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
                 engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
     eng = get_engine(engine)
+    if f.moe_dispatcher and model.is_moe and f.moe_dispatcher not in eng.moe_dispatchers:
+        raise BadInput(f"engine {eng.name} has no {f.moe_dispatcher} token dispatcher (it has: "
+                       f"{', '.join(eng.moe_dispatchers) or 'none'})")
     if model.is_moe and not eng.moe_dispatchers:
         raise BadInput(f"engine {eng.name} runs no mixture-of-experts layers as the planner "
                        f"prices them (model {model.name}: {model.num_experts} experts); "
@@ -364,6 +373,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                     scheds.append((sch, 1))
         recs = searched_recompute(engine, f)
         experts = expert_layouts(model, f, engine, tp, dp, cp)
+        dispatcher_fixed = (f.moe_dispatcher or "") if model.is_moe else ""
         if model.is_moe:
             if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
                 sps = [x for x in sps if x]
@@ -384,17 +394,34 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                     for sp in sps:
                         if sp and tp == 1:
                             continue
-                        for rec in recs:
-                            for ep, etp in experts:
-                                if not engine.ep_layout_ok(ep, etp, tp, zero, model.is_moe):
-                                    continue
+                        for ep, etp in experts:
+                            if not engine.ep_layout_ok(ep, etp, tp, zero, model.is_moe):
+                                continue
+                            for rec, overlap in _recompute_and_ep_overlap(
+                                    recs, f, engine, ep, pp, sch, dispatcher_fixed):
                                 out.append(Candidate(
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                     seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
                                     recompute=rec, flash=f.flash, precision=f.precision,
                                     recipe=f.recipe, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp,
                                     tp_comm_overlap=(f.tp_comm_overlap and sp
-                                                     and engine.tp_comm_overlap)))
+                                                     and engine.tp_comm_overlap),
+                                    moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap))
+    return out
+
+
+def _recompute_and_ep_overlap(recs, f: Fixed, engine: Engine, ep: int, pp: int, sch: str,
+                              dispatcher_fixed: str) -> list:
+    """(recompute, ep_comm_overlap) pairs of a layout: each searched recompute, with the EP
+    overlap where the engine offers it and the layout allows; Megatron's overlap excludes
+    full recompute, so a layout recomputing "full" (any number of layers, 0 included) gets a
+    "none" twin with the overlap beside it."""
+    def allowed(rec):
+        return (f.ep_comm_overlap and engine.ep_comm_overlap and not V.ep_comm_overlap_blockers(
+            ep, pp, sch, rec, dispatcher_fixed or "alltoall"))
+    out = [(rec, allowed(rec)) for rec in recs]
+    if "none" not in recs and f.recompute is None and allowed("none"):
+        out.append(("none", True))
     return out
 
 
@@ -1058,6 +1085,9 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
     par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, cp_comm_type=c.cp_comm,
                       ep=c.ep, etp=c.etp, zero_stage=c.zero, sequence_parallel=c.sp,
                       tp_comm_overlap=c.tp_comm_overlap,
+                      moe_dispatcher=(candidate_dispatcher(model, cluster, c, engine)
+                                      if model.is_moe else ""),
+                      ep_comm_overlap=c.ep_comm_overlap,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
@@ -1085,4 +1115,5 @@ def candidate_of(plan: Plan) -> Candidate:
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
                      flash=plan.attention == "flash", precision=plan.precision,
                      recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
-                     tp_comm_overlap=p.tp_comm_overlap)
+                     tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=p.moe_dispatcher,
+                     ep_comm_overlap=p.ep_comm_overlap)

@@ -155,6 +155,24 @@ def ep_ok(model, ep: int, etp: int, tp: int, dp: int, cp: int = 1) -> bool:
     return not ep_blockers(model, ep, etp, tp, dp, cp)
 
 
+def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
+                             dispatcher: str) -> list:
+    """Why Megatron-Core cannot overlap the EP all-to-alls across micro-batches
+    (--overlap-moe-expert-parallel-comm) in this layout, as phrases: its checks in
+    megatron/core/transformer/transformer_config.py (expert parallelism, the alltoall or flex
+    dispatcher, no full recompute, virtual pipeline stages when pp > 1)."""
+    out = []
+    if ep <= 1:
+        out.append("needs expert parallelism (ep > 1)")
+    if dispatcher not in ("alltoall", "flex"):
+        out.append(f"runs with the alltoall or flex dispatcher, not {dispatcher or 'none'}")
+    if recompute == "full":
+        out.append("does not run with full recompute")
+    if pp > 1 and schedule != "interleaved":
+        out.append("needs the interleaved schedule when pp > 1")
+    return out
+
+
 def batch_ok(global_batch: int, dp: int, mbs: int = 1) -> bool:
     """The global batch splits into dp ranks of micro-batches of mbs sequences."""
     return global_batch % (dp * mbs) == 0
@@ -209,6 +227,11 @@ def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) 
         out.append(RUNTIME_NO_CP.format(cp=p.cp))
     out += cp_problems(m, b.seq_len, p.tp, p.cp, p.cp_comm_type, plan.attention == "flash")
     out += ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp)
+    if p.ep_comm_overlap:
+        out += [f"ep_comm_overlap {why}" for why in ep_comm_overlap_blockers(
+            p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher)]
+    if p.moe_dispatcher and not m.is_moe:
+        out.append(f"moe_dispatcher {p.moe_dispatcher} on a model without experts")
     if p.vpp > 1 and p.schedule != "interleaved":
         out.append("vpp > 1 needs the interleaved schedule")
     if p.vpp > 1 and p.pp == 1:

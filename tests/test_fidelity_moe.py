@@ -8,14 +8,13 @@ import pytest
 from benchmarks import fidelity
 from planner.catalog import get_model
 
-# A regression guard, not the target: the median |error| of the table as measured when the
-# catalog models (head_dim, MLA, sliding windows, sinks) and FP8/MXFP8 pricing were first
-# applied to these rows (benchmarks/results/fidelity_moe_2026-12-01.md: 30.4% over the 10
-# BF16 rows, 34.7% over all 42), rounded up. Issue 11's target is
-# fidelity.MOE_MEDIAN_TARGET_PCT (15%); nothing was fitted on these rows, so lowering these
-# bounds needs better physics, never a constant chosen on them.
-BF16_MEDIAN_GUARD_PCT = 31.0
-ALL_MEDIAN_GUARD_PCT = 35.0
+# Regression guards: the median |error| of the table as measured with the flex (DeepEP)
+# dispatcher, the EP all-to-all overlap and the per-MoE-layer host overhead
+# (benchmarks/results/fidelity_moe_2026-12-01.md: 20.9% over the 10 BF16 rows, 12.6% over all
+# 42), rounded up. The overhead is fitted on the fidelity.MOE_FIT_RELEASES rows; issue 11's
+# target (fidelity.MOE_MEDIAN_TARGET_PCT, 15%) is checked on the rows held out of that fit.
+BF16_MEDIAN_GUARD_PCT = 21.0
+ALL_MEDIAN_GUARD_PCT = 13.0
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +85,26 @@ def test_median_error_guard(table):
     assert len(bf16) == 10 and len(everything) == 42
     assert statistics.median(bf16) <= BF16_MEDIAN_GUARD_PCT
     assert statistics.median(everything) <= ALL_MEDIAN_GUARD_PCT
+
+
+def test_held_out_rows_meet_the_target(table):
+    """Issue 11's target on the rows the host overhead was not fitted on."""
+    _, rows = table
+    held = [abs(r["error_pct"]) for r in rows if r["fit"] == "held out"]
+    assert len(held) == 29
+    assert statistics.median(held) <= fidelity.MOE_MEDIAN_TARGET_PCT
+
+
+def test_rows_name_their_dispatcher_and_overlap_with_a_source(runs):
+    """The dispatcher and EP overlap a row is priced with are its recipe's, cited; the rows
+    that name none leave the planner's choice (only where the ep group sits inside a node, so
+    every dispatcher prices the same)."""
+    for r in runs:
+        f = r["fixed"]
+        if "moe_dispatcher" in f:
+            assert f["moe_dispatcher"] in ("alltoall", "flex") and r["moe_comm_source"]
+            assert isinstance(f["ep_comm_overlap"], bool)
+            # Megatron refuses the overlap without vpp under pp > 1 (transformer_config.py)
+            assert not f["ep_comm_overlap"] or f["pp"] == 1 or f.get("vpp", 1) > 1, r["id"]
+        else:
+            assert f["ep"] * f.get("etp", 1) <= r["gpus_per_node"], r["id"]

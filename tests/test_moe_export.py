@@ -47,6 +47,12 @@ def moe_parser():
     a("--moe-grouped-gemm", action="store_true")
     a("--moe-token-dispatcher-type", type=str, default="allgather",
       choices=["allgather", "alltoall", "flex"])
+    # megatron-core >= 0.15 (TransformerConfig fields as flags): the flex dispatcher's backend,
+    # and the EP all-to-all overlap across micro-batches (>= 0.14, megatron/core/transformer/moe/
+    # README.md "Batch-level overlapping to hide EP-A2A communication")
+    a("--moe-flex-dispatcher-backend", type=str, default="deepep", choices=["deepep", "hybridep"])
+    a("--overlap-moe-expert-parallel-comm", action="store_true")
+    a("--delay-wgrad-compute", action="store_true")
     return ap
 
 
@@ -91,6 +97,17 @@ def check_megatron_moe(plan):
     assert a.tensor_model_parallel_size == p.tp and a.pipeline_model_parallel_size == p.pp
     # Megatron's MoE parallel folding: ep x etp divides tp x dp (x cp)
     assert (p.tp * p.dp) % (p.ep * p.etp) == 0
+    # the dispatcher and EP overlap the plan was priced with, and Megatron's own checks of the
+    # overlap (transformer_config.py: ep > 1, alltoall/flex, no full recompute, vpp with pp)
+    if p.moe_dispatcher:     # a hand-made plan without one: the export takes the cheapest
+        assert a.moe_token_dispatcher_type == p.moe_dispatcher
+    assert a.overlap_moe_expert_parallel_comm == p.ep_comm_overlap
+    assert a.delay_wgrad_compute == p.ep_comm_overlap
+    if a.overlap_moe_expert_parallel_comm:
+        assert a.expert_model_parallel_size > 1
+        assert a.moe_token_dispatcher_type in ("alltoall", "flex")
+        assert a.recompute_granularity != "full"
+        assert a.pipeline_model_parallel_size == 1 or a.num_virtual_stages_per_pipeline_rank
     return a
 
 

@@ -41,13 +41,18 @@ _with_mtp_modules).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from planner.cost import comm
 from planner.cost.compute import BF16, gemm_time
 from planner.specs import Cluster, Model
 
-DISPATCHERS = ("alltoall", "allgather")
+DISPATCHERS = ("alltoall", "allgather", "flex")
+# the dispatchers that Megatron-Core's EP communication overlap runs with
+# (megatron/core/transformer/transformer_config.py: overlap_moe_expert_parallel_comm "is
+# supported with alltoall/flex token dispatcher")
+OVERLAPPABLE_DISPATCHERS = ("alltoall", "flex")
 # Balanced routing (moe_router_force_load_balancing, the benchmark rows): the busiest rank gets
 # exactly its share. A real run's imbalance is the user's figure (see module docstring).
 BALANCED = 1.0
@@ -87,13 +92,49 @@ class MoeLayer:
     tokens_per_expert: float
 
 
+def remote_domains_per_token(num_experts: int, k: int, domains: int) -> float:
+    """Expected number of NVLink domains other than its own that one token's k experts lie
+    in: k distinct experts drawn uniformly from `num_experts` spread evenly over `domains`
+    (balanced routing, as the benchmarks force it), a given domain holding none of them with
+    probability C(E - E/d, k) / C(E, k)."""
+    if domains <= 1:
+        return 0.0
+    per = num_experts // domains
+    miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
+    return (domains - 1) * (1.0 - miss)
+
+
+def flex_all_to_all(model: Model, cluster: Cluster, T: float, ep: int, etp: int,
+                    imbalance: float) -> float:
+    """One dispatch (or combine) of Megatron's flex dispatcher (--moe-token-dispatcher-type
+    flex with DeepEP or HybridEP: megatron/core/transformer/moe/fused_a2a.py): across NVLink
+    domains a token is sent once to each other domain holding one of its experts, over the
+    NICs (RDMA), and copied there over NVLink to the GPUs holding them (DeepEP, "normal"
+    internode kernels: NVLink forwarding of RDMA-received tokens), where NCCL's all-to-all
+    sends every one of its k copies. Inside one domain it moves what the all-to-all moves."""
+    h, k = model.hidden, model.experts_per_token
+    x = imbalance * BF16 * T * k * h
+    d = cluster.nvlink_domain
+    span = ep * etp
+    if span <= d and d % span == 0:
+        return comm.all_to_all(x, ep, cluster, stride=etp)
+    gpu = cluster.gpu
+    members = max(1, min(ep, math.gcd(span, d) // etp))    # ep ranks sharing a domain
+    remote = remote_domains_per_token(model.num_experts, k, ep // members)
+    inter = imbalance * BF16 * T * h * remote / (gpu.internode_gbps_per_gpu * 1e9)
+    intra = (members - 1) / members * x / (gpu.nvlink_p2p_gbps * 1e9)
+    return max(inter, intra) + gpu.internode_latency_us * 1e-6
+
+
 def _dispatch_comm(model: Model, cluster: Cluster, T: float, tp: int, ep: int, etp: int,
                    imbalance: float, dispatcher: str) -> float:
     """Forward seconds of dispatch + combine for one layer (backward moves the same)."""
     h, k = model.hidden, model.experts_per_token
-    if dispatcher == "alltoall":
+    if dispatcher in ("alltoall", "flex"):
         # all-to-all over ep ranks etp apart: T*k token copies out, as many back
-        a2a = comm.all_to_all(imbalance * BF16 * T * k * h, ep, cluster, stride=etp)
+        a2a = (comm.all_to_all(imbalance * BF16 * T * k * h, ep, cluster, stride=etp)
+               if dispatcher == "alltoall" else
+               flex_all_to_all(model, cluster, T, ep, etp, imbalance))
         t = 2 * a2a
         if etp > 1:   # tokens gathered over the etp group for the sharded experts, and back
             link = comm.group_link(cluster, etp, 1)
@@ -114,6 +155,35 @@ def dispatcher(model: Model, cluster: Cluster, b: int, s: int, tp: int, ep: int,
     options = [d for d in DISPATCHERS if d in allowed] or ["alltoall"]
     return min(options, key=lambda d: (_dispatch_comm(model, cluster, T, tp, ep, etp,
                                                       imbalance, d), d != "alltoall"))
+
+
+def allowed_dispatchers(c, engine) -> tuple:
+    """The dispatchers a candidate may be priced with: the one the user fixed, else the
+    engine's; under EP communication overlap only those it runs with."""
+    allowed = (c.moe_dispatcher,) if c.moe_dispatcher else tuple(engine.moe_dispatchers)
+    if c.ep_comm_overlap:
+        allowed = tuple(d for d in allowed if d in OVERLAPPABLE_DISPATCHERS)
+    return allowed
+
+
+def candidate_dispatcher(model: Model, cluster: Cluster, c, engine) -> str:
+    """The dispatcher a candidate is priced with (what a plan records and an export names)."""
+    return dispatcher(model, cluster, c.mbs, c.seq_len // c.cp, c.tp, c.ep, c.etp,
+                      allowed_dispatchers(c, engine))
+
+
+def overlapped_ep_comm(ep_fwd: float, fwd: float, bwd: float, slowdown: float) -> float:
+    """Seconds of one layer's dispatch + combine (`ep_fwd` each pass) left exposed when
+    Megatron-Core overlaps them across micro-batches (--overlap-moe-expert-parallel-comm,
+    megatron/core/pipeline_parallel/combined_1f1b.py: the forward of one micro-batch and the
+    backward of another run as one step, the forward's all-to-alls beside the backward's
+    compute and the backward's beside the forward's): what sticks out of the other pass's
+    compute, plus the slowdown of the compute it runs beside (the GPU's overlap_slowdown, as
+    for every overlapped collective)."""
+    out = 0.0
+    for beside in (bwd, fwd):
+        out += max(0.0, ep_fwd - beside) + slowdown * min(ep_fwd, beside)
+    return out
 
 
 def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
@@ -218,18 +288,22 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
-    ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, engine.moe_dispatchers,
+    ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, allowed_dispatchers(c, engine),
                    elementwise_traffic=engine.elementwise_traffic, lp=lp,
                    act_bytes=facts.compute_elem_bytes)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
-    d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem
+    # dropless routing stalls the host once per MoE layer forward (the engine's
+    # moe_layer_overhead_s; planner.engines.spec): in forward and in a recomputed forward
+    d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + engine.moe_layer_overhead_s
     d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
              + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - dm_elem))
     # a recomputed layer runs its forward again: "full" all of it, dispatch included
     d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(c.recompute, 0.0)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" else 0.0
+    # what the dispatch and combine add to the layer's forward and backward pass
+    ep_pass = (ep_fwd, ep_fwd)
     # model states: attention, norms, router and shared experts over dp x cp; the routed experts
     # over expert-dp (Megatron's distributed optimizer shards each over its own group)
     edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
@@ -268,12 +342,17 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
+        fwd_pass, bwd_pass = k.fwd_layer + d_fwd, k.bwd_layer + d_bwd
+        ep_f, ep_b = ep_pass
+        if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
+            ep_f = ep_b = overlapped_ep_comm(ep_fwd, fwd_pass, bwd_pass,
+                                             gpu.overlap_slowdown) / 2
         changes = dict(
             compute_layer=k.compute_layer + d_fwd + d_bwd,
             compute_rec=k.compute_rec + d_rec,
-            ep_layer=2 * ep_fwd, ep_rec=ep_rec,
-            fwd_layer=k.fwd_layer + d_fwd + ep_fwd,
-            bwd_layer=k.bwd_layer + d_bwd + ep_fwd,
+            ep_layer=ep_f + ep_b, ep_rec=ep_rec,
+            fwd_layer=fwd_pass + ep_f,
+            bwd_layer=bwd_pass + ep_b,
             opt_layer=opt_layer,
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,
                        "activations": act_none * fl},

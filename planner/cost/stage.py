@@ -62,6 +62,11 @@ class Candidate:
     # the TP collectives overlap the layer's GEMMs (Megatron-Core --tp-comm-overlap, with sp):
     # what sticks out of them plus the slowdown they cause is priced (stage_coefficients)
     tp_comm_overlap: bool = False
+    # MoE token dispatcher the user fixed ("": the cheapest the engine has, planner.cost.moe.
+    # dispatcher) and the EP dispatch / combine of one micro-batch run beside another's
+    # compute (Megatron-Core --overlap-moe-expert-parallel-comm; planner.cost.moe)
+    moe_dispatcher: str = ""
+    ep_comm_overlap: bool = False
 
     @property
     def m(self) -> int:

@@ -44,6 +44,14 @@ from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CON
                                   PER_CHUNK, Engine)
 from planner.engines.validation import validation_of
 
+# Host time exposed per MoE layer forward by dropless routing's device-to-host sync
+# (planner.engines.spec.Engine.moe_layer_overhead_s). Least-squares fitted
+# (`python -m benchmarks.fidelity --fit-moe`: mean squared log(predicted / published)) on the
+# 13 Megatron-Bridge MoE rows of its latest two releases, 26.04 and 26.04.01 (H100 and B200;
+# DeepSeek-V3, Qwen3-30B/235B, GPT-OSS-120B); the 29 rows of 25.09, 25.11, 26.02, 26.02.01 and
+# 26.06 are held out (benchmarks/results/fidelity_moe_*.md reports both).
+MOE_LAYER_OVERHEAD_S = 4.73e-3
+
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",
     # what planner.export.megatron writes of the model's attention and MTP modules (its
@@ -56,8 +64,11 @@ MEGATRON = Engine(
     overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
     zero2_gathers_every_microbatch=False,
     # --moe-token-dispatcher-type alltoall | allgather (megatron/core/transformer/moe/
-    # token_dispatcher.py); --expert-tensor-parallel-size any divisor (MoE parallel folding)
-    moe_dispatchers=("alltoall", "allgather"), moe_etp="any",
+    # token_dispatcher.py) | flex with --moe-flex-dispatcher-backend deepep (fused_a2a.py);
+    # --expert-tensor-parallel-size any divisor (MoE parallel folding);
+    # --overlap-moe-expert-parallel-comm (megatron-core >= 0.14)
+    moe_dispatchers=("alltoall", "allgather", "flex"), moe_etp="any", ep_comm_overlap=True,
+    moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,

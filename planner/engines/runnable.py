@@ -41,6 +41,13 @@ def problems(plan, engine: Engine) -> list:
             out.append(f"{e} has no pipeline parallelism (pp={p.pp})")
         elif p.schedule not in engine.schedules:
             out.append(f"{e} has no {p.schedule} schedule")
+    if plan.model.is_moe and p.moe_dispatcher and engine.moe_dispatchers \
+            and p.moe_dispatcher not in engine.moe_dispatchers:
+        out.append(f"{e} has no {p.moe_dispatcher} token dispatcher (it has: "
+                   f"{', '.join(engine.moe_dispatchers)})")
+    if p.ep_comm_overlap and not engine.ep_comm_overlap:
+        out.append(f"{e} does not overlap the EP all-to-alls across micro-batches (plan with "
+                   f"--no-ep-comm-overlap)")
     if p.tp_comm_overlap and not engine.tp_comm_overlap:
         out.append(f"{e} does not overlap TP communication with the GEMMs (plan with "
                    f"--no-tp-comm-overlap)")

@@ -81,6 +81,11 @@ class Engine:
     # all-gathers / reduce-scatters into chunks pipelined with the QKV/FC1 and out-proj/FC2
     # GEMMs; transformer_engine/pytorch/module/base.py initialize_ub)
     tp_comm_overlap: bool = False
+    # the EP dispatch / combine of one micro-batch overlapped with another's compute
+    # (Megatron-Core --overlap-moe-expert-parallel-comm with --delay-wgrad-compute:
+    # megatron/core/pipeline_parallel/combined_1f1b.py); where the layout allows
+    # (planner.validity.ep_comm_overlap_blockers)
+    ep_comm_overlap: bool = False
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it
@@ -104,6 +109,12 @@ class Engine:
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
     elementwise_traffic: float = 1.0  # x the fused element-wise HBM traffic (eager: > 1)
     layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
+    # per MoE layer and forward run (a full recompute runs it again): the host time exposed by
+    # dropless routing's device-to-host copy of the token counts, which the dispatcher waits
+    # for before its all-to-all (megatron/core/transformer/moe/token_dispatcher.py,
+    # _maybe_dtoh_and_synchronize at cuda_sync_point "before_ep_alltoall"): the GPU drains
+    # and then waits on the host for every kernel launched after the sync
+    moe_layer_overhead_s: float = 0.0
     overlap_slowdown: float | None = None   # None: the GPU's figure
     # ---- what memory it keeps ----------------------------------------------------------
     # Bytes per parameter of the persistent states. Megatron/DeepSpeed: bf16 weights, fp32

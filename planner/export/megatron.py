@@ -257,19 +257,21 @@ def _experts(plan: Plan, args: list, notes: list) -> None:
     if not m.is_moe:
         return
     from planner.cost.moe import dispatcher
-    from planner.engines import get_engine
-    engine = get_engine(plan.engine)
     args += [("--num-experts", m.num_experts), ("--moe-router-topk", m.experts_per_token),
              ("--moe-ffn-hidden-size", m.moe_ffn_hidden)]
     if m.shared_expert_ffn_hidden:
         args.append(("--moe-shared-expert-intermediate-size", m.shared_expert_ffn_hidden))
     if m.num_moe_layers != m.num_layers:
         args.append(("--moe-layer-freq", moe_layer_freq(m)))
+    # the plan's dispatcher; a plan from before it recorded one: the cheapest, as then priced
+    disp = p.moe_dispatcher or dispatcher(m, plan.cluster, b.micro_batch_size, b.seq_len // p.cp,
+                                          p.tp, p.ep, p.etp, ("alltoall", "allgather"))
     args += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
-             ("--moe-grouped-gemm", None),
-             ("--moe-token-dispatcher-type",
-              dispatcher(m, plan.cluster, b.micro_batch_size, b.seq_len, p.tp, p.ep, p.etp,
-                         engine.moe_dispatchers))]
+             ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", disp)]
+    if disp == "flex":   # priced as DeepEP's node-deduplicated dispatch (planner.cost.moe)
+        args.append(("--moe-flex-dispatcher-backend", "deepep"))
+    if p.ep_comm_overlap:   # priced overlapped across micro-batches (planner.cost.moe)
+        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     notes.append("MoE priced dropless (no --moe-expert-capacity-factor) with balanced routing, "
                  "as Megatron-Bridge benchmarks run it (--moe-router-force-load-balancing); "
                  "an uneven real routing is slower")

@@ -1,0 +1,146 @@
+"""The MoE token dispatchers and the EP all-to-all overlap: DeepEP's node-deduplicated
+dispatch against a brute-force count, the overlap's bounds, Megatron's own checks of the
+overlap, and the plan / CLI carrying what was priced."""
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.catalog import get_cluster, get_model
+from planner.cost import comm
+from planner.cost.moe import (flex_all_to_all, overlapped_ep_comm, remote_domains_per_token,
+                              tokens_in)
+from planner.errors import BadInput
+from planner.plan import Plan
+from planner.search import Fixed, search, to_plan
+from planner.specs import Model
+from tests.cli_helpers import one_line, run
+from tests.test_moe_planner import tiny_moe
+
+
+def brute_remote_domains(E: int, k: int, d: int) -> float:
+    """Average over every k-subset of E experts (domain of expert e: e // (E/d)) of the domains
+    other than domain 0 (the token's own) that it touches."""
+    per = E // d
+    total = count = 0
+    for experts in itertools.combinations(range(E), k):
+        total += len({e // per for e in experts} - {0})
+        count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("E,k,d", [(8, 2, 2), (12, 3, 4), (16, 4, 4), (16, 8, 8), (12, 1, 3),
+                                   (16, 16, 4)])
+def test_remote_domains_match_the_brute_force_count(E, k, d):
+    assert remote_domains_per_token(E, k, d) == pytest.approx(brute_remote_domains(E, k, d))
+
+
+def mixtral_like(experts=64, k=8):
+    return Model("moe", num_layers=4, hidden=4096, ffn_hidden=14336, num_heads=32,
+                 num_kv_heads=8, vocab_size=32000, max_seq_len=4096, num_experts=experts,
+                 experts_per_token=k, moe_ffn_hidden=2048)
+
+
+def test_flex_inside_a_node_is_the_all_to_all():
+    m, cl = mixtral_like(), get_cluster("h100x64")
+    T = tokens_in(1, 4096, 1)
+    x = 2 * T * m.experts_per_token * m.hidden
+    assert flex_all_to_all(m, cl, T, 8, 1, 1.0) == comm.all_to_all(x, 8, cl)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ep=st.sampled_from([16, 32, 64]), k=st.integers(1, 8))
+def test_flex_across_nodes_never_sends_more_than_nccl(ep, k):
+    """Across nodes DeepEP sends a token once per other node holding its experts: never more
+    bytes over the NICs than NCCL's k copies; with k = 1 there is nothing to deduplicate."""
+    m, cl = mixtral_like(k=k), get_cluster("h100x64")
+    T = tokens_in(1, 4096, 1)
+    nccl = comm.all_to_all(2 * T * k * m.hidden, ep, cl)
+    flex = flex_all_to_all(m, cl, T, ep, 1, 1.0)
+    assert flex <= nccl * (1 + 1e-9)
+    if k == 1:
+        assert flex == pytest.approx(nccl, rel=1e-6)
+    if k >= 2:    # two of a token's experts can share a node: strictly fewer bytes
+        assert flex < nccl
+
+
+@settings(max_examples=50, deadline=None)
+@given(comm_s=st.floats(0, 1), fwd=st.floats(0, 1), bwd=st.floats(0, 2),
+       slow=st.floats(0, 0.5))
+def test_overlap_exposes_at_most_the_serial_comm_and_at_least_its_slowdown(comm_s, fwd, bwd, slow):
+    out = overlapped_ep_comm(comm_s, fwd, bwd, slow)
+    assert out <= 2 * comm_s + 1e-12                  # overlap only hides time
+    assert out >= 2 * slow * min(comm_s, fwd, bwd) - 1e-12
+    if fwd >= comm_s and bwd >= comm_s:               # fully covered: only the slowdown
+        assert out == pytest.approx(2 * slow * comm_s)
+    if fwd == bwd == 0:                               # nothing to hide behind
+        assert out == pytest.approx(2 * comm_s)
+
+
+@pytest.fixture(scope="module")
+def overlap_pair():
+    """The same small MoE problem searched with and without the EP overlap."""
+    m, cl = tiny_moe(layers=8, first_dense=0, experts=8), get_cluster("h100x16")
+    with_ = search(m, cl, Fixed(pp=1), seq_len=4096, global_batch=64, engine="megatron")
+    without = search(m, cl, Fixed(pp=1, ep_comm_overlap=False), seq_len=4096,
+                     global_batch=64, engine="megatron")
+    return m, cl, with_, without
+
+
+def test_the_overlap_never_makes_the_best_plan_slower(overlap_pair):
+    m, cl, with_, without = overlap_pair
+    assert with_.best.estimate.step_time_s <= without.best.estimate.step_time_s * (1 + 1e-9)
+    assert not without.best.candidate.ep_comm_overlap
+
+
+def test_the_plan_records_and_round_trips_what_it_priced(overlap_pair):
+    m, cl, with_, _ = overlap_pair
+    plan = to_plan(m, cl, with_.best, with_)
+    p = plan.parallelism
+    assert p.moe_dispatcher in ("alltoall", "allgather", "flex")
+    back = Plan.from_dict(json.loads(plan.to_json()))
+    assert (back.parallelism.moe_dispatcher, back.parallelism.ep_comm_overlap) == (
+        p.moe_dispatcher, p.ep_comm_overlap)
+
+
+def plan_dict(fixed: Fixed) -> dict:
+    m, cl = tiny_moe(layers=8, first_dense=0, experts=8), get_cluster("h100x16")
+    rep = search(m, cl, fixed, seq_len=4096, global_batch=64, engine="megatron")
+    return to_plan(m, cl, rep.best, rep).to_dict()
+
+
+INTERLEAVED = Fixed(pp=2, vpp=2, ep=2)
+
+
+@pytest.mark.parametrize("fixed,changes,why", [
+    (INTERLEAVED, dict(recompute="full"), "full recompute"),
+    (Fixed(pp=2, schedule="1f1b", ep=2), {}, "interleaved"),
+    (INTERLEAVED, dict(moe_dispatcher="allgather"), "alltoall or flex"),
+    (Fixed(pp=2, vpp=2, ep=1), {}, "ep > 1"),
+])
+def test_megatrons_checks_of_the_overlap_refuse_a_plan(fixed, changes, why):
+    """Megatron-Core's asserts (transformer_config.py) as plan validation: a plan claiming
+    the overlap where Megatron would refuse it is refused."""
+    d = plan_dict(fixed)
+    d["parallelism"].update(ep_comm_overlap=True, **changes)
+    if changes.get("recompute") == "full":
+        d["stages"][0]["recompute_layers"] = 1
+    with pytest.raises(BadInput, match=why):
+        Plan.from_dict(d)
+
+
+def test_a_fixed_dispatcher_is_priced_and_exported(capsys):
+    code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16",
+                         "--moe-dispatcher", "allgather", "--pp", "2", "--export", "megatron",
+                         limit_s=60)
+    assert code == 0, err
+    assert "--moe-token-dispatcher-type allgather" in out
+    assert "--overlap-moe-expert-parallel-comm" not in out
+
+
+def test_an_engine_without_the_dispatcher_refuses_in_one_line(capsys):
+    code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16",
+                         "--engine", "torchtitan", "--moe-dispatcher", "flex")
+    one_line(code, err, needle="no flex token dispatcher")
