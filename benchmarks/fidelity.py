@@ -139,7 +139,9 @@ def fixed_of(run) -> Fixed:
                  # MoE: the dispatcher and EP overlap of the row's recipe (`moe_comm_source`);
                  # the planner's choice of dispatcher where the data names none, no overlap
                  moe_dispatcher=f.get("moe_dispatcher"),
-                 ep_comm_overlap=f.get("ep_comm_overlap", False))
+                 ep_comm_overlap=f.get("ep_comm_overlap", False),
+                 # token-drop rows: experts padded to capacity (`moe_capacity_source`)
+                 moe_capacity_factor=f.get("moe_capacity_factor"))
 
 
 def cluster_of(run) -> Cluster:
@@ -272,43 +274,42 @@ MOE_NOTES = """Notes.
   MXFP8 / FP8-MX rows as MXFP8 (`recipe`); the 25.09 rows' precision is corrected as in
   published_runs_2.json (`corrections`: H100 has no MXFP8; the B200 value outside the
   parentheses is FP8-CS).
-- Token-drop rows (25.09 "tokendrop") are priced dropless: with force-balanced routing the
-  capacity factor drops nothing, so the expert compute is the same.
-- Held out: no constant of the planner was chosen on any of these rows.
+- Token dispatcher and EP overlap: as each row's recipe set them (`moe_comm_source`): flex
+  (DeepEP / HybridEP, priced as DeepEP's node-deduplicated dispatch) on the DeepSeek-V3 rows
+  but the 25.09 token-drop ones, on Qwen3-30B H100 ep16 and B200 mbs4; alltoall elsewhere;
+  the EP overlap (overlap_moe_expert_parallel_comm) on DeepSeek-V3 B200 ep32, DeepSeek-V3
+  H100 and Qwen3-235B H100 (but 25.09). Five Qwen3-30B rows whose recipe version is not known
+  name none: their ep group sits inside a node, where every dispatcher prices the same.
+- Token-drop rows (25.09 "tokendrop"): capacity factor 1 with every expert padded to it, as
+  Megatron-Bridge's apply_moe_token_drop sets (`moe_capacity_source`): the same expert work
+  on balanced routing, and no host stall (the token counts are known on the host).
+- Host stall: the one fitted figure, the Megatron engine's per-MoE-layer overhead of dropless
+  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.73 ms per MoE layer forward),
+  fitted on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity
+  --fit-moe`); the other 29 rows are held out. Evidence it is host time, not GPU work: the
+  same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA
+  graph (25.09) and 27-28 s dropless (25.11, 26.02); the unexplained time per MoE layer and
+  micro-batch did not grow with the micro-batch (3 ms at 4 sequences in 26.04, 6 ms at 1
+  sequence in 26.02), as GPU work would.
 - The two TFLOP/s columns count differently (NVIDIA's "Model TFLOP" vs the planner's FLOPs per
   step, recompute included); compare the step times.
 
-What looks missing (evidence from the per-row table):
+What is still missing (evidence from the per-row table):
 
-1. The published step time itself moves with the software release by more than the planner's
-   error on several rows: the same configuration of Qwen3-30B-A3B on 16 H100 (tp1 pp2 ep8 vpp12
-   mbs1 gbs1024) took 51.3 s in 26.02 and 28.9 s in 26.02.01. Part of the error is
-   therefore kernel and runtime versions (router fusion, grouped GEMM, DeepEP / HybridEP
-   dispatchers) that no static cost model of the configuration can see.
-2. Compute-bound rows are predicted far too fast: GPT-OSS-120B on H100 (pp4 ep8 mbs1) is
-   predicted at 7.0 s, 86% of it compute, against 13.7-14.1 s published (-49 to -51%); on B200 -25 to
-   -32%. The planner prices the experts' grouped GEMMs at the dense GEMM efficiency; small
-   per-expert GEMMs (2880 x 2880 experts with about mbs*seq*top-k/experts tokens each on
-   GPT-OSS, 768-wide experts on Qwen3-30B), the router, token permute / unpermute and the
-   sink / sliding-window attention kernels are slower than that. A grouped-GEMM efficiency
-   that falls with tokens per expert, and the memory-bound permute kernels, are the likely
-   missing physics (a measured profile of a grouped GEMM would set them).
-3. The EP all-to-all, where it crosses nodes, is priced large and its error has no one sign:
-   every row with EP inside a node (ep8: all-to-all 6-26% of the predicted step) is
-   under-predicted (-18 to -74%), while the rows with EP across nodes (ep16-64: 47-69% of the
-   step) scatter from -27% (GPT-OSS ep64) through about 0% (Qwen3-235B H100 ep32, most likely
-   compute under-priced and all-to-all over-priced cancelling) to +67% (DeepSeek-V3 1024 H100,
-   ep64, DeepEP and the moe a2a overlap in its recipe) and +104% (DeepSeek-V3 256 B200 ep32:
-   all-to-all alone 25 s of a 40 s prediction against 19.7 s published, faster than the same
-   model's ep8 runs at 23.3 s). The planner prices dispatch / combine serially, with no
-   overlap with compute (Megatron's overlap_moe_expert_parallel_comm) and as plain NCCL
-   all-to-all (not DeepEP / HybridEP's hierarchical NVLink-then-IB dispatch).
-4. Recompute: the planner's memory model needs full recompute of part of the layers on several
-   rows: DeepSeek-V3 pp8 16 of 61 layers and the H100 1024-GPU row 32 of 61, where the
-   DeepSeek-V3 performance recipes ran selective recompute only (recompute_modules mla_up_proj,
-   plus mlp on H100), so the memory model looks pessimistic for these MoE layers and adds
-   recompute time to the two over-predicted rows; GPT-OSS B200 mbs4 19 of 36 (its recompute is
-   not printed)."""
+1. The published step time moves with the software release by more than the planner's
+   error: the same Qwen3-30B-A3B layout on 16 H100 (tp1 pp2 ep8 vpp12 mbs1 gbs1024) took
+   51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 32-49%
+   slower than predicted with no host stall at all. No static model of the configuration
+   sees kernel versions; the held-out median (18%) is mostly these.
+2. GPT-OSS-120B on H100 (pp4 ep8 mbs1) is predicted 23-25% fast on every release (B200 6-23%):
+   its sink attention (cuDNN fused attention with a learnable softmax, TE >= 2.8) and its
+   clamped SwiGLU are priced at the flash-attention and fused element-wise rates.
+3. DeepSeek-V3 B200 ep32 (26.04.01, +121%) and H100 1024 GPUs (25.09, +93%): the planner's
+   memory model needs full recompute of 16 / 32 of 61 layers there, which rules out the EP
+   overlap the recipes ran (Megatron forbids it with full recompute), so the all-to-all is
+   priced exposed. The recipes fit with fine-grained recompute (mla_up_proj, mlp), bf16
+   gradients (grad_reduce_in_fp32=False) and the precision-aware optimizer's bf16 moments,
+   none of which the planner models yet."""
 
 
 def _published_model_tflops(run) -> float | None:

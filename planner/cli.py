@@ -110,6 +110,10 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-dispatcher", choices=DISPATCHERS,
                    help="MoE token dispatcher (default: the cheapest the engine has; Megatron: "
                         "alltoall, allgather, or flex, DeepEP's node-deduplicated dispatch)")
+    p.add_argument("--moe-capacity-factor", type=float, metavar="F",
+                   help="drop MoE tokens beyond F x each expert's balanced share and pad every "
+                        "expert to it (default: dropless; Megatron "
+                        "--moe-expert-capacity-factor --moe-pad-expert-input-to-capacity)")
     p.add_argument("--no-ep-comm-overlap", dest="ep_comm_overlap", action="store_false",
                    help="price and export the EP all-to-alls exposed (default: overlapped "
                         "across micro-batches where the engine offers it and the layout "
@@ -133,7 +137,7 @@ def _fixed(a) -> Fixed:
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
                  ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
                  tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,
-                 ep_comm_overlap=a.ep_comm_overlap)
+                 ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor)
 
 
 def _engine_of(a):

@@ -7,11 +7,12 @@ Layout of `schema_version` 1:
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
                  schedule, recompute, rank_order, tp_comm_overlap, moe_dispatcher,
-                 ep_comm_overlap}   (ep, etp: 1 when absent;
+                 ep_comm_overlap, moe_capacity_factor}   (ep, etp: 1 when absent;
                  cp_comm_type "p2p" when absent: how a cp > 1 group exchanges K/V,
                  planner.cost.context; tp_comm_overlap, ep_comm_overlap false when absent;
                  moe_dispatcher "" when absent: the MoE token dispatcher priced,
-                 planner.cost.moe, "" for a dense model)
+                 planner.cost.moe, "" for a dense model; moe_capacity_factor null when
+                 absent: dropless)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -85,6 +86,9 @@ class Parallelism:
     # --overlap-moe-expert-parallel-comm; False in plans from before it)
     moe_dispatcher: str = ""
     ep_comm_overlap: bool = False
+    # MoE token dropping: experts padded to capacity_factor x the balanced share (Megatron
+    # --moe-expert-capacity-factor --moe-pad-expert-input-to-capacity); None: dropless
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -290,7 +294,8 @@ PARALLELISM = S.Obj({
     "cp_comm_type": (S.Enum(*CP_COMM_TYPES), "p2p"),
     "tp_comm_overlap": (S.Bool(), False),
     "moe_dispatcher": (S.Enum("", *DISPATCHERS), ""),
-    "ep_comm_overlap": (S.Bool(), False)})
+    "ep_comm_overlap": (S.Bool(), False),
+    "moe_capacity_factor": (S.Nullable(S.Num(gt=0.0, le=1e3)), None)})
 
 
 def with_cp(order: tuple) -> tuple:

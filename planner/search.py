@@ -29,7 +29,7 @@ from ortools.sat.python import cp_model
 
 from planner import validity as V
 from planner.bounds import divisors
-from planner.cost.moe import candidate_dispatcher, layer_kinds
+from planner.cost.moe import PADDED_DISPATCHERS, candidate_dispatcher, layer_kinds
 from planner.cost import comm
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
@@ -88,6 +88,9 @@ class Fixed:
     # (plan --no-ep-comm-overlap)
     moe_dispatcher: str | None = None
     ep_comm_overlap: bool = True
+    # MoE token dropping: experts padded to this capacity factor (None: dropless); the user's
+    # choice, never searched (it changes what the model trains on)
+    moe_capacity_factor: float | None = None
 
 
 @dataclass
@@ -161,6 +164,18 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
                 engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
     eng = get_engine(engine)
+    if f.moe_capacity_factor is not None:
+        if not (f.moe_capacity_factor > 0 and math.isfinite(f.moe_capacity_factor)):
+            raise BadInput(f"--moe-capacity-factor must be positive, got {f.moe_capacity_factor}")
+        if not model.is_moe:
+            raise BadInput(f"model {model.name} has no experts (--moe-capacity-factor needs an "
+                           f"MoE model)")
+        if not eng.moe_capacity_factor:
+            raise BadInput(f"engine {eng.name} runs MoE layers dropless only "
+                           f"(--moe-capacity-factor)")
+        if f.moe_dispatcher and f.moe_dispatcher not in PADDED_DISPATCHERS:
+            raise BadInput(f"token dropping pads experts on the {', '.join(PADDED_DISPATCHERS)} "
+                           f"dispatcher only, not {f.moe_dispatcher}")
     if f.moe_dispatcher and model.is_moe and f.moe_dispatcher not in eng.moe_dispatchers:
         raise BadInput(f"engine {eng.name} has no {f.moe_dispatcher} token dispatcher (it has: "
                        f"{', '.join(eng.moe_dispatchers) or 'none'})")
@@ -374,6 +389,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
         recs = searched_recompute(engine, f)
         experts = expert_layouts(model, f, engine, tp, dp, cp)
         dispatcher_fixed = (f.moe_dispatcher or "") if model.is_moe else ""
+        capacity = f.moe_capacity_factor if model.is_moe else None
         if model.is_moe:
             if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
                 sps = [x for x in sps if x]
@@ -406,7 +422,8 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                     recipe=f.recipe, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp,
                                     tp_comm_overlap=(f.tp_comm_overlap and sp
                                                      and engine.tp_comm_overlap),
-                                    moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap))
+                                    moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap,
+                                    moe_capacity_factor=capacity))
     return out
 
 
@@ -1088,6 +1105,7 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       moe_dispatcher=(candidate_dispatcher(model, cluster, c, engine)
                                       if model.is_moe else ""),
                       ep_comm_overlap=c.ep_comm_overlap,
+                      moe_capacity_factor=c.moe_capacity_factor,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
@@ -1116,4 +1134,5 @@ def candidate_of(plan: Plan) -> Candidate:
                      flash=plan.attention == "flash", precision=plan.precision,
                      recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
                      tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=p.moe_dispatcher,
-                     ep_comm_overlap=p.ep_comm_overlap)
+                     ep_comm_overlap=p.ep_comm_overlap,
+                     moe_capacity_factor=p.moe_capacity_factor)

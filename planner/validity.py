@@ -230,6 +230,11 @@ def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) 
     if p.ep_comm_overlap:
         out += [f"ep_comm_overlap {why}" for why in ep_comm_overlap_blockers(
             p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher)]
+    if p.moe_capacity_factor is not None and not m.is_moe:
+        out.append("moe_capacity_factor on a model without experts")
+    elif p.moe_capacity_factor is not None and p.moe_dispatcher not in ("", "alltoall"):
+        out.append(f"moe_capacity_factor pads experts on the alltoall dispatcher only, not "
+                   f"{p.moe_dispatcher}")
     if p.moe_dispatcher and not m.is_moe:
         out.append(f"moe_dispatcher {p.moe_dispatcher} on a model without experts")
     if p.vpp > 1 and p.schedule != "interleaved":

@@ -144,3 +144,83 @@ def test_an_engine_without_the_dispatcher_refuses_in_one_line(capsys):
     code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16",
                          "--engine", "torchtitan", "--moe-dispatcher", "flex")
     one_line(code, err, needle="no flex token dispatcher")
+
+
+def test_capacity_factor_sets_each_experts_tokens():
+    """GShard / Switch (Sec. 2.2): each expert computes capacity_factor x its balanced share of
+    the T*k token copies, padded or cut to it, whatever the routing's imbalance."""
+    from planner.cost.moe import moe_layer
+    m, cl = mixtral_like(), get_cluster("h100x64")
+    gpu = cl.gpu
+    T = tokens_in(1, 4096, 1)
+    share = T * m.experts_per_token * 8 / m.num_experts          # ep 8, etp 1
+    for cf in (0.5, 1.0, 1.25, 2.0):
+        ml = moe_layer(m, cl, gpu, 1, 4096, 1, 8, 1, ("alltoall",), imbalance=1.7,
+                       capacity_factor=cf)
+        assert ml.tokens_per_expert == pytest.approx(cf * share)
+    assert moe_layer(m, cl, gpu, 1, 4096, 1, 8, 1, ("alltoall",),
+                     imbalance=1.7).tokens_per_expert == pytest.approx(1.7 * share)
+
+
+def test_drop_and_pad_removes_exactly_the_host_stall():
+    """With every expert padded to capacity the dispatcher knows the token counts on the host
+    (megatron/core/transformer/moe/token_dispatcher.py skips the device-to-host copy): at
+    capacity factor 1 on balanced routing the work is the same and only the engine's
+    per-MoE-layer stall goes, once per layer forward."""
+    import dataclasses
+    from planner.cost.stage import Candidate, stage_coefficients
+    from planner.engines import get_engine
+    m, cl, eng = tiny_moe(layers=4, first_dense=0, experts=8), get_cluster("h100x8"), \
+        get_engine("megatron")
+    c = Candidate(tp=1, pp=1, dp=8, zero=1, sp=False, mbs=1, seq_len=4096, global_batch=64,
+                  ep=8, moe_dispatcher="alltoall")
+    dropless = stage_coefficients(m, cl, c, engine=eng)[0]
+    padded = stage_coefficients(m, cl, dataclasses.replace(c, moe_capacity_factor=1.0),
+                                engine=eng)[0]
+    assert eng.moe_layer_overhead_s > 0
+    assert dropless.compute_layer - padded.compute_layer == pytest.approx(
+        eng.moe_layer_overhead_s)
+    assert dropless.ep_layer == pytest.approx(padded.ep_layer)
+
+
+def test_token_dropping_is_exported_as_megatron_reads_it(capsys):
+    from tests.test_export import megatron_tokens
+    from tests.test_moe_export import moe_parser
+    code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16", "--pp", "2",
+                         "--moe-capacity-factor", "1.25", "--export", "megatron", limit_s=60)
+    assert code == 0, err
+    ap = moe_parser()
+    ap.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    ap.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    a = ap.parse_args(megatron_tokens(out))
+    assert a.moe_expert_capacity_factor == 1.25 and a.moe_pad_expert_input_to_capacity
+    assert a.moe_token_dispatcher_type == "alltoall"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "mixtral-8x7b", "--moe-capacity-factor", "0"], "must be positive"),
+    (["--model", "mixtral-8x7b", "--moe-capacity-factor", "nan"], "must be positive"),
+    (["--model", "llama8b", "--moe-capacity-factor", "1"], "has no experts"),
+    (["--model", "mixtral-8x7b", "--moe-capacity-factor", "1", "--engine", "torchtitan"],
+     "dropless only"),
+    (["--model", "mixtral-8x7b", "--moe-capacity-factor", "1", "--moe-dispatcher", "flex"],
+     "alltoall dispatcher only"),
+])
+def test_bad_token_dropping_is_refused_in_one_line(capsys, args, needle):
+    code, out, err = run(capsys, *args, "--cluster", "h100x16")
+    one_line(code, err, needle=needle)
+
+
+def test_engines_without_token_dropping_or_the_overlap_refuse_such_plans():
+    """A plan priced with what an engine does not run is refused for it, in one line each."""
+    import dataclasses
+    from planner.engines import get_engine
+    from planner.engines.runnable import problems
+    d = plan_dict(INTERLEAVED)
+    d["parallelism"].update(moe_capacity_factor=1.0, ep_comm_overlap=True,
+                            moe_dispatcher="alltoall")
+    plan = Plan.from_dict(d)
+    assert problems(plan, get_engine("megatron")) == []
+    for name in ("torchtitan", "runtime"):
+        got = " | ".join(problems(dataclasses.replace(plan, engine=name), get_engine(name)))
+        assert "dropless only" in got and "does not overlap the EP all-to-alls" in got, got

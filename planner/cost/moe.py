@@ -20,23 +20,47 @@ Dispatchers (Megatron --moe-token-dispatcher-type):
 - allgather (MoEAllGatherTokenDispatcher): every rank all-gathers the hidden states of its
   ep x etp group (T*hidden each, not T*k), computes its local experts on the tokens routed to
   them, and reduce-scatters the outputs; cheaper than all-to-all when k > ep roughly.
-The planner prices both and uses the cheaper (`dispatcher`), which the export then names.
+- flex (MoEFlexTokenDispatcher with DeepEP, --moe-flex-dispatcher-backend deepep;
+  megatron/core/transformer/moe/fused_a2a.py): inside one NVLink domain as the all-to-all;
+  across domains a token crosses the network once per other domain holding one of its k
+  experts and is copied to them over NVLink there (DeepEP's internode "normal" kernels), so
+  the NIC carries T * hidden * E[remote domains] instead of NCCL's T * k * hidden share
+  (`flex_all_to_all`, `remote_domains_per_token`).
+The planner prices them and uses the cheapest the engine has (`dispatcher`; alltoall on ties),
+or the user's (--moe-dispatcher); the plan records it and the export names it.
+
+EP communication overlap (Megatron-Core --overlap-moe-expert-parallel-comm, with
+--delay-wgrad-compute; megatron/core/pipeline_parallel/combined_1f1b.py): the forward of one
+micro-batch and the backward of another run as one step, each pass's dispatch and combine
+beside the other pass's compute; what sticks out of it, plus the GPU's overlap slowdown, is
+priced (`overlapped_ep_comm`). Megatron allows it with ep > 1, the alltoall or flex
+dispatcher, no full recompute and, under pp > 1, the interleaved schedule
+(planner.validity.ep_comm_overlap_blockers). The warm-up and cool-down micro-batches, which
+have no partner pass, are priced overlapped too (optimistic by their share, about pp / m).
 
 Routing is taken balanced and dropless, as the benchmarks run it (Megatron-Bridge performance
 configs set moe_router_force_load_balancing=true, e.g. scripts/moe_model_zoo/examples/qwen3/
 launch_qwen235b.sh; dropless = no capacity factor, Megatron's default
 moe_expert_capacity_factor=None). `imbalance` >= 1 scales the busiest rank's share of the
 all-to-all and of the expert GEMMs (the slowest rank sets the pace of the collective); a
-capacity factor pads every expert's tokens to capacity_factor x the balanced share (GShard
-Sec. 2.2, Switch Sec. 2.2), i.e. the same scaling with the factor known.
+capacity factor (--moe-capacity-factor: Megatron --moe-expert-capacity-factor with
+--moe-pad-expert-input-to-capacity) pads or cuts every expert's tokens to capacity_factor x
+the balanced share (GShard Sec. 2.2, Switch Sec. 2.2), whatever the routing.
 
-Not modelled yet (benchmarks/results/fidelity_moe_*.md: the published BF16 GPT-OSS rows run
-~30% slower than predicted): the alltoall dispatcher's device-to-host sync of the token counts,
-the host overhead of the router / permute kernels, a grouped GEMM slower than a dense one, the
-shared expert's and the dispatch's overlap (--moe-shared-expert-overlap, a2a overlap), MLA
-attention (no Model fields yet), the FP8 weight copies of the experts. An MTP module's MoE
-layer is this module's layer, added to the last pipeline rank (planner.cost.stage,
-_with_mtp_modules).
+Host stall: dropless routing copies the token counts to the host and waits for them before
+the all-to-all (token_dispatcher.py, _maybe_dtoh_and_synchronize at cuda_sync_point; the
+grouped GEMM needs them too), once per MoE layer forward: the GPU drains and then waits on
+the host for the kernels launched after. The engine's `moe_layer_overhead_s` (Megatron:
+fitted, planner.engines.megatron) is added to every MoE layer forward and recomputed forward;
+with drop-and-pad the counts are known on the host and it is not.
+
+Not modelled yet (benchmarks/results/fidelity_moe_*.md): a grouped GEMM slower than a dense
+one at few tokens per expert, the shared expert's overlap (--moe-shared-expert-overlap),
+CUDA graphs of the router and dispatch preprocessing (cuda_graph_scope moe_router /
+moe_preprocess) that shrink the host stall, HybridEP's own figures, the FP8 weight copies of
+the experts, Megatron's fine-grained recompute modules (mla_up_proj, moe_act, layernorm) and
+the precision-aware optimizer's bf16 moments. An MTP module's MoE layer is this module's
+layer, added to the last pipeline rank (planner.cost.stage, _with_mtp_modules).
 """
 from __future__ import annotations
 
@@ -53,6 +77,10 @@ DISPATCHERS = ("alltoall", "allgather", "flex")
 # (megatron/core/transformer/transformer_config.py: overlap_moe_expert_parallel_comm "is
 # supported with alltoall/flex token dispatcher")
 OVERLAPPABLE_DISPATCHERS = ("alltoall", "flex")
+# the dispatchers that pad every expert to capacity: alltoall (Megatron-Bridge's
+# apply_moe_token_drop asserts it; megatron-core's flex dispatcher asserts
+# moe_pad_expert_input_to_capacity is False)
+PADDED_DISPATCHERS = ("alltoall",)
 # Balanced routing (moe_router_force_load_balancing, the benchmark rows): the busiest rank gets
 # exactly its share. A real run's imbalance is the user's figure (see module docstring).
 BALANCED = 1.0
@@ -161,6 +189,8 @@ def allowed_dispatchers(c, engine) -> tuple:
     """The dispatchers a candidate may be priced with: the one the user fixed, else the
     engine's; under EP communication overlap only those it runs with."""
     allowed = (c.moe_dispatcher,) if c.moe_dispatcher else tuple(engine.moe_dispatchers)
+    if c.moe_capacity_factor is not None:   # drop-and-pad runs on the alltoall dispatcher only
+        allowed = tuple(d for d in allowed if d in PADDED_DISPATCHERS)
     if c.ep_comm_overlap:
         allowed = tuple(d for d in allowed if d in OVERLAPPABLE_DISPATCHERS)
     return allowed
@@ -196,7 +226,9 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     h, E, k, f = model.hidden, model.num_experts, model.experts_per_token, model.moe_ffn_hidden
     T = tokens_in(b, s, tp)
     # the slowest rank's share: imbalance, or a capacity factor's padding (dropless: none)
-    load = imbalance if capacity_factor is None else max(imbalance, capacity_factor)
+    # with a capacity factor every expert computes exactly its capacity (padded, or cut by
+    # dropping), whatever the routing
+    load = imbalance if capacity_factor is None else capacity_factor
     local_experts = E // ep
     # tokens each local expert computes: the ep*etp ranks' T*k copies spread over E experts
     per_expert = load * T * k * ep * etp / E
@@ -289,13 +321,17 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
     ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, allowed_dispatchers(c, engine),
+                   capacity_factor=c.moe_capacity_factor,
                    elementwise_traffic=engine.elementwise_traffic, lp=lp,
                    act_bytes=facts.compute_elem_bytes)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
     # dropless routing stalls the host once per MoE layer forward (the engine's
-    # moe_layer_overhead_s; planner.engines.spec): in forward and in a recomputed forward
-    d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + engine.moe_layer_overhead_s
+    # moe_layer_overhead_s; planner.engines.spec): in forward and in a recomputed forward. With
+    # drop-and-pad the token counts are known on the host (capacity x ranks; megatron/core/
+    # transformer/moe/token_dispatcher.py skips the device-to-host copy): no stall
+    stall = engine.moe_layer_overhead_s if c.moe_capacity_factor is None else 0.0
+    d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + stall
     d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
              + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - dm_elem))
     # a recomputed layer runs its forward again: "full" all of it, dispatch included

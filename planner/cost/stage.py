@@ -67,6 +67,10 @@ class Candidate:
     # compute (Megatron-Core --overlap-moe-expert-parallel-comm; planner.cost.moe)
     moe_dispatcher: str = ""
     ep_comm_overlap: bool = False
+    # MoE token dropping: every expert's tokens padded (and cut) to capacity_factor x the
+    # balanced share (Megatron --moe-expert-capacity-factor with
+    # --moe-pad-expert-input-to-capacity); None: dropless (planner.cost.moe)
+    moe_capacity_factor: float | None = None
 
     @property
     def m(self) -> int:

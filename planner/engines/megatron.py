@@ -68,6 +68,7 @@ MEGATRON = Engine(
     # --expert-tensor-parallel-size any divisor (MoE parallel folding);
     # --overlap-moe-expert-parallel-comm (megatron-core >= 0.14)
     moe_dispatchers=("alltoall", "allgather", "flex"), moe_etp="any", ep_comm_overlap=True,
+    moe_capacity_factor=True,
     moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,

@@ -45,6 +45,9 @@ def problems(plan, engine: Engine) -> list:
             and p.moe_dispatcher not in engine.moe_dispatchers:
         out.append(f"{e} has no {p.moe_dispatcher} token dispatcher (it has: "
                    f"{', '.join(engine.moe_dispatchers)})")
+    if p.moe_capacity_factor is not None and not engine.moe_capacity_factor:
+        out.append(f"{e} runs MoE layers dropless only (the plan drops tokens at capacity "
+                   f"factor {p.moe_capacity_factor:g})")
     if p.ep_comm_overlap and not engine.ep_comm_overlap:
         out.append(f"{e} does not overlap the EP all-to-alls across micro-batches (plan with "
                    f"--no-ep-comm-overlap)")

@@ -86,6 +86,9 @@ class Engine:
     # megatron/core/pipeline_parallel/combined_1f1b.py); where the layout allows
     # (planner.validity.ep_comm_overlap_blockers)
     ep_comm_overlap: bool = False
+    # MoE token dropping with every expert padded to capacity (Megatron
+    # --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); False: dropless only
+    moe_capacity_factor: bool = False
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it

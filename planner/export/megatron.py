@@ -270,11 +270,21 @@ def _experts(plan: Plan, args: list, notes: list) -> None:
              ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", disp)]
     if disp == "flex":   # priced as DeepEP's node-deduplicated dispatch (planner.cost.moe)
         args.append(("--moe-flex-dispatcher-backend", "deepep"))
+    if p.moe_capacity_factor is not None:   # priced padded to capacity, no host sync
+        args += [("--moe-expert-capacity-factor", p.moe_capacity_factor),
+                 ("--moe-pad-expert-input-to-capacity", None)]
     if p.ep_comm_overlap:   # priced overlapped across micro-batches (planner.cost.moe)
         args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
-    notes.append("MoE priced dropless (no --moe-expert-capacity-factor) with balanced routing, "
-                 "as Megatron-Bridge benchmarks run it (--moe-router-force-load-balancing); "
-                 "an uneven real routing is slower")
+    if p.moe_capacity_factor is None:
+        notes.append("MoE priced dropless (no --moe-expert-capacity-factor) with balanced "
+                     "routing, as Megatron-Bridge benchmarks run it "
+                     "(--moe-router-force-load-balancing); an uneven real routing is slower")
+    if disp == "flex":
+        notes.append("the flex dispatcher needs DeepEP installed (megatron/core/transformer/moe/"
+                     "fused_a2a.py)")
+    if p.ep_comm_overlap:
+        notes.append("the EP overlap runs its all-to-alls on their own stream: launch with "
+                     "CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-Bridge sets 32)")
 
 
 def megatron_args(plan: Plan) -> str:
