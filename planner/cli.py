@@ -114,6 +114,10 @@ def plan_parser() -> argparse.ArgumentParser:
                    help="drop MoE tokens beyond F x each expert's balanced share and pad every "
                         "expert to it (default: dropless; Megatron "
                         "--moe-expert-capacity-factor --moe-pad-expert-input-to-capacity)")
+    p.add_argument("--moe-imbalance", type=float, default=1.0, metavar="F",
+                   help="MoE routing imbalance to price: the busiest expert rank gets F x its "
+                        "balanced share of tokens, in time and memory (default 1: balanced, as "
+                        "benchmarks force it; a real dropless run is less even)")
     p.add_argument("--no-ep-comm-overlap", dest="ep_comm_overlap", action="store_false",
                    help="price and export the EP all-to-alls exposed (default: overlapped "
                         "across micro-batches where the engine offers it and the layout "
@@ -137,7 +141,8 @@ def _fixed(a) -> Fixed:
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
                  ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
                  tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,
-                 ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor)
+                 ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor,
+                 moe_imbalance=a.moe_imbalance)
 
 
 def _engine_of(a):

@@ -7,7 +7,8 @@ Layout of `schema_version` 1:
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
                  schedule, recompute, rank_order, tp_comm_overlap, moe_dispatcher,
-                 ep_comm_overlap, moe_capacity_factor}   (ep, etp: 1 when absent;
+                 ep_comm_overlap, moe_capacity_factor, moe_imbalance}   (ep, etp: 1 when
+                 absent; moe_imbalance 1, balanced routing, when absent;
                  cp_comm_type "p2p" when absent: how a cp > 1 group exchanges K/V,
                  planner.cost.context; tp_comm_overlap, ep_comm_overlap false when absent;
                  moe_dispatcher "" when absent: the MoE token dispatcher priced,
@@ -89,6 +90,9 @@ class Parallelism:
     # MoE token dropping: experts padded to capacity_factor x the balanced share (Megatron
     # --moe-expert-capacity-factor --moe-pad-expert-input-to-capacity); None: dropless
     moe_capacity_factor: float | None = None
+    # MoE routing imbalance the plan was priced with (the busiest expert rank's tokens over its
+    # balanced share; 1: balanced): an assumption about the data, not an engine setting
+    moe_imbalance: float = 1.0
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -295,7 +299,8 @@ PARALLELISM = S.Obj({
     "tp_comm_overlap": (S.Bool(), False),
     "moe_dispatcher": (S.Enum("", *DISPATCHERS), ""),
     "ep_comm_overlap": (S.Bool(), False),
-    "moe_capacity_factor": (S.Nullable(S.Num(gt=0.0, le=1e3)), None)})
+    "moe_capacity_factor": (S.Nullable(S.Num(gt=0.0, le=1e3)), None),
+    "moe_imbalance": (S.Num(ge=1.0, le=1e3), 1.0)})
 
 
 def with_cp(order: tuple) -> tuple:

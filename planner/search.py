@@ -91,6 +91,9 @@ class Fixed:
     # MoE token dropping: experts padded to this capacity factor (None: dropless); the user's
     # choice, never searched (it changes what the model trains on)
     moe_capacity_factor: float | None = None
+    # MoE routing imbalance assumed (>= 1: the busiest expert rank's tokens over its balanced
+    # share; 1: balanced, as benchmarks force it), priced in time and memory, never searched
+    moe_imbalance: float = 1.0
 
 
 @dataclass
@@ -164,6 +167,13 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
                 engine: Engine | None = None) -> None:
     """Exit-2 errors for fixed values that can never work."""
     eng = get_engine(engine)
+    if f.moe_imbalance != 1.0:
+        if not (f.moe_imbalance >= 1.0 and math.isfinite(f.moe_imbalance)):
+            raise BadInput(f"--moe-imbalance must be at least 1 (the busiest expert rank's "
+                           f"tokens over its balanced share), got {f.moe_imbalance}")
+        if not model.is_moe:
+            raise BadInput(f"model {model.name} has no experts (--moe-imbalance needs an MoE "
+                           f"model)")
     if f.moe_capacity_factor is not None:
         if not (f.moe_capacity_factor > 0 and math.isfinite(f.moe_capacity_factor)):
             raise BadInput(f"--moe-capacity-factor must be positive, got {f.moe_capacity_factor}")
@@ -390,6 +400,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
         experts = expert_layouts(model, f, engine, tp, dp, cp)
         dispatcher_fixed = (f.moe_dispatcher or "") if model.is_moe else ""
         capacity = f.moe_capacity_factor if model.is_moe else None
+        imbalance = f.moe_imbalance if model.is_moe else 1.0
         if model.is_moe:
             if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
                 sps = [x for x in sps if x]
@@ -423,7 +434,8 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                     tp_comm_overlap=(f.tp_comm_overlap and sp
                                                      and engine.tp_comm_overlap),
                                     moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap,
-                                    moe_capacity_factor=capacity))
+                                    moe_capacity_factor=capacity,
+                                    moe_imbalance=imbalance))
     return out
 
 
@@ -1106,6 +1118,7 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                                       if model.is_moe else ""),
                       ep_comm_overlap=c.ep_comm_overlap,
                       moe_capacity_factor=c.moe_capacity_factor,
+                      moe_imbalance=c.moe_imbalance,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none")
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
@@ -1135,4 +1148,5 @@ def candidate_of(plan: Plan) -> Candidate:
                      recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
                      tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=p.moe_dispatcher,
                      ep_comm_overlap=p.ep_comm_overlap,
-                     moe_capacity_factor=p.moe_capacity_factor)
+                     moe_capacity_factor=p.moe_capacity_factor,
+                     moe_imbalance=p.moe_imbalance)

@@ -224,3 +224,23 @@ def test_engines_without_token_dropping_or_the_overlap_refuse_such_plans():
     for name in ("torchtitan", "runtime"):
         got = " | ".join(problems(dataclasses.replace(plan, engine=name), get_engine(name)))
         assert "dropless only" in got and "does not overlap the EP all-to-alls" in got, got
+
+
+def test_routing_imbalance_costs_the_busiest_rank_time_and_memory(capsys):
+    """The busiest expert rank at F x its balanced share: its expert GEMMs, its all-to-all
+    share and its saved expert activations grow; the plan records the assumption; a factor
+    below 1 is refused."""
+    m, cl = tiny_moe(layers=8, first_dense=0, experts=8), get_cluster("h100x16")
+    f = dict(pp=1, ep=8, mbs=1, zero=1, recompute="full")
+    base = search(m, cl, Fixed(**f), seq_len=4096, global_batch=64, engine="megatron").best
+    hot = search(m, cl, Fixed(**f, moe_imbalance=1.5), seq_len=4096, global_batch=64,
+                 engine="megatron").best
+    assert hot.estimate.step_time_s > base.estimate.step_time_s
+    b, h = base.estimate.time_breakdown_s, hot.estimate.time_breakdown_s
+    assert h["ep_comm"] > b["ep_comm"] and h["compute"] > b["compute"]
+    # the hot rank's expert activations (here the recomputed layer's working set) grow too
+    assert hot.estimate.stage_memory_gib[0]["total"] > base.estimate.stage_memory_gib[0]["total"]
+    assert to_plan(m, cl, hot).parallelism.moe_imbalance == 1.5
+    code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16",
+                         "--moe-imbalance", "0.5")
+    one_line(code, err, needle="at least 1")

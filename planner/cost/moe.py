@@ -199,7 +199,7 @@ def allowed_dispatchers(c, engine) -> tuple:
 def candidate_dispatcher(model: Model, cluster: Cluster, c, engine) -> str:
     """The dispatcher a candidate is priced with (what a plan records and an export names)."""
     return dispatcher(model, cluster, c.mbs, c.seq_len // c.cp, c.tp, c.ep, c.etp,
-                      allowed_dispatchers(c, engine))
+                      allowed_dispatchers(c, engine), c.moe_imbalance)
 
 
 def overlapped_ep_comm(ep_fwd: float, fwd: float, bwd: float, slowdown: float) -> float:
@@ -321,7 +321,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
     ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, allowed_dispatchers(c, engine),
-                   capacity_factor=c.moe_capacity_factor,
+                   imbalance=c.moe_imbalance, capacity_factor=c.moe_capacity_factor,
                    elementwise_traffic=engine.elementwise_traffic, lp=lp,
                    act_bytes=facts.compute_elem_bytes)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)

@@ -71,6 +71,9 @@ class Candidate:
     # balanced share (Megatron --moe-expert-capacity-factor with
     # --moe-pad-expert-input-to-capacity); None: dropless (planner.cost.moe)
     moe_capacity_factor: float | None = None
+    # MoE routing imbalance: the busiest expert rank's tokens over its balanced share (1:
+    # balanced, as the benchmarks force it; planner.cost.moe)
+    moe_imbalance: float = 1.0
 
     @property
     def m(self) -> int:

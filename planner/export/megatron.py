@@ -275,10 +275,14 @@ def _experts(plan: Plan, args: list, notes: list) -> None:
                  ("--moe-pad-expert-input-to-capacity", None)]
     if p.ep_comm_overlap:   # priced overlapped across micro-batches (planner.cost.moe)
         args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
-    if p.moe_capacity_factor is None:
+    if p.moe_capacity_factor is None and p.moe_imbalance == 1.0:
         notes.append("MoE priced dropless (no --moe-expert-capacity-factor) with balanced "
                      "routing, as Megatron-Bridge benchmarks run it "
-                     "(--moe-router-force-load-balancing); an uneven real routing is slower")
+                     "(--moe-router-force-load-balancing); an uneven real routing is slower "
+                     "(plan --moe-imbalance prices it)")
+    elif p.moe_capacity_factor is None:
+        notes.append(f"MoE priced dropless with the busiest expert rank at "
+                     f"{p.moe_imbalance:g}x its balanced share of tokens (time and memory)")
     if disp == "flex":
         notes.append("the flex dispatcher needs DeepEP installed (megatron/core/transformer/moe/"
                      "fused_a2a.py)")
