@@ -50,6 +50,10 @@ TORCHTITAN = Engine(
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and
     # expert_tensor_parallel_degree, 1 or the tp degree (torchtitan/config/job_config.py)
     moe_dispatchers=("alltoall",), moe_etp="tp", ep_needs_sharded_dp=True,
+    # its dispatch also waits for the split sizes on the host (torchtitan/distributed/
+    # expert_parallel.py: output_splits copied with non_blocking=False, "this would incur a
+    # device-to-host sync"), but no published torchtitan MoE run is there to set the stall
+    # by: moe_layer_overhead_s stays 0 (layer_overhead_s below covers its hooks)
     cp_comm_types=("all_gather", "p2p"),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
