@@ -244,3 +244,13 @@ def test_routing_imbalance_costs_the_busiest_rank_time_and_memory(capsys):
     code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16",
                          "--moe-imbalance", "0.5")
     one_line(code, err, needle="at least 1")
+
+
+@pytest.mark.parametrize("m,pp,vpp,expect", [
+    (8, 1, 1, 1 / 8),              # the first forward and the last backward alone
+    (128, 8, 4, 39 / 512),         # warm-up 2*7 + 3*8 + 1 virtual micro-batches of 128*4
+    (4, 8, 2, 1.0),                # more warm-up than passes: nothing paired
+])
+def test_unpaired_passes_follow_megatrons_warm_up(m, pp, vpp, expect):
+    from planner.cost.moe import unpaired_pass_share
+    assert unpaired_pass_share(m, pp, vpp) == pytest.approx(expect)

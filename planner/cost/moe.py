@@ -35,8 +35,8 @@ micro-batch and the backward of another run as one step, each pass's dispatch an
 beside the other pass's compute; what sticks out of it, plus the GPU's overlap slowdown, is
 priced (`overlapped_ep_comm`). Megatron allows it with ep > 1, the alltoall or flex
 dispatcher, no full recompute and, under pp > 1, the interleaved schedule
-(planner.validity.ep_comm_overlap_blockers). The warm-up and cool-down micro-batches, which
-have no partner pass, are priced overlapped too (optimistic by their share, about pp / m).
+(planner.validity.ep_comm_overlap_blockers). The warm-up forwards and cool-down backwards,
+which have no partner pass, are priced exposed (`unpaired_pass_share`).
 
 Routing is taken balanced and dropless, as the benchmarks run it (Megatron-Bridge performance
 configs set moe_router_force_load_balancing=true, e.g. scripts/moe_model_zoo/examples/qwen3/
@@ -216,6 +216,17 @@ def overlapped_ep_comm(ep_fwd: float, fwd: float, bwd: float, slowdown: float) -
     return out
 
 
+def unpaired_pass_share(m: int, pp: int, vpp: int) -> float:
+    """Share of a pipeline rank's forward and backward passes that the EP overlap finds no
+    partner pass for: the warm-up forwards and the cool-down backwards. Megatron's combined
+    1F1B schedules (megatron/core/pipeline_parallel/schedules.py) warm up with
+    (pp - rank - 1) * 2 + (vpp - 1) * pp virtual micro-batches under interleaving, one more with
+    the overlap; without pipelining the first forward and the last backward run alone. Rank 0,
+    the longest warm-up, for every rank."""
+    warm = 1 if pp == 1 else 2 * (pp - 1) + (vpp - 1) * pp + 1
+    return min(1.0, warm / (m * vpp))
+
+
 def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
               allowed=DISPATCHERS, imbalance: float = BALANCED,
               capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
@@ -381,8 +392,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         fwd_pass, bwd_pass = k.fwd_layer + d_fwd, k.bwd_layer + d_bwd
         ep_f, ep_b = ep_pass
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
-            ep_f = ep_b = overlapped_ep_comm(ep_fwd, fwd_pass, bwd_pass,
-                                             gpu.overlap_slowdown) / 2
+            alone = unpaired_pass_share(c.m, c.pp, c.vpp)
+            ep_f = ep_b = (alone * 2 * ep_fwd + (1 - alone) * overlapped_ep_comm(
+                ep_fwd, fwd_pass, bwd_pass, gpu.overlap_slowdown)) / 2
         changes = dict(
             compute_layer=k.compute_layer + d_fwd + d_bwd,
             compute_rec=k.compute_rec + d_rec,
