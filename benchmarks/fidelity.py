@@ -283,8 +283,13 @@ MOE_NOTES = """Notes.
 - Token-drop rows (25.09 "tokendrop"): capacity factor 1 with every expert padded to it, as
   Megatron-Bridge's apply_moe_token_drop sets (`moe_capacity_source`): the same expert work
   on balanced routing, and no host stall (the token counts are known on the host).
+- Saved activations: Megatron-Core applies the routing probabilities inside the experts'
+  activation (TEGroupedMLP.bias_act_func, weighted_bias_swiglu), so its unpermute keeps no
+  expert outputs (planner.engines.spec moe_saves_expert_outputs); with them counted, the
+  DeepSeek-V3 ep32 / ep64 rows needed full recompute of 16 / 32 layers, which rules out the
+  EP overlap their recipes ran, and were predicted +121% / +93%.
 - Host stall: the one fitted figure, the Megatron engine's per-MoE-layer overhead of dropless
-  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.73 ms per MoE layer forward),
+  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.99 ms per MoE layer forward),
   fitted on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity
   --fit-moe`); the other 29 rows are held out. Evidence it is host time, not GPU work: the
   same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA
@@ -298,18 +303,17 @@ What is still missing (evidence from the per-row table):
 
 1. The published step time moves with the software release by more than the planner's
    error: the same Qwen3-30B-A3B layout on 16 H100 (tp1 pp2 ep8 vpp12 mbs1 gbs1024) took
-   51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 32-49%
+   51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 33-49%
    slower than predicted with no host stall at all. No static model of the configuration
    sees kernel versions; the held-out median (18%) is mostly these.
-2. GPT-OSS-120B on H100 (pp4 ep8 mbs1) is predicted 23-25% fast on every release (B200 6-23%):
+2. GPT-OSS-120B on H100 (pp4 ep8 mbs1) is predicted 22-24% fast on every release (mbs4 in
+   25.11: 14%; B200 7-25%):
    its sink attention (cuDNN fused attention with a learnable softmax, TE >= 2.8) and its
    clamped SwiGLU are priced at the flash-attention and fused element-wise rates.
-3. DeepSeek-V3 B200 ep32 (26.04.01, +121%) and H100 1024 GPUs (25.09, +93%): the planner's
-   memory model needs full recompute of 16 / 32 of 61 layers there, which rules out the EP
-   overlap the recipes ran (Megatron forbids it with full recompute), so the all-to-all is
-   priced exposed. The recipes fit with fine-grained recompute (mla_up_proj, mlp), bf16
-   gradients (grad_reduce_in_fp32=False) and the precision-aware optimizer's bf16 moments,
-   none of which the planner models yet."""
+3. DeepSeek-V3 B200 ep32 (26.04.01, +38%) and H100 1024 GPUs (25.09, +20%) are still
+   predicted slow, the pp16 ep8 rows 10-14% fast: the recipes' fine-grained recompute
+   (mla_up_proj, mlp), bf16 gradients (grad_reduce_in_fp32=False) and the precision-aware
+   optimizer's bf16 moments are not modelled, nor HybridEP's own speed."""
 
 
 def _published_model_tflops(run) -> float | None:

@@ -230,10 +230,12 @@ def unpaired_pass_share(m: int, pp: int, vpp: int) -> float:
 def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
               allowed=DISPATCHERS, imbalance: float = BALANCED,
               capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
-              lp=None, act_bytes: float = BF16) -> MoeLayer:
+              lp=None, act_bytes: float = BF16, saves_expert_outputs: bool = True) -> MoeLayer:
     """`gpu`: the GPU as the engine drives it (planner.engines.facts.engine_gpu);
     `act_bytes`: the width of a saved activation element (the engine facts'
-    compute_elem_bytes: fp32 where the engine computes in fp32, as our runtime on CPUs)."""
+    compute_elem_bytes: fp32 where the engine computes in fp32, as our runtime on CPUs);
+    `saves_expert_outputs`: the combine weighs the experts' outputs by the routing
+    probabilities and keeps them for that product's gradient (planner.engines.spec)."""
     h, E, k, f = model.hidden, model.num_experts, model.experts_per_token, model.moe_ffn_hidden
     T = tokens_in(b, s, tp)
     # the slowest rank's share: imbalance, or a capacity factor's padding (dropless: none)
@@ -271,11 +273,12 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
                     + model.router_params() + model.shared_expert_params() / tp
                     + ((h + 2 * model.kv_dim) / tp if model.attn_bias else 0))
     # saved for backward (bf16): the permuted expert inputs, the expert FFN intermediates
-    # (gated: gate, up, activation output), the expert outputs before combine, the router's
-    # fp32 probabilities; the shared expert like a dense MLP (its input is the MLP input the
-    # dense terms already count)
+    # (gated: gate, up, activation output), the expert outputs before combine where the
+    # combine weighs them, the router's fp32 probabilities; the shared expert like a dense MLP
+    # (its input is the MLP input the dense terms already count)
     mlp_act = (3 if model.gated_mlp else 2) * act_bytes
-    saved = (act_bytes * rows * h + mlp_act * rows * f / etp + act_bytes * T * k * h
+    outputs = act_bytes * T * k * h if saves_expert_outputs else 0.0
+    saved = (act_bytes * rows * h + mlp_act * rows * f / etp + outputs
              + FP32 * T * E + mlp_act * b * s * sf / tp)
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
                     dense_params, saved, per_expert)
@@ -334,7 +337,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, allowed_dispatchers(c, engine),
                    imbalance=c.moe_imbalance, capacity_factor=c.moe_capacity_factor,
                    elementwise_traffic=engine.elementwise_traffic, lp=lp,
-                   act_bytes=facts.compute_elem_bytes)
+                   act_bytes=facts.compute_elem_bytes,
+                   saves_expert_outputs=engine.moe_saves_expert_outputs)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
     # dropless routing stalls the host once per MoE layer forward (the engine's

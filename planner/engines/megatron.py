@@ -50,7 +50,7 @@ from planner.engines.validation import validation_of
 # 13 Megatron-Bridge MoE rows of its latest two releases, 26.04 and 26.04.01 (H100 and B200;
 # DeepSeek-V3, Qwen3-30B/235B, GPT-OSS-120B); the 29 rows of 25.09, 25.11, 26.02, 26.02.01 and
 # 26.06 are held out (benchmarks/results/fidelity_moe_*.md reports both).
-MOE_LAYER_OVERHEAD_S = 4.73e-3
+MOE_LAYER_OVERHEAD_S = 4.99e-3
 
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",
@@ -68,7 +68,7 @@ MEGATRON = Engine(
     # --expert-tensor-parallel-size any divisor (MoE parallel folding);
     # --overlap-moe-expert-parallel-comm (megatron-core >= 0.14)
     moe_dispatchers=("alltoall", "allgather", "flex"), moe_etp="any", ep_comm_overlap=True,
-    moe_capacity_factor=True,
+    moe_capacity_factor=True, moe_saves_expert_outputs=False,
     moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,

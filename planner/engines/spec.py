@@ -89,6 +89,12 @@ class Engine:
     # MoE token dropping with every expert padded to capacity (Megatron
     # --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); False: dropless only
     moe_capacity_factor: bool = False
+    # the MoE combine weighs the experts' outputs by the routing probabilities and so keeps
+    # the outputs (k per token) for backward (our runtime: runtime/model.py MoEFeedForward;
+    # torchtitan taken so); False where the probabilities are applied inside the experts'
+    # activation instead (Megatron-Core's TEGroupedMLP.bias_act_func, weighted_bias_swiglu:
+    # megatron/core/transformer/moe/experts.py), so the unpermute keeps nothing
+    moe_saves_expert_outputs: bool = True
     # data parallelism with tp or pp (False: DDP only as 1-D data parallelism)
     zero0_with_tp_pp: bool = True
     # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it
