@@ -1066,6 +1066,24 @@ class SharedCoefficients:
         return budget.reserved(worst / GIB) - budget.usable_gib
 
 
+def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
+    """Bytes of model states that the busiest GPU of any candidate on `num_gpus` GPUs holds at
+    least: every parameter's weight, gradient and optimizer state is held at least once over
+    the cluster (ZeRO-3 shards each over dp x cp, the experts over expert-dp, which folding
+    makes exact: planner.validity.ep_blockers; lower stages keep more), counting the
+    parameters SharedCoefficients.states counts. Above the capacity, nothing fits."""
+    m = model
+    D, Q = ((m.num_layers - m.num_moe_layers, m.num_moe_layers) if m.is_moe
+            else (m.num_layers, 0))
+    dense = m.attn_matmul_params() + m.mlp_matmul_params()
+    moe = (m.attn_matmul_params() + m.router_params() + m.shared_expert_params()
+           + m.num_experts * m.expert_params()) if m.is_moe else dense
+    params = (D * dense + Q * moe + m.vocab_size * m.hidden
+              + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
+              + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
+    return params * (engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes) / num_gpus
+
+
 def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, infeasible: list,
              closest):
     """The candidate that misses by the least when nothing fits: `closest` (the best of the
