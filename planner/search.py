@@ -33,6 +33,7 @@ from planner.bounds import divisors
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.moe import expert_dp, layer_kinds, moe_counts
 from planner.cost import comm
+from planner.cost.compute import BF16
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.schedule import in_flight
 from planner.cost.stage import (Candidate, capacity_bytes, evaluate, memory_budget,
@@ -908,14 +909,20 @@ class TopTimes:
         return self._times[self.top - 1] if len(self._times) >= self.top else math.inf
 
 
+# model-state memory categories of StageCoeffs.mem_fixed / mem_layer and of its memory()
+STATE_KEYS = ("params", "grads", "optimizer")
+
+
 class SharedCoefficients:
     """Stage coefficients of a search's candidates, and two bounds computed without them.
 
     - `states`: a lower bound on the model states (weights, gradients, optimizer) each pipeline
       rank holds, from the parameter counts (planner.specs) and model_state_bytes
-      (planner.cost.memory) under the candidate's tp, cp, dp, ZeRO, ep and etp, leaving out
-      what only adds (norms, biases, position embeddings, copies an engine keeps beside them):
-      per rank its embedding / head / MTP share, one dense layer, one MoE layer;
+      (planner.cost.memory, with the engine's bytes per parameter as planner.cost.stage
+      passes them) under the candidate's tp, cp, dp, ZeRO, ep and etp, leaving out
+      parameters that only add (norms, biases, position embeddings, MTP projections, low
+      precision weight copies): per rank its embedding / head / MTP share, one dense layer,
+      one MoE layer (model_state_bytes is linear in the parameters);
     - `quick_bound`: below quick_lower_bound, from the coefficients of one candidate per
       (micro-batch, tp, sp, cp, exchange, ep, etp, TP overlap) laid out with pp = 1: a layer's
       time does not depend on the pipeline, data-parallel, ZeRO or recompute choices, and the
@@ -928,6 +935,12 @@ class SharedCoefficients:
         self._times = {}       # class key -> (fixed, per layer, per MoE layer added) seconds
         self._states = {}      # layout -> [(fixed, per layer, per MoE layer)] bytes per rank
         self.kinds = layer_kinds(model)   # prefix counts of MoE layers, None: all alike
+        # bytes per parameter as planner.cost.stage passes them to model_state_bytes
+        facts = facts_for(engine, cluster.gpu)
+        self._state_bytes = dict(
+            grad_bytes=engine.grad_bytes, weight_bytes=engine.weight_bytes,
+            optimizer_bytes=engine.optimizer_bytes, compute_copy_bytes=facts.compute_copy_bytes,
+            autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
 
     def coefficients(self, c: Candidate, ranks=None) -> list:
         return stage_coefficients(self.model, self.cluster, c, self.engine, ranks=ranks)
@@ -984,8 +997,7 @@ class SharedCoefficients:
         if out is not None:
             return out
         m, e, t, p = self.model, self.engine, c.tp, c.pp
-        kw = dict(grad_bytes=e.grad_bytes, weight_bytes=e.weight_bytes,
-                  optimizer_bytes=e.optimizer_bytes)
+        kw = self._state_bytes
         dpc = c.dp_cp
 
         def held(params, dp=dpc):
