@@ -956,12 +956,22 @@ class SharedCoefficients:
             k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
             d = k.moe
             act = k.mem_layer.get("activations", 0.0)
+            act_moe = act + d.mem_layer.get("activations", 0.0) if d else act
+            rec_moe = k.mem_rec + d.mem_rec if d else k.mem_rec
+            # activations a layer keeps however much is recomputed
+            kept = (act, act_moe) if c.recompute == "none" else (act - k.mem_rec,
+                                                                  act_moe - rec_moe)
             got = self._times[key] = dict(
                 fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
                 rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
-                act=min(act, act + d.mem_layer.get("activations", 0.0)) if d else act,
-                saves=max(k.mem_rec, k.mem_rec + d.mem_rec) if d else k.mem_rec)
+                act=min(act, act_moe), saves=max(k.mem_rec, rec_moe),
+                kept_dense=kept[0], kept_moe=kept[1])
         return got
+
+    def in_flight(self, c: Candidate) -> list:
+        """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
+        sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
+        return [in_flight(sched, c.pp, i, c.m, c.vpp) for i in range(c.pp)]
 
     def quick_bound(self, c: Candidate, rules: Rules | None = None, cap: float | None = None
                     ) -> float:
@@ -978,8 +988,7 @@ class SharedCoefficients:
             if rules.all_layers_recomputed:
                 need = L
             else:
-                sched = self.engine.effective_schedule(c.schedule, p, c.m)
-                infl = [in_flight(sched, p, i, c.m, c.vpp) for i in range(p)]
+                infl = self.in_flight(c)
                 excess = ((self.pooled_states(c) + L * fig["act"] * min(infl)) * (1 - 1e-9)
                           - p * cap)
                 saves = fig["saves"] * max(infl) * (1 + 1e-9)
@@ -1046,19 +1055,23 @@ class SharedCoefficients:
         return min(L, na + (L if b <= 0 else int((room - na * a) // b)))
 
     def states_can_fit(self, c: Candidate, cap: float) -> bool:
-        """False when the model states alone overflow `cap` on some rank under every placement
-        (each rank at least one layer per chunk, the L layers held once), which makes every
-        placement overflow in the full memory model: activations and buffers only add. A rank
-        holding n layers holds at least the states of the n lightest the model has, and all
-        ranks together those of every layer. (A hair of slack keeps float rounding on the
-        safe side.)"""
+        """False when the model states and the activations every layer keeps however much is
+        recomputed overflow `cap` on some rank under every placement (each rank at least one
+        layer per chunk, the L layers held once), which makes every placement overflow in the
+        full memory model: the rest (working buffers, logits) only adds. A rank holding n
+        layers holds at least those of the n lightest the model has, and all ranks together
+        those of every layer. (A hair of slack keeps float rounding on the safe side.)"""
         room, L = cap * (1 + 1e-9), self.model.num_layers
         states = self.states(c)
-        if self.pooled_states(c) > room * len(states):
+        fig = self._layer_figures(c)
+        kd, km = fig["kept_dense"] * (1 - 1e-9), fig["kept_moe"] * (1 - 1e-9)
+        infl = self.in_flight(c)
+        D, Q = self._kind_counts()
+        if self.pooled_states(c) + (D * kd + Q * km) * min(infl) > room * len(states):
             return False
         total = 0
-        for fixed, dense, moe in states:
-            n = self._most_layers(room - fixed, dense, moe)
+        for (fixed, dense, moe), fl in zip(states, infl):
+            n = self._most_layers(room - fixed, dense + kd * fl, moe + km * fl)
             if n < c.vpp:
                 return False
             total += n
@@ -1271,15 +1284,21 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     before = pruned_mem
     if ranked and unpriced:
         # The rejected candidates planner.explain can show: of layouts (tp, cp, pp, dp) with a
-        # candidate whose bound without recompute (below the even split's step time, the
-        # "ideal" it shows) beats the best plan. Their unpriced variants get the memory test,
-        # so the rejected list holds every one that cannot fit.
+        # rejected candidate whose bound without recompute (below the even split's step time,
+        # the "ideal" it shows) beats the best plan; the unpriced ones get the memory test,
+        # those that may found such a layout first, then the rest of those layouts, so the
+        # rejected list holds every candidate of them that cannot fit.
         base = ranked[0].estimate.step_time_s
         layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
+        unpriced = sorted(unpriced, key=lambda x: x[1])
+        tested = set()
+        for _, _, c in unpriced:
+            if shared.quick_bound(c) < base:
+                memory_test(c, rules_for(engine, c, f))
+                tested.add(c)
         shown = {layout(c) for c, _, _ in infeasible if rejected_bounds[c] < base}
-        shown |= {layout(c) for _, _, c in unpriced if shared.quick_bound(c) < base}
-        for _, _, c in sorted(unpriced, key=lambda x: x[1]):
-            if layout(c) in shown:
+        for _, _, c in unpriced:
+            if c not in tested and layout(c) in shown:
                 memory_test(c, rules_for(engine, c, f))
     pruned_bound += len(unpriced) - (pruned_mem - before)   # the rest: beyond the bound
     rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]

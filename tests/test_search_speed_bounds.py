@@ -24,7 +24,8 @@ from tests.test_search import compositions, tiny_model
 SWEEP = [("deepseek-v3", "h100x256", "megatron"), ("qwen3-30b-a3b", "h100x16", "megatron"),
          ("qwen3-30b-a3b", "h100x16", "torchtitan"), ("gpt-oss-120b", "h100x64", "megatron"),
          ("mixtral-8x7b", "h100x64", "megatron"), ("llama70b", "h100x32", "megatron"),
-         ("llama70b", "h100x32", "fsdp"), ("llama70b", "h100x32", "deepspeed")]
+         ("llama70b", "h100x32", "fsdp"), ("llama70b", "h100x32", "deepspeed"),
+         ("llama70b", "h100x32", "torchtitan"), ("llama3-8b", "h100x8", "runtime")]
 SAMPLES = 60
 
 
@@ -55,6 +56,15 @@ def rank_states_bound(shared, c, layers, qs):
             for (fixed, dense, moe), n, q in zip(shared.states(c), layers, qs)]
 
 
+def rank_memory_bound(shared, c, layers, qs):
+    """What SharedCoefficients.states_can_fit takes a rank to hold at least: the states and
+    the activations each layer keeps however much is recomputed, x micro-batches in flight."""
+    fig = shared._layer_figures(c)
+    return [b + ((n - q) * fig["kept_dense"] + q * fig["kept_moe"]) * fl
+            for b, n, q, fl in zip(rank_states_bound(shared, c, layers, qs), layers, qs,
+                                   shared.in_flight(c))]
+
+
 @pytest.mark.parametrize("name,cluster_name,engine_name", SWEEP)
 def test_states_bound_is_below_the_priced_memory_on_any_placement(name, cluster_name,
                                                                   engine_name):
@@ -73,11 +83,12 @@ def test_states_bound_is_below_the_priced_memory_on_any_placement(name, cluster_
                 qs = list(layers) if model.is_moe else [0] * c.pp
                 rqs = [0] * c.pp
             bound = rank_states_bound(shared, c, layers, qs)
-            for k, n, r, q, rq, b in zip(coeffs, layers, rec, qs, rqs, bound):
+            held = rank_memory_bound(shared, c, layers, qs)
+            for k, n, r, q, rq, b, h in zip(coeffs, layers, rec, qs, rqs, bound, held):
                 mem = k.memory(n, r, q, rq) if coeffs[0].moe is not None else k.memory(n, r)
                 states = sum(mem[x] for x in STATE_KEYS)
                 assert b <= states * (1 + 1e-12), (c, k.rank)
-                assert b <= mem["total"] * (1 + 1e-12), (c, k.rank)
+                assert h <= mem["total"] * (1 + 1e-9), (c, k.rank)
             # the cluster-wide bound: the busiest rank holds at least the states per GPU
             assert states_per_gpu_bound(model, engine, c.num_gpus) <= max(bound) * (1 + 1e-12)
 
