@@ -461,12 +461,20 @@ def _recompute_bounds(c: Candidate, rules: Rules):
     return (1, 1) if rules.all_layers_recomputed else (0, 1)
 
 
-def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate) -> list:
-    """Most layers each rank can hold, recomputing all it may."""
+def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate,
+               lower: bool = False) -> list:
+    """Most layers each rank can hold, recomputing all it may. `lower`: of the coefficients'
+    lower_coeffs (the same figures, without building them)."""
     lo, hi = _recompute_bounds(c, rules)
     out = []
     for k in coeffs:
-        per = k.mem_total_layer() - hi * k.mem_rec
+        if lower and k.moe is not None:   # lower_coeffs' mem_layer and mem_rec
+            d = k.moe
+            per = (sum(min(val, val + d.mem_layer.get(key, 0.0))
+                       for key, val in k.mem_layer.items())
+                   - hi * max(k.mem_rec, k.mem_rec + d.mem_rec))
+        else:
+            per = k.mem_total_layer() - hi * k.mem_rec
         room = cap - k.mem_total_fixed()
         if room < 0:
             out.append(0)
@@ -584,10 +592,14 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
                     for k, lk, w in zip(coeffs, low, wins)]
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
+        # every layer is held once: L - Q dense and Q MoE layers' memory pooled over ranks
+        kinds_memory = ((L - Q) * min(k.mem_total_layer() for k in coeffs)
+                        + Q * min(k.mem_total_layer() + sum(k.moe.mem_layer.values())
+                                  for k in coeffs))
         coeffs = low
     else:
         per_rank = [_rank_min_times(k, L, v, cap, c, rules) for k in coeffs]
-        kinds_total = 0.0
+        kinds_total = kinds_memory = 0.0
     values = np.unique(np.concatenate([t[np.isfinite(t)] for _, t in per_rank]))
     if values.size == 0:
         return math.inf
@@ -606,7 +618,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
         need = L
     else:   # pooled memory over ranks sets the least total recompute
         excess = (sum(k.mem_total_fixed() for k in coeffs)
-                  + L * min(k.mem_total_layer() for k in coeffs) - p * cap)
+                  + max(kinds_memory, L * min(k.mem_total_layer() for k in coeffs)) - p * cap)
         mr = max(k.mem_rec for k in coeffs)
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
     total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
@@ -935,6 +947,10 @@ class SharedCoefficients:
         self._times = {}       # class key -> (fixed, per layer, per MoE layer added) seconds
         self._states = {}      # layout -> [(fixed, per layer, per MoE layer)] bytes per rank
         self.kinds = layer_kinds(model)   # prefix counts of MoE layers, None: all alike
+        L = model.num_layers
+        self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
+                        else (0, L) if model.is_moe else (L, 0))
+        self._in_flight = {}
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
         self._state_bytes = dict(
@@ -970,8 +986,13 @@ class SharedCoefficients:
 
     def in_flight(self, c: Candidate) -> list:
         """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
-        sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
-        return [in_flight(sched, c.pp, i, c.m, c.vpp) for i in range(c.pp)]
+        key = (c.schedule, c.pp, c.m, c.vpp)
+        got = self._in_flight.get(key)
+        if got is None:
+            sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
+            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp)
+                                          for i in range(c.pp)]
+        return got
 
     def quick_bound(self, c: Candidate, rules: Rules | None = None, cap: float | None = None
                     ) -> float:
@@ -1029,10 +1050,7 @@ class SharedCoefficients:
 
     def _kind_counts(self) -> tuple:
         """(dense layers, MoE layers) of the model."""
-        L = self.model.num_layers
-        if self.kinds is not None:
-            return L - self.kinds[-1], self.kinds[-1]
-        return (0, L) if self.model.is_moe else (L, 0)
+        return self._counts
 
     def pooled_states(self, c: Candidate) -> float:
         """The model states of all ranks together: every layer held once."""
@@ -1192,27 +1210,15 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             infeasible.append((c, None, rules))
             rejected_bounds[c] = shared.quick_bound(c)
             return None
-        if c.pp > 1:
-            # the memory test of pipeline rank 0 alone (it holds the embedding and, under
-            # every schedule, the most micro-batches in flight): if it cannot hold one layer
-            # per chunk the candidate cannot fit, as the full test below would find
-            first = [lower_coeffs(k) for k in shared.coefficients(c, ranks=[0])]
-            if max_layers(first, cap, c.vpp, rules, c)[0] < c.vpp:
-                pruned_mem += 1
-                infeasible.append((c, None, rules))
-                rejected_bounds[c] = quick_lower_bound(first, c, L)
-                too_big[family] = min(c.mbs, too_big.get(family, math.inf))
-                return None
         coeffs = shared.coefficients(c)
-        low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
-        caps = max_layers(low, cap, c.vpp, rules, c)
+        caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
             rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
             too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             return None
-        return coeffs, low
+        return coeffs, [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
 
     # Heuristic placements in bound order: once a candidate's bound exceeds the K-th best
     # heuristic so far, so does every later one's full bound, so the loop below would prune
