@@ -4,6 +4,12 @@ Outer choices (tp, pp, dp, ZeRO stage, sequence parallel, micro-batch, schedule/
 recompute granularity) are enumerated; any fixed on the command line is not searched. For each
 candidate:
 
+0. before any stage coefficients are built: a screen on the model states (from the parameter
+   counts) and the activations a layer keeps however much is recomputed, which only rejects
+   candidates that no placement fits (SharedCoefficients), and a cheap bound on the step time
+   (from figures shared by the candidates of one layer shape) that orders the rest: they are
+   visited best-first, and once that bound exceeds the K-th best heuristic plan the rest are
+   never priced;
 1. a memory feasibility test that is exact for the count problem: rank s can hold at most
    N_s layers even with every layer recomputed; the candidate is infeasible if sum(N_s) < L;
 2. a lower bound on its step time (perfectly balanced stages, no recompute, no exposed tail);
@@ -1026,7 +1032,7 @@ class SharedCoefficients:
         out = self._states.get(layout)
         if out is not None:
             return out
-        m, e, t, p = self.model, self.engine, c.tp, c.pp
+        m, t, p = self.model, c.tp, c.pp
         kw = self._state_bytes
         dpc = c.dp_cp
 
@@ -1156,8 +1162,11 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
 
 def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
            global_batch: int | None = None, top: int = 5, progress=None,
-           engine: Engine | str | None = None, margin_gib: float | None = None) -> SearchReport:
-    """Best plans for `model` on `cluster` under the fixed choices, for `engine`."""
+           engine: Engine | str | None = None, margin_gib: float | None = None,
+           rejected: bool = True) -> SearchReport:
+    """Best plans for `model` on `cluster` under the fixed choices, for `engine`.
+    `rejected=False`: the report's rejected list need only hold the candidates the search
+    itself found out of memory (not every one planner.explain could show)."""
     t0 = time.perf_counter()
     engine = get_engine(engine)
     f = fixed or Fixed()
@@ -1288,7 +1297,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     if not ranked:   # nothing fits: find the candidate that misses by the least
         closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
     before = pruned_mem
-    if ranked and unpriced:
+    if rejected and ranked and unpriced:
         # The rejected candidates planner.explain can show: of layouts (tp, cp, pp, dp) with a
         # rejected candidate whose bound without recompute (below the even split's step time,
         # the "ideal" it shows) beats the best plan; the unpriced ones get the memory test,
@@ -1307,14 +1316,15 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             if c not in tested and layout(c) in shown:
                 memory_test(c, rules_for(engine, c, f))
     pruned_bound += len(unpriced) - (pruned_mem - before)   # the rest: beyond the bound
-    rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]
+    out_of_memory = [(c, "out of memory on every placement of its layers")
+                     for c, _, _ in infeasible]
     gap = 0.0
     if ranked:
         best_s = ranked[0].estimate.step_time_s
         gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
-                        seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
+                        seconds=time.perf_counter() - t0, closest=closest, rejected=out_of_memory,
                         seq_len=seq_len, global_batch=gbs, engine=engine,
                         margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit,
                         rejected_bounds=rejected_bounds)

@@ -17,7 +17,7 @@ MAX_DOUBLINGS = 8
 def _fits(model, cluster, fixed, seq_len, gbs, engine, margin_gib):
     try:
         r = search(model, cluster, fixed, seq_len, gbs, top=1, engine=engine,
-                   margin_gib=margin_gib)
+                   margin_gib=margin_gib, rejected=False)
     except BadInput:
         return None
     return r.best

@@ -8,11 +8,9 @@ import random
 import pytest
 
 from planner.catalog import get_cluster, get_model
-from planner.cost.memory import GIB
 from planner.cost.moe import moe_counts
 from planner.cost.stage import capacity_bytes, evaluate, memory_budget, stage_coefficients
 from planner.engines import get_engine
-from planner.plan import even_split
 from planner.search import (STATE_KEYS, Fixed, SharedCoefficients, default_global_batch,
                             default_seq_len, enumerate_candidates, heuristic, quick_lower_bound,
                             rules_for, search, solve_candidate, states_per_gpu_bound)
