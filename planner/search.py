@@ -980,9 +980,9 @@ class SharedCoefficients:
             act = k.mem_layer.get("activations", 0.0)
             act_moe = act + d.mem_layer.get("activations", 0.0) if d else act
             rec_moe = k.mem_rec + d.mem_rec if d else k.mem_rec
-            # activations a layer keeps however much is recomputed
-            kept = (act, act_moe) if c.recompute == "none" else (act - k.mem_rec,
-                                                                  act_moe - rec_moe)
+            # activations a layer keeps whether it is recomputed or not
+            kept = (act, act_moe) if c.recompute == "none" else (
+                min(act, act - k.mem_rec), min(act_moe, act_moe - rec_moe))
             got = self._times[key] = dict(
                 fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
                 rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
