@@ -956,7 +956,7 @@ class SharedCoefficients:
         L = model.num_layers
         self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
                         else (0, L) if model.is_moe else (L, 0))
-        self._in_flight = {}
+        self._in_flight, self._pooled = {}, {}
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
         self._state_bytes = dict(
@@ -1060,10 +1060,14 @@ class SharedCoefficients:
 
     def pooled_states(self, c: Candidate) -> float:
         """The model states of all ranks together: every layer held once."""
-        states = self.states(c)
-        D, Q = self._kind_counts()
-        _, dense, moe = states[0]
-        return sum(fixed for fixed, _, _ in states) + D * dense + Q * moe
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
+        got = self._pooled.get(layout)
+        if got is None:
+            states = self.states(c)
+            D, Q = self._kind_counts()
+            _, dense, moe = states[0]
+            got = self._pooled[layout] = sum(fixed for fixed, _, _ in states) + D * dense + Q * moe
+        return got
 
     def _most_layers(self, room: float, dense: float, moe: float) -> int:
         """Most layers whose states fit in `room`, the lighter kind first (as many of it as
@@ -1071,8 +1075,8 @@ class SharedCoefficients:
         if room < 0:
             return -1
         L = self.model.num_layers
-        D, Q = self._kind_counts()
-        (a, na), (b, _) = sorted(((dense, D), (moe, Q)))
+        D, Q = self._counts
+        (a, na), b = ((dense, D), moe) if dense <= moe else ((moe, Q), dense)
         first = na if a <= 0 else min(na, int(room // a))
         if first < na:
             return first
@@ -1210,7 +1214,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     too_big = {}
 
     def memory_test(c, rules):
-        """(coefficients, lower coefficients) of c, or None when c cannot fit (recorded)."""
+        """The coefficients of c, or None when c cannot fit (recorded)."""
         nonlocal pruned_mem
         family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
                   c.recompute, c.ep, c.etp)
@@ -1227,7 +1231,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
             too_big[family] = min(c.mbs, too_big.get(family, math.inf))
             return None
-        return coeffs, [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
+        return coeffs
 
     # Heuristic placements in bound order: once a candidate's bound exceeds the K-th best
     # heuristic so far, so does every later one's full bound, so the loop below would prune
@@ -1239,10 +1243,10 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             unpriced = live[j:]
             break
         rules = rules_for(engine, c, f)
-        tested = memory_test(c, rules)
-        if tested is None:
+        coeffs = memory_test(c, rules)
+        if coeffs is None:
             continue
-        coeffs, low = tested
+        low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
         if heur.estimate.fits:
