@@ -4,6 +4,12 @@ Outer choices (tp, pp, dp, ZeRO stage, sequence parallel, micro-batch, schedule/
 recompute granularity) are enumerated; any fixed on the command line is not searched. For each
 candidate:
 
+0. before any stage coefficients are built: a screen on the model states (from the parameter
+   counts) and the activations a layer keeps however much is recomputed, which only rejects
+   candidates that no placement fits (SharedCoefficients), and a cheap bound on the step time
+   (from figures shared by the candidates of one layer shape) that orders the rest: they are
+   visited best-first, and once that bound exceeds the K-th best heuristic plan the rest are
+   never priced;
 1. a memory feasibility test that is exact for the count problem: rank s can hold at most
    N_s layers even with every layer recomputed; the candidate is infeasible if sum(N_s) < L;
 2. a lower bound on its step time (perfectly balanced stages, no recompute, no exposed tail);
@@ -19,6 +25,7 @@ planner.cost.stage (the same expressions `evaluate` uses).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 import time
@@ -29,10 +36,15 @@ from ortools.sat.python import cp_model
 
 from planner import validity as V
 from planner.bounds import divisors
-from planner.cost.moe import PADDED_DISPATCHERS, candidate_dispatcher, layer_kinds
+from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.moe import (PADDED_DISPATCHERS, candidate_dispatcher, expert_dp, layer_kinds,
+                              moe_counts)
 from planner.cost import comm
+from planner.cost.compute import BF16
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
-from planner.cost.stage import Candidate, capacity_bytes, evaluate, stage_coefficients
+from planner.cost.schedule import in_flight
+from planner.cost.stage import (Candidate, capacity_bytes, evaluate, memory_budget,
+                                stage_coefficients)
 from planner.engines import get_engine
 from planner.engines.facts import facts_for
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
@@ -512,12 +524,20 @@ def _recompute_bounds(c: Candidate, rules: Rules):
     return (1, 1) if rules.all_layers_recomputed else (0, 1)
 
 
-def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate) -> list:
-    """Most layers each rank can hold, recomputing all it may."""
+def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate,
+               lower: bool = False) -> list:
+    """Most layers each rank can hold, recomputing all it may. `lower`: of the coefficients'
+    lower_coeffs (the same figures, without building them)."""
     lo, hi = _recompute_bounds(c, rules)
     out = []
     for k in coeffs:
-        per = k.mem_total_layer() - hi * k.mem_rec
+        if lower and k.moe is not None:   # lower_coeffs' mem_layer and mem_rec
+            d = k.moe
+            per = (sum(min(val, val + d.mem_layer.get(key, 0.0))
+                       for key, val in k.mem_layer.items())
+                   - hi * max(k.mem_rec, k.mem_rec + d.mem_rec))
+        else:
+            per = k.mem_total_layer() - hi * k.mem_rec
         room = cap - k.mem_total_fixed()
         if room < 0:
             out.append(0)
@@ -635,10 +655,14 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
                     for k, lk, w in zip(coeffs, low, wins)]
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
+        # every layer is held once: L - Q dense and Q MoE layers' memory pooled over ranks
+        kinds_memory = ((L - Q) * min(k.mem_total_layer() for k in coeffs)
+                        + Q * min(k.mem_total_layer() + sum(k.moe.mem_layer.values())
+                                  for k in coeffs))
         coeffs = low
     else:
         per_rank = [_rank_min_times(k, L, v, cap, c, rules) for k in coeffs]
-        kinds_total = 0.0
+        kinds_total = kinds_memory = 0.0
     values = np.unique(np.concatenate([t[np.isfinite(t)] for _, t in per_rank]))
     if values.size == 0:
         return math.inf
@@ -657,7 +681,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
         need = L
     else:   # pooled memory over ranks sets the least total recompute
         excess = (sum(k.mem_total_fixed() for k in coeffs)
-                  + L * min(k.mem_total_layer() for k in coeffs) - p * cap)
+                  + max(kinds_memory, L * min(k.mem_total_layer() for k in coeffs)) - p * cap)
         mr = max(k.mem_rec for k in coeffs)
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
     total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
@@ -960,10 +984,253 @@ class TopTimes:
         return self._times[self.top - 1] if len(self._times) >= self.top else math.inf
 
 
+# model-state memory categories of StageCoeffs.mem_fixed / mem_layer and of its memory()
+STATE_KEYS = ("params", "grads", "optimizer")
+
+
+class SharedCoefficients:
+    """Stage coefficients of a search's candidates, and two bounds computed without them.
+
+    - `states`: a lower bound on the model states (weights, gradients, optimizer) each pipeline
+      rank holds, from the parameter counts (planner.specs) and model_state_bytes
+      (planner.cost.memory, with the engine's bytes per parameter as planner.cost.stage
+      passes them) under the candidate's tp, cp, dp, ZeRO, ep and etp, leaving out
+      parameters that only add (norms, biases, position embeddings, MTP projections, low
+      precision weight copies): per rank its embedding / head / MTP share, one dense layer,
+      one MoE layer (model_state_bytes is linear in the parameters);
+    - `quick_bound`: below quick_lower_bound, from the coefficients of one candidate per
+      (micro-batch, tp, sp, cp, exchange, ep, etp, TP overlap) laid out with pp = 1: a layer's
+      time does not depend on the pipeline, data-parallel, ZeRO or recompute choices, and the
+      embedding, head and MTP times one rank holds at pp = 1 are what the stages hold between
+      them (the pipeline sends, >= 0, left out).
+    tests/test_search_speed_bounds.py checks both against each candidate's own coefficients."""
+
+    def __init__(self, model: Model, cluster: Cluster, engine: Engine):
+        self.model, self.cluster, self.engine = model, cluster, engine
+        self._times = {}       # class key -> (fixed, per layer, per MoE layer added) seconds
+        self._states = {}      # layout -> [(fixed, per layer, per MoE layer)] bytes per rank
+        self.kinds = layer_kinds(model)   # prefix counts of MoE layers, None: all alike
+        L = model.num_layers
+        self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
+                        else (0, L) if model.is_moe else (L, 0))
+        self._in_flight, self._pooled = {}, {}
+        # bytes per parameter as planner.cost.stage passes them to model_state_bytes
+        facts = facts_for(engine, cluster.gpu)
+        self._state_bytes = dict(
+            grad_bytes=engine.grad_bytes, weight_bytes=engine.weight_bytes,
+            optimizer_bytes=engine.optimizer_bytes, compute_copy_bytes=facts.compute_copy_bytes,
+            autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
+
+    def coefficients(self, c: Candidate, ranks=None) -> list:
+        return stage_coefficients(self.model, self.cluster, c, self.engine, ranks=ranks)
+
+    def _layer_figures(self, c: Candidate) -> dict:
+        """Figures of one candidate per class laid out with pp = 1 (one rank, one micro-batch
+        in flight): fixed and per-layer times, per-layer recompute time, activations and what
+        recomputing a layer frees; per kind (dense, MoE added) where the kinds mix."""
+        # every field that changes a layer's figures (the MoE dispatch, overlap, capacity and
+        # imbalance included); pp, the schedule and ZeRO are the class's own (laid out at pp 1)
+        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap, c.recompute,
+               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance)
+        got = self._times.get(key)
+        if got is None:
+            one = dataclasses.replace(c, pp=1, vpp=1, schedule="1f1b", zero=0)
+            k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
+            d = k.moe
+            act = k.mem_layer.get("activations", 0.0)
+            act_moe = act + d.mem_layer.get("activations", 0.0) if d else act
+            rec_moe = k.mem_rec + d.mem_rec if d else k.mem_rec
+            # activations a layer keeps whether it is recomputed or not
+            kept = (act, act_moe) if c.recompute == "none" else (
+                min(act, act - k.mem_rec), min(act_moe, act_moe - rec_moe))
+            got = self._times[key] = dict(
+                fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
+                rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
+                act=min(act, act_moe), saves=max(k.mem_rec, rec_moe),
+                kept_dense=kept[0], kept_moe=kept[1])
+        return got
+
+    def in_flight(self, c: Candidate) -> list:
+        """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
+        key = (c.schedule, c.pp, c.m, c.vpp)
+        got = self._in_flight.get(key)
+        if got is None:
+            sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
+            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp)
+                                          for i in range(c.pp)]
+        return got
+
+    def quick_bound(self, c: Candidate, rules: Rules | None = None, cap: float | None = None
+                    ) -> float:
+        """A lower bound on quick_lower_bound(coefficients of c, c, L, Q); with `rules` and
+        `cap`, on lower_bound(...) instead: the stages' times also hold the least recompute
+        the pooled memory of the ranks needs (lower_bound's `need`), with the activations of a
+        rank's layer those of one micro-batch x the micro-batches it holds in flight (as
+        planner.cost.stage prices them) and the model states of `states`."""
+        fig = self._layer_figures(c)
+        L, p = self.model.num_layers, c.pp
+        total = fig["fixed"] + L * fig["layer"] + (self.kinds[-1] * fig["moe"]
+                                                   if self.kinds is not None else 0.0)
+        if rules is not None and c.recompute != "none":
+            if rules.all_layers_recomputed:
+                need = L
+            else:
+                infl = self.in_flight(c)
+                excess = ((self.pooled_states(c) + L * fig["act"] * min(infl)) * (1 - 1e-9)
+                          - p * cap)
+                saves = fig["saves"] * max(infl) * (1 + 1e-9)
+                need = (min(L, max(0, math.ceil(excess / saves)))
+                        if saves > 0 and excess > 0 else 0)
+            total += need * fig["rec"]
+        mean = total / p
+        return c.m * mean + (p - 1) * mean / c.vpp
+
+    def states(self, c: Candidate) -> list:
+        """Per pipeline rank: (model states of its fixed parts, of one dense layer, of one MoE
+        layer), bytes, each at most what planner.cost.stage charges."""
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
+        out = self._states.get(layout)
+        if out is not None:
+            return out
+        m, t, p = self.model, c.tp, c.pp
+        kw = self._state_bytes
+        dpc = c.dp_cp
+
+        def held(params, dp=dpc):
+            return sum(model_state_bytes(params, dp, c.zero, **kw))
+
+        dense = held((m.attn_matmul_params() + m.mlp_matmul_params()) / t)
+        moe = dense
+        if m.is_moe:
+            edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
+            moe = (held(m.attn_matmul_params() / t + m.router_params()
+                        + m.shared_expert_params() / t)
+                   + held((m.num_experts // c.ep) * m.expert_params() / c.etp, edp))
+        emb = held(m.vocab_size * m.hidden / t)
+        head = held(m.vocab_size * m.hidden / t) if (not m.tied_embeddings or p > 1) else 0.0
+        mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
+        out = [((emb if i == 0 else 0.0) + (head + mtp if i == p - 1 else 0.0), dense, moe)
+               for i in range(p)]
+        self._states[layout] = out
+        return out
+
+    def _kind_counts(self) -> tuple:
+        """(dense layers, MoE layers) of the model."""
+        return self._counts
+
+    def pooled_states(self, c: Candidate) -> float:
+        """The model states of all ranks together: every layer held once."""
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
+        got = self._pooled.get(layout)
+        if got is None:
+            states = self.states(c)
+            D, Q = self._kind_counts()
+            _, dense, moe = states[0]
+            got = self._pooled[layout] = sum(fixed for fixed, _, _ in states) + D * dense + Q * moe
+        return got
+
+    def _most_layers(self, room: float, dense: float, moe: float) -> int:
+        """Most layers whose states fit in `room`, the lighter kind first (as many of it as
+        the model has), or -1 when not even the fixed parts fit."""
+        if room < 0:
+            return -1
+        L = self.model.num_layers
+        D, Q = self._counts
+        (a, na), b = ((dense, D), moe) if dense <= moe else ((moe, Q), dense)
+        first = na if a <= 0 else min(na, int(room // a))
+        if first < na:
+            return first
+        return min(L, na + (L if b <= 0 else int((room - na * a) // b)))
+
+    def states_can_fit(self, c: Candidate, cap: float) -> bool:
+        """False when the model states and the activations every layer keeps however much is
+        recomputed overflow `cap` on some rank under every placement (each rank at least one
+        layer per chunk, the L layers held once), which makes every placement overflow in the
+        full memory model: the rest (working buffers, logits) only adds. A rank holding n
+        layers holds at least those of the n lightest the model has, and all ranks together
+        those of every layer. (A hair of slack keeps float rounding on the safe side.)"""
+        room, L = cap * (1 + 1e-9), self.model.num_layers
+        states = self.states(c)
+        fig = self._layer_figures(c)
+        kd, km = fig["kept_dense"] * (1 - 1e-9), fig["kept_moe"] * (1 - 1e-9)
+        infl = self.in_flight(c)
+        D, Q = self._kind_counts()
+        if self.pooled_states(c) + (D * kd + Q * km) * min(infl) > room * len(states):
+            return False
+        total = 0
+        for (fixed, dense, moe), fl in zip(states, infl):
+            n = self._most_layers(room - fixed, dense + kd * fl, moe + km * fl)
+            if n < c.vpp:
+                return False
+            total += n
+        return total >= L
+
+    def states_overflow_gib(self, c: Candidate, budget) -> float:
+        """A lower bound on max(overflow_gib()) of c's heuristic placement (the even split):
+        the most reserved bytes of the model states alone of any rank, less the capacity."""
+        model = self.model
+        split = even_split(model.num_layers, c.pp)
+        if self.kinds is not None:
+            qs, _ = moe_counts(model, c.pp, c.vpp, split, [0] * c.pp)
+        else:
+            qs = split if model.is_moe else [0] * c.pp
+        worst = max(fixed + (n - q) * dense + q * moe
+                    for (fixed, dense, moe), n, q in zip(self.states(c), split, qs))
+        return budget.reserved(worst / GIB) - budget.usable_gib
+
+
+def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
+    """Bytes of model states that the busiest GPU of any candidate on `num_gpus` GPUs holds at
+    least: every parameter's weight, gradient and optimizer state is held at least once over
+    the cluster (ZeRO-3 shards each over dp x cp, the experts over expert-dp, which folding
+    makes exact: planner.validity.ep_blockers; lower stages keep more), counting the
+    parameters SharedCoefficients.states counts. Above the capacity, nothing fits."""
+    m = model
+    D, Q = ((m.num_layers - m.num_moe_layers, m.num_moe_layers) if m.is_moe
+            else (m.num_layers, 0))
+    dense = m.attn_matmul_params() + m.mlp_matmul_params()
+    moe = (m.attn_matmul_params() + m.router_params() + m.shared_expert_params()
+           + m.num_experts * m.expert_params()) if m.is_moe else dense
+    params = (D * dense + Q * moe + m.vocab_size * m.hidden
+              + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
+              + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
+    return params * (engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes) / num_gpus
+
+
+def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, infeasible: list,
+             closest):
+    """The candidate that misses by the least when nothing fits: `closest` (the best of the
+    solved candidates) or the first of `infeasible` whose heuristic placement overflows least,
+    as if every one were priced in turn. Those whose model states alone overflow more than the
+    least found so far cannot be it: visited in that bound's order, they are left unpriced."""
+    if not infeasible:
+        return closest
+    budget = memory_budget(cluster, engine, margin_gib)
+    cap = capacity_bytes(cluster, engine, margin_gib)
+    over = lambda r: max(r.estimate.overflow_gib())   # noqa: E731
+    bounds = [shared.states_overflow_gib(c, budget) for c, _, _ in infeasible]
+    least = over(closest) if closest is not None else math.inf
+    priced = {}
+    for i in sorted(range(len(infeasible)), key=lambda i: bounds[i]):
+        if bounds[i] > least + 1e-6 * max(1.0, abs(least)):
+            break
+        c, coeffs, rules = infeasible[i]
+        res = heuristic(model, cluster, c, coeffs or shared.coefficients(c), cap, rules,
+                        engine=engine, margin_gib=margin_gib)
+        priced[i] = res
+        least = min(least, over(res))
+    if closest is not None and over(closest) <= least:
+        return closest
+    return next(priced[i] for i in sorted(priced) if over(priced[i]) == least)
+
+
 def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
            global_batch: int | None = None, top: int = 5, progress=None,
-           engine: Engine | str | None = None, margin_gib: float | None = None) -> SearchReport:
-    """Best plans for `model` on `cluster` under the fixed choices, for `engine`."""
+           engine: Engine | str | None = None, margin_gib: float | None = None,
+           rejected: bool = True) -> SearchReport:
+    """Best plans for `model` on `cluster` under the fixed choices, for `engine`.
+    `rejected=False`: the report's rejected list need only hold the candidates the search
+    itself found out of memory (not every one planner.explain could show)."""
     t0 = time.perf_counter()
     engine = get_engine(engine)
     f = fixed or Fixed()
@@ -984,52 +1251,62 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if closest is None or max(res.estimate.overflow_gib()) < max(closest.estimate.overflow_gib()):
             closest = res
 
-    infeasible, feasible, pruned_quick, rejected_bounds = [], [], 0, {}
+    infeasible, rejected_bounds = [], {}
+    shared = SharedCoefficients(model, cluster, engine)
+    # Model states first: a candidate whose weights, gradients and optimizer states alone
+    # overflow every placement cannot fit (activations and buffers only add); its coefficients
+    # are never built. The rest are visited in the order of a bound below lower_bound
+    # (SharedCoefficients.quick_bound, from figures its variants share).
+    live = []
+    for idx, c in enumerate(cands):
+        if not shared.states_can_fit(c, cap):
+            pruned_mem += 1
+            infeasible.append((c, None, rules_for(engine, c, f)))
+            rejected_bounds[c] = shared.quick_bound(c)
+            continue
+        live.append((shared.quick_bound(c, rules_for(engine, c, f), cap), idx, c))
+    live.sort(key=lambda x: (x[0], x[1]))
     # Memory grows with the micro-batch at everything else equal (activations, logits and
     # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
     # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
     # model states do not depend on it), so once a micro-batch size cannot fit, no larger one
-    # of the same family can: those are pruned unpriced. Candidates come smallest first.
+    # of the same family can: those are pruned unpriced.
     too_big = {}
-    for c in cands:
-        rules = rules_for(engine, c, f)
+
+    def memory_test(c, rules):
+        """The coefficients of c, or None when c cannot fit (recorded)."""
+        nonlocal pruned_mem
         family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
                   c.recompute, c.ep, c.etp)
         if too_big.get(family, math.inf) < c.mbs:
             pruned_mem += 1
             infeasible.append((c, None, rules))
-            continue
-        if c.pp > 1:
-            # the memory test of pipeline rank 0 alone (it holds the embedding and, under
-            # every schedule, the most micro-batches in flight): if it cannot hold one layer
-            # per chunk the candidate cannot fit, as the full test below would find
-            first = [lower_coeffs(k) for k in
-                     stage_coefficients(model, cluster, c, engine, ranks=[0])]
-            if max_layers(first, cap, c.vpp, rules, c)[0] < c.vpp:
-                pruned_mem += 1
-                infeasible.append((c, None, rules))
-                rejected_bounds[c] = quick_lower_bound(first, c, L)
-                too_big[family] = min(c.mbs, too_big.get(family, math.inf))
-                continue
-        coeffs = stage_coefficients(model, cluster, c, engine)
-        low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
-        caps = max_layers(low, cap, c.vpp, rules, c)
+            rejected_bounds[c] = shared.quick_bound(c)
+            return None
+        coeffs = shared.coefficients(c)
+        caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
         if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
             rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
             too_big[family] = min(c.mbs, too_big.get(family, math.inf))
-            continue
-        feasible.append((quick_lower_bound(coeffs, c, L, Q), c, coeffs, rules, low))
-    # Heuristic placements in quick-bound order: once a candidate's quick bound exceeds the
-    # K-th best heuristic so far, so does every later one's full bound (lower_bound >=
-    # quick_lower_bound), so the loop below would prune them all: they are not placed at all.
-    feasible.sort(key=lambda x: x[0])
+            return None
+        return coeffs
+
+    # Heuristic placements in bound order: once a candidate's bound exceeds the K-th best
+    # heuristic so far, so does every later one's full bound, so the loop below would prune
+    # them all: they are not priced at all.
     best_heur = TopTimes(top)
-    for i, (lb0, c, coeffs, rules, low) in enumerate(feasible):
+    unpriced = []
+    for j, (lb0, _, c) in enumerate(live):
         if lb0 > best_heur.threshold() * (1 + 1e-9):
-            pruned_quick = len(feasible) - i
+            unpriced = live[j:]
             break
+        rules = rules_for(engine, c, f)
+        coeffs = memory_test(c, rules)
+        if coeffs is None:
+            continue
+        low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
         if heur.estimate.fits:
@@ -1053,7 +1330,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         # the plans so far (heuristic ones included) only falls: kept incrementally
         threshold = best_plans.threshold()
         if lb > threshold * (1 + 1e-9):
-            pruned_bound = len(scored) - i + pruned_quick
+            pruned_bound = len(scored) - i
             open_bound = min(open_bound, lb)
             break
         if c.pp == 1 or rules.equal_split or (
@@ -1082,18 +1359,36 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             consider_closest(res)
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked:   # nothing fits: find the candidate that misses by the least
-        for c, coeffs, rules in infeasible:
-            coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
-            consider_closest(heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
-                                       margin_gib=margin_gib))
-    rejected = [(c, "out of memory on every placement of its layers") for c, _, _ in infeasible]
+        closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
+    before = pruned_mem
+    if rejected and ranked and unpriced:
+        # The rejected candidates planner.explain can show: of layouts (tp, cp, pp, dp) with a
+        # rejected candidate whose bound without recompute (below the even split's step time,
+        # the "ideal" it shows) beats the best plan; the unpriced ones get the memory test,
+        # those that may found such a layout first, then the rest of those layouts, so the
+        # rejected list holds every candidate of them that cannot fit.
+        base = ranked[0].estimate.step_time_s
+        layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
+        unpriced = sorted(unpriced, key=lambda x: x[1])
+        tested = set()
+        for _, _, c in unpriced:
+            if shared.quick_bound(c) < base:
+                memory_test(c, rules_for(engine, c, f))
+                tested.add(c)
+        shown = {layout(c) for c, _, _ in infeasible if rejected_bounds[c] < base}
+        for _, _, c in unpriced:
+            if c not in tested and layout(c) in shown:
+                memory_test(c, rules_for(engine, c, f))
+    pruned_bound += len(unpriced) - (pruned_mem - before)   # the rest: beyond the bound
+    out_of_memory = [(c, "out of memory on every placement of its layers")
+                     for c, _, _ in infeasible]
     gap = 0.0
     if ranked:
         best_s = ranked[0].estimate.step_time_s
         gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
-                        seconds=time.perf_counter() - t0, closest=closest, rejected=rejected,
+                        seconds=time.perf_counter() - t0, closest=closest, rejected=out_of_memory,
                         seq_len=seq_len, global_batch=gbs, engine=engine,
                         margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit,
                         rejected_bounds=rejected_bounds)

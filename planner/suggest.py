@@ -6,7 +6,9 @@ import dataclasses
 from planner.bounds import MAX_GPUS
 from planner.errors import BadInput
 from planner.explain import describe_candidate
-from planner.search import Fixed, search
+from planner.cost.stage import capacity_bytes
+from planner.engines import get_engine
+from planner.search import Fixed, search, states_per_gpu_bound
 from planner.specs import Cluster
 
 MAX_DOUBLINGS = 8
@@ -15,7 +17,7 @@ MAX_DOUBLINGS = 8
 def _fits(model, cluster, fixed, seq_len, gbs, engine, margin_gib):
     try:
         r = search(model, cluster, fixed, seq_len, gbs, top=1, engine=engine,
-                   margin_gib=margin_gib)
+                   margin_gib=margin_gib, rejected=False)
     except BadInput:
         return None
     return r.best
@@ -32,10 +34,22 @@ def _more_gpus(cluster: Cluster, n: int) -> Cluster:
                                gpus_per_node=gpn, nvlink_domain=domain)
 
 
+def _hopeless(model, cluster: Cluster, engine, margin_gib) -> bool:
+    """Nothing can fit on this cluster: its GPUs cannot hold the model states even sharded
+    over all of them (planner.search.states_per_gpu_bound), so no search is needed."""
+    return (states_per_gpu_bound(model, get_engine(engine), cluster.num_gpus)
+            > capacity_bytes(cluster, get_engine(engine), margin_gib) * (1 + 1e-9))
+
+
 def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 engine=None, margin_gib=None) -> list:
     tips = []
-    fits = lambda cl, f, s, g: _fits(model, cl, f, s, g, engine, margin_gib)   # noqa: E731
+
+    def fits(cl, f, s, g):
+        if _hopeless(model, cl, engine, margin_gib):
+            return None
+        return _fits(model, cl, f, s, g, engine, margin_gib)
+
     # with recompute free the search has tried "full" already: searching again finds nothing new
     if fixed.recompute not in ("full", None) and (engine is None
                                                   or "full" in engine.recompute_modes):

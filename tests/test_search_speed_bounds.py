@@ -1,0 +1,202 @@
+"""The search's cheap bounds (planner.search.SharedCoefficients, states_per_gpu_bound) against
+the full cost model: the model-state bound never exceeds the memory planner.cost.stage charges
+on any placement, the time bounds never exceed the step time of a placement that fits, a
+candidate rejected on its model states has no placement that fits (brute force), and the
+pruned search returns what solving every candidate exactly returns."""
+import random
+
+import pytest
+
+from planner.catalog import get_cluster, get_model
+from planner.cost.moe import moe_counts
+from planner.cost.stage import capacity_bytes, evaluate, memory_budget, stage_coefficients
+from planner.engines import get_engine
+from planner.search import (STATE_KEYS, Fixed, SharedCoefficients, default_global_batch,
+                            default_seq_len, enumerate_candidates, heuristic, quick_lower_bound,
+                            rules_for, search, solve_candidate, states_per_gpu_bound)
+from tests.test_moe_planner import cluster_with_memory, tiny_moe
+from tests.test_search import compositions, tiny_model
+
+# (model, cluster, engine): every layer kind mix (dense; all MoE; dense then MoE with MTP;
+# MoE with expert biases), the engines that run each
+SWEEP = [("deepseek-v3", "h100x256", "megatron"), ("qwen3-30b-a3b", "h100x16", "megatron"),
+         ("qwen3-30b-a3b", "h100x16", "torchtitan"), ("gpt-oss-120b", "h100x64", "megatron"),
+         ("mixtral-8x7b", "h100x64", "megatron"), ("llama70b", "h100x32", "megatron"),
+         ("llama70b", "h100x32", "fsdp"), ("llama70b", "h100x32", "deepspeed"),
+         ("llama70b", "h100x32", "torchtitan"), ("llama3-8b", "h100x8", "runtime")]
+SAMPLES = 60
+
+
+def sampled(model, cluster, engine, k=SAMPLES, seed=0):
+    s = default_seq_len(model)
+    cands = enumerate_candidates(model, cluster, Fixed(), s,
+                                 default_global_batch(s, cluster.num_gpus), engine)
+    return random.Random(seed).sample(cands, min(k, len(cands)))
+
+
+def random_placement(rng, c, L, rules):
+    """Layers per rank (at least one per chunk) and recomputed layers the engine allows."""
+    cuts = sorted(rng.sample(range(1, L - c.pp * c.vpp + c.pp), c.pp - 1)) if c.pp > 1 else []
+    extra = [b - a for a, b in zip([0] + cuts, cuts + [L - c.pp * c.vpp + c.pp])]
+    layers = [c.vpp - 1 + e for e in extra]
+    assert sum(layers) == L and min(layers) >= c.vpp
+    if c.recompute == "none":
+        rec = [0] * c.pp
+    elif rules.all_layers_recomputed:
+        rec = list(layers)
+    else:
+        rec = [rng.randint(0, n) for n in layers]
+    return layers, rec
+
+
+def rank_states_bound(shared, c, layers, qs):
+    return [fixed + (n - q) * dense + q * moe
+            for (fixed, dense, moe), n, q in zip(shared.states(c), layers, qs)]
+
+
+def rank_memory_bound(shared, c, layers, qs):
+    """What SharedCoefficients.states_can_fit takes a rank to hold at least: the states and
+    the activations each layer keeps however much is recomputed, x micro-batches in flight."""
+    fig = shared._layer_figures(c)
+    return [b + ((n - q) * fig["kept_dense"] + q * fig["kept_moe"]) * fl
+            for b, n, q, fl in zip(rank_states_bound(shared, c, layers, qs), layers, qs,
+                                   shared.in_flight(c))]
+
+
+@pytest.mark.parametrize("name,cluster_name,engine_name", SWEEP)
+def test_states_bound_is_below_the_priced_memory_on_any_placement(name, cluster_name,
+                                                                  engine_name):
+    model, cluster, engine = get_model(name), get_cluster(cluster_name), get_engine(engine_name)
+    shared = SharedCoefficients(model, cluster, engine)
+    rng = random.Random(1)
+    L = model.num_layers
+    for c in sampled(model, cluster, engine):
+        coeffs = stage_coefficients(model, cluster, c, engine)
+        rules = rules_for(engine, c)
+        for _ in range(4):
+            layers, rec = random_placement(rng, c, L, rules)
+            if coeffs[0].moe is not None:
+                qs, rqs = moe_counts(model, c.pp, c.vpp, layers, rec)
+            else:
+                qs = list(layers) if model.is_moe else [0] * c.pp
+                rqs = [0] * c.pp
+            bound = rank_states_bound(shared, c, layers, qs)
+            held = rank_memory_bound(shared, c, layers, qs)
+            for k, n, r, q, rq, b, h in zip(coeffs, layers, rec, qs, rqs, bound, held):
+                mem = k.memory(n, r, q, rq) if coeffs[0].moe is not None else k.memory(n, r)
+                states = sum(mem[x] for x in STATE_KEYS)
+                assert b <= states * (1 + 1e-12), (c, k.rank)
+                assert h <= mem["total"] * (1 + 1e-9), (c, k.rank)
+            # the cluster-wide bound: the busiest rank holds at least the states per GPU
+            assert states_per_gpu_bound(model, engine, c.num_gpus) <= max(bound) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name,cluster_name,engine_name", SWEEP)
+def test_time_bounds_are_below_quick_lower_bound_and_the_heuristic_plan(name, cluster_name,
+                                                                        engine_name):
+    model, cluster, engine = get_model(name), get_cluster(cluster_name), get_engine(engine_name)
+    shared = SharedCoefficients(model, cluster, engine)
+    cap = capacity_bytes(cluster, engine)
+    L = model.num_layers
+    Q = shared.kinds[-1] if shared.kinds is not None else None
+    for c in sampled(model, cluster, engine, seed=2):
+        coeffs = stage_coefficients(model, cluster, c, engine)
+        plain = shared.quick_bound(c)
+        assert plain <= quick_lower_bound(coeffs, c, L, Q) * (1 + 1e-12)
+        rules = rules_for(engine, c)
+        with_rec = shared.quick_bound(c, rules, cap)
+        assert with_rec >= plain
+        heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine)
+        if heur.estimate.fits:
+            assert with_rec <= heur.estimate.step_time_s * (1 + 1e-12)
+
+
+def brute_force_steps(model, cluster, c, engine):
+    """Step times of every placement that fits (every split, every recompute count per rank
+    the engine allows)."""
+    import itertools
+    coeffs = stage_coefficients(model, cluster, c, engine)
+    rules = rules_for(get_engine(engine), c)
+    steps = []
+    for layers in compositions(model.num_layers, c.pp, c.vpp):
+        if c.recompute == "none":
+            options = [[0] * c.pp]
+        elif rules.all_layers_recomputed:
+            options = [layers]
+        else:
+            options = itertools.product(*[range(n + 1) for n in layers])
+        for rec in options:
+            e = evaluate(model, cluster, c, layers, list(rec), coeffs, engine, 0.0)
+            if e.fits:
+                steps.append(e.step_time_s)
+    return steps
+
+
+# GPU memory (GiB) where some candidates' model states alone overflow and others fit
+@pytest.mark.parametrize("model,engine,gib", [
+    (tiny_moe(6, 1, 1), "megatron", 3), (tiny_moe(6, 1, 1), "megatron", 3.5),
+    (tiny_moe(6, 2, 1), "megatron", 4), (tiny_moe(5, 0, 1, shared=512), "torchtitan", 2.75),
+    (tiny_model(6), "runtime", 3), (tiny_model(6), "megatron", 3.5)])
+def test_bounds_against_brute_force_on_small_models(model, engine, gib):
+    """A candidate rejected on its model states has no placement that fits; the bound with
+    recompute never exceeds a fitting placement's step; the states overflow bound never
+    exceeds the heuristic placement's overflow."""
+    cluster = cluster_with_memory(gib, n=4)
+    eng = get_engine(engine)
+    shared = SharedCoefficients(model, cluster, eng)
+    cap = capacity_bytes(cluster, eng, 0.0)
+    budget = memory_budget(cluster, eng, 0.0)
+    cands = enumerate_candidates(model, cluster, Fixed(), 2048, 8, eng)
+    assert cands
+    for c in random.Random(3).sample(cands, min(40, len(cands))):
+        steps = brute_force_steps(model, cluster, c, engine)
+        if not shared.states_can_fit(c, cap):
+            assert not steps, c
+        if steps:
+            assert shared.quick_bound(c, rules_for(eng, c), cap) <= min(steps) * (1 + 1e-12)
+        coeffs = stage_coefficients(model, cluster, c, eng)
+        heur = heuristic(model, cluster, c, coeffs, cap, rules_for(eng, c), engine=eng,
+                         margin_gib=0.0)
+        assert shared.states_overflow_gib(c, budget) <= max(heur.estimate.overflow_gib()) + 1e-9
+
+
+@pytest.mark.parametrize("model,gib,n", [(tiny_moe(6, 1, 1), 3.5, 4), (tiny_moe(6, 2, 1), 4, 8),
+                                         (tiny_moe(6, 1, 1), 2.75, 4), (tiny_model(8), 3.5, 4),
+                                         (tiny_model(8), 24, 4)])
+def test_pruned_search_equals_every_candidate_solved(model, gib, n):
+    """The top plans of the search equal those of solving every candidate exactly with no
+    pruning at all; when nothing fits, the closest candidate misses by the least any
+    candidate's heuristic placement misses by."""
+    cluster = cluster_with_memory(gib, n=n)
+    eng = get_engine("megatron")
+    got = search(model, cluster, global_batch=8, top=3, engine=eng, margin_gib=0.0)
+    cap = capacity_bytes(cluster, eng, 0.0)
+    times, least = [], None
+    for c in enumerate_candidates(model, cluster, Fixed(), default_seq_len(model), 8, eng):
+        res, fits = solve_candidate(model, cluster, c, engine=eng, margin_gib=0.0)
+        if fits:
+            times.append(res.estimate.step_time_s)
+        coeffs = stage_coefficients(model, cluster, c, eng)
+        over = max(heuristic(model, cluster, c, coeffs, cap, rules_for(eng, c), engine=eng,
+                             margin_gib=0.0).estimate.overflow_gib())
+        least = over if least is None else min(least, over)
+    want = sorted(times)[:3]
+    assert [r.estimate.step_time_s for r in got.ranked] == pytest.approx(want, rel=1e-6)
+    if not want:
+        assert max(got.closest.estimate.overflow_gib()) == pytest.approx(least, abs=1e-9)
+
+
+def test_suggestions_skip_hopeless_gpu_counts_with_the_same_answer(monkeypatch):
+    """llama70b on 2 GPUs fits nowhere below 32 (its model states alone need ~79 GiB per GPU
+    on 16); skipping those counts unsearched gives the tips searching them gives."""
+    import planner.suggest as sg
+    model, cluster = get_model("llama70b"), get_cluster("h100x2")
+    eng = get_engine(None)
+    s = default_seq_len(model)
+    gbs = default_global_batch(s, cluster.num_gpus)
+    assert all(sg._hopeless(model, sg._more_gpus(cluster, k), eng, None) for k in (2, 4, 8, 16))
+    assert not sg._hopeless(model, sg._more_gpus(cluster, 32), eng, None)
+    fast = sg.suggestions(model, cluster, Fixed(), s, gbs, eng)
+    monkeypatch.setattr(sg, "_hopeless", lambda *a: False)
+    assert sg.suggestions(model, cluster, Fixed(), s, gbs, eng) == fast
+    assert fast and fast[0].startswith("32 GPUs")
