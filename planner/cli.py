@@ -242,8 +242,10 @@ def run_plan(argv) -> int:
     fixed = _fixed(a)
     with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
         try:
+            # the rejected layouts are only for the text output's Alternatives table
             report = search(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top,
-                            progress=progress, engine=engine, margin_gib=a.memory_margin)
+                            progress=progress, engine=engine, margin_gib=a.memory_margin,
+                            rejected=not (a.json or a.export))
         except BadInput:
             _diagnose_no_configuration(model, cluster, fixed, a.seq_len, a.global_batch, engine)
             raise
