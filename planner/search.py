@@ -38,7 +38,7 @@ from planner import validity as V
 from planner.bounds import divisors
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.moe import (PADDED_DISPATCHERS, candidate_dispatcher, expert_dp, layer_kinds,
-                              moe_counts)
+                              moe_counts, plan_dispatcher)
 from planner.cost import comm
 from planner.cost.compute import BF16
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
@@ -198,6 +198,9 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
         if f.moe_dispatcher and f.moe_dispatcher not in PADDED_DISPATCHERS:
             raise BadInput(f"token dropping pads experts on the {', '.join(PADDED_DISPATCHERS)} "
                            f"dispatcher only, not {f.moe_dispatcher}")
+    if f.moe_dispatcher == "flex" and f.ep == 1 and (f.etp or 1) == 1:
+        raise BadInput("the flex dispatcher needs ep x etp > 1 (Megatron's "
+                       "MoEFlexTokenDispatcher); drop --ep 1 or --moe-dispatcher flex")
     if f.moe_dispatcher and model.is_moe and f.moe_dispatcher not in eng.moe_dispatchers:
         raise BadInput(f"engine {eng.name} has no {f.moe_dispatcher} token dispatcher (it has: "
                        f"{', '.join(eng.moe_dispatchers) or 'none'})")
@@ -436,8 +439,11 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                         for ep, etp in experts:
                             if not engine.ep_layout_ok(ep, etp, tp, zero, model.is_moe):
                                 continue
+                            if dispatcher_fixed == "flex" and not V.flex_ok(ep, etp):
+                                continue
                             for rec, overlap in _recompute_and_ep_overlap(
-                                    recs, f, engine, ep, pp, sch, dispatcher_fixed):
+                                    recs, f, engine, ep, pp, sch, dispatcher_fixed,
+                                    model.mtp_layers):
                                 out.append(Candidate(
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                     seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
@@ -452,14 +458,14 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
 
 
 def _recompute_and_ep_overlap(recs, f: Fixed, engine: Engine, ep: int, pp: int, sch: str,
-                              dispatcher_fixed: str) -> list:
+                              dispatcher_fixed: str, mtp_layers: int = 0) -> list:
     """(recompute, ep_comm_overlap) pairs of a layout: each searched recompute, with the EP
     overlap where the engine offers it and the layout allows; Megatron's overlap excludes
     full recompute, so a layout recomputing "full" (any number of layers, 0 included) gets a
     "none" twin with the overlap beside it."""
     def allowed(rec):
         return (f.ep_comm_overlap and engine.ep_comm_overlap and not V.ep_comm_overlap_blockers(
-            ep, pp, sch, rec, dispatcher_fixed or "alltoall"))
+            ep, pp, sch, rec, dispatcher_fixed or "alltoall", mtp_layers))
     out = [(rec, allowed(rec)) for rec in recs]
     if "none" not in recs and f.recompute is None and allowed("none"):
         out.append(("none", True))
@@ -1037,26 +1043,31 @@ class SharedCoefficients:
             one = dataclasses.replace(c, pp=1, vpp=1, schedule="1f1b", zero=0)
             k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
             d = k.moe
-            act = k.mem_layer.get("activations", 0.0)
-            act_moe = act + d.mem_layer.get("activations", 0.0) if d else act
-            rec_moe = k.mem_rec + d.mem_rec if d else k.mem_rec
+            # per micro-batch: the pp = 1 rank holds in_flight of them (two under the EP
+            # overlap), which the callers multiply in again
+            per = 1.0 / in_flight("1f1b", 1, 0, one.m, 1, one.ep_comm_overlap)
+            act = k.mem_layer.get("activations", 0.0) * per
+            act_moe = act + d.mem_layer.get("activations", 0.0) * per if d else act
+            mem_rec = k.mem_rec * per
+            rec_moe = mem_rec + d.mem_rec * per if d else mem_rec
             # activations a layer keeps whether it is recomputed or not
             kept = (act, act_moe) if c.recompute == "none" else (
-                min(act, act - k.mem_rec), min(act_moe, act_moe - rec_moe))
+                min(act, act - mem_rec), min(act_moe, act_moe - rec_moe))
             got = self._times[key] = dict(
                 fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
                 rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
-                act=min(act, act_moe), saves=max(k.mem_rec, rec_moe),
+                act=min(act, act_moe), saves=max(mem_rec, rec_moe),
                 kept_dense=kept[0], kept_moe=kept[1])
         return got
 
     def in_flight(self, c: Candidate) -> list:
         """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
-        key = (c.schedule, c.pp, c.m, c.vpp)
+        key = (c.schedule, c.pp, c.m, c.vpp, c.ep_comm_overlap)
         got = self._in_flight.get(key)
         if got is None:
             sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
-            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp)
+            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp,
+                                                    c.ep_comm_overlap)
                                           for i in range(c.pp)]
         return got
 
@@ -1441,7 +1452,7 @@ def candidate_of(plan: Plan) -> Candidate:
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
                      flash=plan.attention == "flash", precision=plan.precision,
                      recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
-                     tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=p.moe_dispatcher,
+                     tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=plan_dispatcher(plan),
                      ep_comm_overlap=p.ep_comm_overlap,
                      moe_capacity_factor=p.moe_capacity_factor,
                      moe_imbalance=p.moe_imbalance)

@@ -41,6 +41,17 @@ def _hopeless(model, cluster: Cluster, engine, margin_gib) -> bool:
             > capacity_bytes(cluster, get_engine(engine), margin_gib) * (1 + 1e-9))
 
 
+# the fields of Fixed that lay the model out (searched again by a tip); the others are the
+# user's assumptions (kernels, precision, overlaps, MoE routing), which a tip keeps
+LAYOUT_FIELDS = ("tp", "pp", "dp", "zero", "mbs", "vpp", "recompute", "sp", "schedule", "ep",
+                 "etp", "cp", "cp_comm_type")
+
+
+def _layout_free(fixed: Fixed, **keep) -> Fixed:
+    """`fixed` with its layout searched again (and the given fields kept)."""
+    return dataclasses.replace(fixed, **{**{k: None for k in LAYOUT_FIELDS}, **keep})
+
+
 def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 engine=None, margin_gib=None) -> list:
     tips = []
@@ -62,8 +73,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         if best is not None:
             tips.append(f"ZeRO-{best.candidate.zero} ({describe_candidate(best.candidate)})")
     if any(getattr(fixed, k) is not None for k in ("tp", "pp", "dp", "mbs", "sp", "schedule", "vpp")):
-        best = fits(cluster, Fixed(flash=fixed.flash, precision=fixed.precision,
-                                    recipe=fixed.recipe), seq_len, gbs)
+        best = fits(cluster, _layout_free(fixed), seq_len, gbs)
         if best is not None:
             tips.append(f"another layout: {describe_candidate(best.candidate)}")
     if not tips:
@@ -74,8 +84,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 break
             bigger = _more_gpus(cluster, n)
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
-            best = fits(bigger, Fixed(recompute=fixed.recompute, flash=fixed.flash,
-                                     precision=fixed.precision, recipe=fixed.recipe), seq_len, g)
+            best = fits(bigger, _layout_free(fixed, recompute=fixed.recompute), seq_len, g)
             if best is not None:
                 tips.append(f"{n} GPUs ({describe_candidate(best.candidate)}, global batch {g})")
                 break

@@ -155,8 +155,15 @@ def ep_ok(model, ep: int, etp: int, tp: int, dp: int, cp: int = 1) -> bool:
     return not ep_blockers(model, ep, etp, tp, dp, cp)
 
 
+def flex_ok(ep: int, etp: int) -> bool:
+    """Megatron's flex dispatcher (DeepEP / HybridEP) spans the experts' tensor x expert
+    parallel group and asserts it has more than one rank (megatron/core/transformer/moe/
+    token_dispatcher.py MoEFlexTokenDispatcher: "Flex token dispatcher requires TPxEP > 1")."""
+    return ep * etp > 1
+
+
 def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
-                             dispatcher: str) -> list:
+                             dispatcher: str, mtp_layers: int = 0) -> list:
     """Why Megatron-Core cannot overlap the EP all-to-alls across micro-batches
     (--overlap-moe-expert-parallel-comm) in this layout, as phrases: its checks in
     megatron/core/transformer/transformer_config.py (expert parallelism, the alltoall or flex
@@ -170,6 +177,8 @@ def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
         out.append("does not run with full recompute")
     if pp > 1 and schedule != "interleaved":
         out.append("needs the interleaved schedule when pp > 1")
+    if mtp_layers > 1:
+        out.append(f"supports at most one MTP layer (the model has {mtp_layers})")
     return out
 
 
@@ -229,7 +238,9 @@ def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) 
     out += ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp)
     if p.ep_comm_overlap:
         out += [f"ep_comm_overlap {why}" for why in ep_comm_overlap_blockers(
-            p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher)]
+            p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher, m.mtp_layers)]
+    if p.moe_dispatcher == "flex" and not flex_ok(p.ep, p.etp):
+        out.append("the flex dispatcher needs ep x etp > 1 (Megatron's MoEFlexTokenDispatcher)")
     if p.moe_capacity_factor is not None and not m.is_moe:
         out.append("moe_capacity_factor on a model without experts")
     elif p.moe_capacity_factor is not None and p.moe_dispatcher not in ("", "alltoall"):

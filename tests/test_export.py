@@ -615,7 +615,11 @@ def check_megatron(plan, text):
     assert a.bf16 == (plan.cluster.gpu.name != "cpu")
     assert megatron_precision(a) == (plan.precision, plan.recipe)
     assert a.use_tp_pp_dp_mapping == (tuple(p.rank_order) == ("dp", "pp", "cp", "tp"))
-    assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in text) == (p.tp > 1 and not a.use_megatron_fsdp)
+    # one hardware queue where Megatron wants it with TP; more where the EP overlap's
+    # all-to-all stream must run beside the compute (Megatron-Bridge sets 32 for it)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=1 " in text) == (
+        p.tp > 1 and not a.use_megatron_fsdp and not p.ep_comm_overlap)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=32 " in text) == p.ep_comm_overlap
 
     # model
     assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads) == \

@@ -254,3 +254,63 @@ def test_routing_imbalance_costs_the_busiest_rank_time_and_memory(capsys):
 def test_unpaired_passes_follow_megatrons_warm_up(m, pp, vpp, expect):
     from planner.cost.moe import unpaired_pass_share
     assert unpaired_pass_share(m, pp, vpp) == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("sched,p,m,v", [("interleaved", 8, 128, 4), ("interleaved", 4, 16, 2),
+                                         ("1f1b", 1, 16, 1)])
+def test_the_overlap_holds_one_more_micro_batch(sched, p, m, v):
+    """Megatron's combined 1F1B runs a forward beside the previous micro-batch's backward:
+    schedules.py adds one warm-up micro-batch under interleaving; without pipelining two are
+    held instead of one."""
+    from planner.cost.schedule import in_flight
+    for rank in range(p):
+        plain, with_ = in_flight(sched, p, rank, m, v), in_flight(sched, p, rank, m, v, True)
+        if p == 1:
+            assert (plain, with_) == (1.0, 2.0)
+        else:
+            warm = (p - rank - 1) * 2 + (v - 1) * p + 1
+            assert plain == min(warm, m * v) / v and with_ == min(warm + 1, m * v) / v
+
+
+def test_the_overlap_prices_the_extra_micro_batch_in_memory():
+    import dataclasses
+    from planner.cost.stage import Candidate, stage_coefficients
+    from planner.engines import get_engine
+    m, cl, eng = tiny_moe(layers=4, first_dense=0, experts=8), get_cluster("h100x8"), \
+        get_engine("megatron")
+    c = Candidate(tp=1, pp=1, dp=8, zero=1, sp=False, mbs=1, seq_len=4096, global_batch=64,
+                  ep=8, moe_dispatcher="alltoall")
+    plain = stage_coefficients(m, cl, c, engine=eng)[0].memory(4, 0)
+    over = stage_coefficients(m, cl, dataclasses.replace(c, ep_comm_overlap=True),
+                              engine=eng)[0].memory(4, 0)
+    assert over["activations"] == pytest.approx(2 * plain["activations"])
+
+
+def test_flex_needs_more_than_one_expert_rank(capsys):
+    code, out, err = run(capsys, "--model", "mixtral-8x7b", "--cluster", "h100x16",
+                         "--moe-dispatcher", "flex", "--ep", "1")
+    one_line(code, err, needle="ep x etp > 1")
+    d = plan_dict(Fixed(pp=2, vpp=2, ep=1))
+    d["parallelism"].update(moe_dispatcher="flex")
+    with pytest.raises(BadInput, match="ep x etp > 1"):
+        Plan.from_dict(d)
+
+
+def test_tips_keep_the_users_routing_assumptions():
+    """A 'would fit' tip searches the layout again but keeps what the user assumed."""
+    from planner.suggest import _layout_free
+    f = Fixed(tp=2, pp=4, ep=8, moe_imbalance=1.5, moe_capacity_factor=1.25,
+              moe_dispatcher="alltoall", ep_comm_overlap=False, tp_comm_overlap=False)
+    g = _layout_free(f)
+    assert (g.tp, g.pp, g.ep) == (None, None, None)
+    assert (g.moe_imbalance, g.moe_capacity_factor, g.moe_dispatcher, g.ep_comm_overlap,
+            g.tp_comm_overlap) == (1.5, 1.25, "alltoall", False, False)
+
+
+def test_the_overlap_takes_at_most_one_mtp_layer():
+    # transformer_config.py: "MTP layernum only supports 1 when enabling
+    # overlap_moe_expert_parallel_comm"
+    from planner import validity as V
+    assert V.ep_comm_overlap_blockers(2, 1, "1f1b", "none", "alltoall", mtp_layers=1) == []
+    assert "MTP" in " ".join(V.ep_comm_overlap_blockers(2, 1, "1f1b", "none", "alltoall",
+                                                        mtp_layers=2))

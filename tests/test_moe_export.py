@@ -83,7 +83,8 @@ def mixtral_plan():
 
 
 def check_megatron_moe(plan):
-    a = moe_parser().parse_args(megatron_tokens(export(plan, "megatron")))
+    text = export(plan, "megatron")
+    a = moe_parser().parse_args(megatron_tokens(text))
     m, p = plan.model, plan.parallelism
     assert a.num_experts == m.num_experts
     assert a.moe_router_topk == m.experts_per_token
@@ -103,6 +104,12 @@ def check_megatron_moe(plan):
         assert a.moe_token_dispatcher_type == p.moe_dispatcher
     assert a.overlap_moe_expert_parallel_comm == p.ep_comm_overlap
     assert a.delay_wgrad_compute == p.ep_comm_overlap
+    # the overlap's all-to-all stream beside the compute needs more than one hardware queue
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=32 " in text) == a.overlap_moe_expert_parallel_comm
+    assert not (a.overlap_moe_expert_parallel_comm and "CUDA_DEVICE_MAX_CONNECTIONS=1 " in text)
+    # Megatron's flex dispatcher asserts TP x EP > 1 (MoEFlexTokenDispatcher)
+    assert a.moe_token_dispatcher_type != "flex" or (
+        a.expert_tensor_parallel_size * a.expert_model_parallel_size > 1)
     if a.overlap_moe_expert_parallel_comm:
         assert a.expert_model_parallel_size > 1
         assert a.moe_token_dispatcher_type in ("alltoall", "flex")

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from planner.cost import comm
 from planner.cost.compute import BF16, gemm_time
 from planner.specs import Cluster, Model
+from planner.validity import flex_ok
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 # the dispatchers that Megatron-Core's EP communication overlap runs with
@@ -189,6 +190,8 @@ def allowed_dispatchers(c, engine) -> tuple:
     """The dispatchers a candidate may be priced with: the one the user fixed, else the
     engine's; under EP communication overlap only those it runs with."""
     allowed = (c.moe_dispatcher,) if c.moe_dispatcher else tuple(engine.moe_dispatchers)
+    if not flex_ok(c.ep, c.etp):     # Megatron's flex dispatcher needs ep x etp > 1
+        allowed = tuple(d for d in allowed if d != "flex")
     if c.moe_capacity_factor is not None:   # drop-and-pad runs on the alltoall dispatcher only
         allowed = tuple(d for d in allowed if d in PADDED_DISPATCHERS)
     if c.ep_comm_overlap:
@@ -202,6 +205,24 @@ def candidate_dispatcher(model: Model, cluster: Cluster, c, engine) -> str:
                       allowed_dispatchers(c, engine), c.moe_imbalance)
 
 
+# the dispatchers a plan written before plans recorded theirs was priced among
+LEGACY_DISPATCHERS = ("alltoall", "allgather")
+
+
+def plan_dispatcher(plan) -> str:
+    """The dispatcher a saved plan of an MoE model is priced and exported with: the one it
+    records, else (a plan from before it did) the cheaper of LEGACY_DISPATCHERS, as it was
+    priced then; "" for a dense model."""
+    p, b = plan.parallelism, plan.batch
+    if not plan.model.is_moe:
+        return ""
+    if p.moe_dispatcher:
+        return p.moe_dispatcher
+    allowed = PADDED_DISPATCHERS if p.moe_capacity_factor is not None else LEGACY_DISPATCHERS
+    return dispatcher(plan.model, plan.cluster, b.micro_batch_size, b.seq_len // p.cp, p.tp,
+                      p.ep, p.etp, allowed, p.moe_imbalance)
+
+
 def overlapped_ep_comm(ep_fwd: float, fwd: float, bwd: float, slowdown: float) -> float:
     """Seconds of one layer's dispatch + combine (`ep_fwd` each pass) left exposed when
     Megatron-Core overlaps them across micro-batches (--overlap-moe-expert-parallel-comm,
@@ -209,7 +230,10 @@ def overlapped_ep_comm(ep_fwd: float, fwd: float, bwd: float, slowdown: float) -
     backward of another run as one step, the forward's all-to-alls beside the backward's
     compute and the backward's beside the forward's): what sticks out of the other pass's
     compute, plus the slowdown of the compute it runs beside (the GPU's overlap_slowdown, as
-    for every overlapped collective)."""
+    for every overlapped collective). Optimistic where one piece of the pass is short:
+    Megatron pairs the pieces (TransformerLayerSchedulePlan.run: the combine's backward
+    beside the forward attention, the dispatch beside the MLP's backward, ...), not whole
+    passes."""
     out = 0.0
     for beside in (bwd, fwd):
         out += max(0.0, ep_fwd - beside) + slowdown * min(ep_fwd, beside)
@@ -277,7 +301,13 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     # combine weighs them, the router's fp32 probabilities; the shared expert like a dense MLP
     # (its input is the MLP input the dense terms already count)
     mlp_act = (3 if model.gated_mlp else 2) * act_bytes
-    outputs = act_bytes * T * k * h if saves_expert_outputs else 0.0
+    # where the probabilities are applied in the experts' activation instead, only the fused
+    # weighted SwiGLU keeps nothing more (Megatron experts.py weighted_bias_swiglu_impl); its
+    # unfused path multiplies after the activation and keeps the activation's output for
+    # that product's gradient
+    fused = model.gated_mlp and model.activation == "silu"
+    outputs = (act_bytes * T * k * h if saves_expert_outputs else
+               0.0 if fused else act_bytes * rows * f / etp)
     saved = (act_bytes * rows * h + mlp_act * rows * f / etp + outputs
              + FP32 * T * E + mlp_act * b * s * sf / tp)
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
@@ -396,6 +426,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         fwd_pass, bwd_pass = k.fwd_layer + d_fwd, k.bwd_layer + d_bwd
         ep_f, ep_b = ep_pass
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
+            # (the host stall stays in the forward pass: while the host waits for one
+            # micro-batch's token counts the GPU runs the other's queued work, so how the two
+            # interleave is not modelled either way)
             alone = unpaired_pass_share(c.m, c.pp, c.vpp)
             ep_f = ep_b = (alone * 2 * ep_fwd + (1 - alone) * overlapped_ep_comm(
                 ep_fwd, fwd_pass, bwd_pass, gpu.overlap_slowdown)) / 2

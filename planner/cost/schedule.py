@@ -19,7 +19,8 @@ def pipeline_time(stage_times, m: int, v: int = 1) -> tuple:
     return m * tmax + bubble, bubble
 
 
-def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1) -> float:
+def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1,
+              ep_overlap: bool = False) -> float:
     """Micro-batches whose activations pipeline rank `rank` holds at its peak.
 
     In units of one micro-batch through all of the rank's layers.
@@ -28,14 +29,20 @@ def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1) -> float:
     - interleaved: Megatron-LM's warm-up count (p - rank - 1) * 2 + (v - 1) * p, plus the one
       in steady state, in chunk-micro-batches, each 1/v of the rank's layers
       (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving).
+    `ep_overlap` (Megatron-Core's EP all-to-all overlap, combined 1F1B): a micro-batch's
+    forward runs while the previous one's activations still wait for their backward, so one
+    more is held: the interleaved warm-up gains one (schedules.py: "if
+    overlap_moe_expert_parallel_comm: num_warmup_microbatches += 1"), and without pipelining
+    two are in flight instead of one.
     """
+    extra = 1 if ep_overlap else 0
     if p == 1:
-        return 1.0
+        return float(min(1 + extra, m))
     if schedule == "gpipe":
         return float(m)
     if schedule == "1f1b":
         return float(min(p - rank, m))
     if schedule == "interleaved":
-        chunks = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
+        chunks = min((p - rank - 1) * 2 + (v - 1) * p + 1 + extra, m * v)
         return chunks / v
     raise ValueError(schedule)

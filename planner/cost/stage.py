@@ -312,6 +312,14 @@ def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, 
     return z
 
 
+def _head_in_flight(schedule: str, p: int, c) -> int:
+    """Micro-batches whose logits the last pipeline rank holds at once (planner.cost.schedule
+    in_flight for the layers)."""
+    if schedule == "gpipe" and p > 1:
+        return c.m
+    return min(2, c.m) if c.ep_comm_overlap else 1
+
+
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                        engine: Engine | None = None, ranks=None) -> list:
     """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`)."""
@@ -403,7 +411,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
 
         # memory
-        infl = in_flight(schedule, p, rank, c.m, v)
+        infl = in_flight(schedule, p, rank, c.m, v, c.ep_comm_overlap)
         wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
         if lp is not None and lp.recipe.weight_copy_bytes:
@@ -421,9 +429,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # full activations in backward; in any case one layer's worth is live.
         other += act_none + cpx.buffer_bytes
         # the last stage keeps the fp32 logits of every micro-batch whose backward has not run
-        # (one under 1F1B, all m under GPipe). The embedding output is the first layer's input,
-        # counted with that layer's activations.
-        head_in_flight = c.m if (schedule == "gpipe" and p > 1) else 1
+        # (one under 1F1B, all m under GPipe; one more beside it under the EP overlap, whose
+        # combined step runs a forward with the previous micro-batch's backward). The embedding
+        # output is the first layer's input, counted with that layer's activations.
+        head_in_flight = _head_in_flight(schedule, p, c)
         fixed_act = head_act * head_in_flight if last else 0.0
         coeffs.append(StageCoeffs(
             rank=rank,
@@ -448,18 +457,18 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         ))
     if model.is_moe:
         from planner.cost.moe import with_moe_layers
+        infl = [in_flight(schedule, p, i, c.m, v, c.ep_comm_overlap) for i in range(p)]
         coeffs = with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
-                                 tp_fwd=tp_fwd, infl=[in_flight(schedule, p, i, c.m, v)
-                                                      for i in range(p)])
+                                 tp_fwd=tp_fwd, infl=infl)
     if model.mtp_layers:
-        head_in_flight = c.m if (schedule == "gpipe" and p > 1) else 1
+        head_in_flight = _head_in_flight(schedule, p, c)
         extra_emb = 0.0 if p == 1 else (emb_params - (model.vocab_size * model.hidden / t
                                                      if model.tied_embeddings else 0.0))
         coeffs = [_with_mtp_modules(model, c, engine, facts, k, states=states, act=act,
                                     tp_link=tp_link, dp_link=dp_link, extra_emb=extra_emb,
                                     emb=(emb_f, emb_b), head=(head_f, head_b),
                                     logits=head_act * head_in_flight,
-                                    infl=in_flight(schedule, p, k.rank, c.m, v))
+                                    infl=in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap))
                   if k.rank == p - 1 else k for k in coeffs]
     return coeffs
 

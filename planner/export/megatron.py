@@ -253,19 +253,17 @@ def moe_layer_freq(model) -> str:
 def _experts(plan: Plan, args: list, notes: list) -> None:
     """MoE flags: the experts, their parallelism and the dispatcher the plan was priced with
     (planner.cost.moe.dispatcher)."""
-    m, p, b = plan.model, plan.parallelism, plan.batch
+    m, p = plan.model, plan.parallelism
     if not m.is_moe:
         return
-    from planner.cost.moe import dispatcher
+    from planner.cost.moe import plan_dispatcher
     args += [("--num-experts", m.num_experts), ("--moe-router-topk", m.experts_per_token),
              ("--moe-ffn-hidden-size", m.moe_ffn_hidden)]
     if m.shared_expert_ffn_hidden:
         args.append(("--moe-shared-expert-intermediate-size", m.shared_expert_ffn_hidden))
     if m.num_moe_layers != m.num_layers:
         args.append(("--moe-layer-freq", moe_layer_freq(m)))
-    # the plan's dispatcher; a plan from before it recorded one: the cheapest, as then priced
-    disp = p.moe_dispatcher or dispatcher(m, plan.cluster, b.micro_batch_size, b.seq_len // p.cp,
-                                          p.tp, p.ep, p.etp, ("alltoall", "allgather"))
+    disp = plan_dispatcher(plan)     # the one priced (planner.cost.moe)
     args += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
              ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", disp)]
     if disp == "flex":   # priced as DeepEP's node-deduplicated dispatch (planner.cost.moe)
@@ -284,11 +282,11 @@ def _experts(plan: Plan, args: list, notes: list) -> None:
         notes.append(f"MoE priced dropless with the busiest expert rank at "
                      f"{p.moe_imbalance:g}x its balanced share of tokens (time and memory)")
     if disp == "flex":
-        notes.append("the flex dispatcher needs DeepEP installed (megatron/core/transformer/moe/"
-                     "fused_a2a.py)")
+        notes.append("the flex dispatcher needs DeepEP installed and megatron-core >= 0.15 "
+                     "(--moe-flex-dispatcher-backend; megatron/core/transformer/moe/fused_a2a.py)")
     if p.ep_comm_overlap:
-        notes.append("the EP overlap runs its all-to-alls on their own stream: launch with "
-                     "CUDA_DEVICE_MAX_CONNECTIONS > 1 (Megatron-Bridge sets 32)")
+        notes.append("the EP overlap needs torch >= 2.6 and, with --delay-wgrad-compute, "
+                     "Transformer Engine >= 2.8 (megatron/training/arguments.py)")
 
 
 def megatron_args(plan: Plan) -> str:
@@ -333,11 +331,17 @@ def megatron_args(plan: Plan) -> str:
                      f"WORLD_SIZE / (tp x pp) = {world} / {p.tp * p.pp} = {p.dp}")
     lines.append('# use: source this file; torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}" '
                  "<data, tokenizer and optimizer flags>")
-    lines.append("# flags as in Megatron-LM with megatron-core >= 0.14")
+    flex = plan.model.is_moe and "flex" in (v for _, v in args if isinstance(v, str))
+    lines.append(f"# flags as in Megatron-LM with megatron-core >= {'0.15' if flex else '0.14'}")
     lines += [f"# NOTE: {n}" for n in notes]
-    if p.tp > 1 and not fsdp:
+    if p.ep_comm_overlap:
+        # the overlap's all-to-alls run on their own stream, which one hardware queue would
+        # serialise behind the compute (Megatron-Bridge sets 32 for it)
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=32  "
+                     "# the EP overlap needs concurrent streams (Megatron-Bridge's setting)")
+    elif p.tp > 1 and not fsdp:
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  "
-                     "# Megatron asserts this with tensor parallelism (before Blackwell)")
+                     "# Megatron wants this with tensor parallelism (before Blackwell)")
     lines.append("MEGATRON_ARGS=(")
     for flag, value in args:
         lines.append(f"    {flag}" if value is None else f"    {flag} {shlex.quote(str(value))}")
