@@ -383,8 +383,6 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(c.recompute, 0.0)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" else 0.0
-    # what the dispatch and combine add to the layer's forward and backward pass
-    ep_pass = (ep_fwd, ep_fwd)
     # model states: attention, norms, router and shared experts over dp x cp; the routed experts
     # over expert-dp (Megatron's distributed optimizer shards each over its own group)
     edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
@@ -424,7 +422,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
         fwd_pass, bwd_pass = k.fwd_layer + d_fwd, k.bwd_layer + d_bwd
-        ep_f, ep_b = ep_pass
+        ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
             # (the host stall stays in the forward pass: while the host waits for one
             # micro-batch's token counts the GPU runs the other's queued work, so how the two
