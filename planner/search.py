@@ -39,7 +39,6 @@ from planner.bounds import divisors
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.moe import (PADDED_DISPATCHERS, candidate_dispatcher, expert_dp, layer_kinds,
                               moe_counts, plan_dispatcher)
-from planner.cost import comm
 from planner.cost.compute import BF16
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.schedule import in_flight
