@@ -289,7 +289,7 @@ MOE_NOTES = """Notes.
   DeepSeek-V3 ep32 / ep64 rows needed full recompute of 16 / 32 layers, which rules out the
   EP overlap their recipes ran, and were predicted +121% / +93%.
 - Host stall: the one fitted figure, the Megatron engine's per-MoE-layer overhead of dropless
-  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.99 ms per MoE layer forward),
+  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 5.12 ms per MoE layer forward),
   fitted on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity
   --fit-moe`); the other 29 rows are held out. Evidence it is host time, not GPU work: the
   same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA

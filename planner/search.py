@@ -419,8 +419,9 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
             if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
                 sps = [x for x in sps if x]
             if layer_kinds(model) and pp > 1 and not f.vpp:
-                # dense and MoE layers mixed: the exact placement covers one chunk per rank;
-                # interleaving only where asked for (then placed by the even split)
+                # dense and MoE layers mixed: interleaving only where asked for (--vpp; then
+                # placed exactly). Searched, its chunk-level placements multiply the exact
+                # solves (deepseek-v3 on h100x256: 150 s instead of 20 s, no faster plan found)
                 scheds = [(sch, v) for sch, v in scheds if v == 1]
         for mbs in mbss:
             if per_dp % mbs:
@@ -782,6 +783,23 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     return Result(c, split, rec, est)
 
 
+def _even_parts(mdl, x, v: int, ub: int, name: str) -> list:
+    """planner.plan.even_split(x, v) of an integer variable as v CP-SAT expressions: the base
+    share, and one more for the last x mod v parts."""
+    if v == 1:
+        return [x]
+    base = mdl.NewIntVar(0, ub // v, f"{name}_base")
+    extra = mdl.NewIntVar(0, v - 1, f"{name}_extra")
+    mdl.Add(x == v * base + extra)
+    parts = [base]
+    for ch in range(1, v):
+        larger = mdl.NewBoolVar(f"{name}_larger{ch}")    # part ch is among the last `extra`
+        mdl.Add(extra >= v - ch).OnlyEnforceIf(larger)
+        mdl.Add(extra < v - ch).OnlyEnforceIf(larger.Not())
+        parts.append(base + larger)
+    return parts
+
+
 def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_guess=1.0,
                 engine=None, margin_gib=None, cutoff_s=None):
     """Exact layer and recompute counts per rank. Returns (Result | None, status, gap).
@@ -793,10 +811,9 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     mdl = cp_model.CpModel()
     unit = TIME_UNITS / step_guess
     ns = lambda x: int(round(x * unit))   # noqa: E731
-    n_vars, r_vars, T, tails = [], [], [], []
-    # dense and MoE layers mixed (one chunk per rank): rank i holds layers [b_i, b_i+1) and
-    # recomputes its first r_i; its MoE counts are differences of the prefix counts P taken
-    # at those boundaries (element constraints), exact for contiguous stages
+    r_vars, T, tails = [], [], []
+    # dense and MoE layers mixed: rank i holds n_i layers in v chunks and recomputes r_i of
+    # them; its MoE counts q_i (and recomputed ones) follow from where its chunks lie
     P = layer_kinds(model) if coeffs[0].moe is not None else None
     Q = P[-1] if P is not None else 0
     # tight variable bounds keep the objective far from int64 overflow
@@ -823,24 +840,32 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                 + ns((1 + a) * dc - dh) * q)
         return e
 
-    bounds = q_vars = None
+    p = len(coeffs)
+    n_vars = [mdl.NewIntVar(v, L, f"n{i}") for i in range(p)]   # at least one layer per chunk
+    stage_ends = q_vars = sizes = None
     if P is not None:
-        bounds = [mdl.NewConstant(0)] + [mdl.NewIntVar(1, L - 1, f"b{i}")
-                                         for i in range(1, len(coeffs))] + [mdl.NewConstant(L)]
-        at = []
-        for i, b in enumerate(bounds):
-            pb = mdl.NewIntVar(0, Q, f"P{i}")
+        # rank i's layers are split over its v chunks as planner.plan.make_stages splits them
+        # (even_split); virtual stage j = chunk * p + rank holds layers [B_j, B_j+1) in model
+        # order, and its MoE layers are differences of the prefix counts P at those boundaries
+        # (element constraints), exact for contiguous stages
+        sizes = [_even_parts(mdl, x, v, L, f"s{i}") for i, x in enumerate(n_vars)]
+        stage_ends, at = [mdl.NewConstant(0)], [mdl.NewConstant(0)]
+        for j in range(p * v):
+            b = mdl.NewIntVar(0, L, f"B{j + 1}")
+            mdl.Add(b == stage_ends[-1] + sizes[j % p][j // p])
+            pb = mdl.NewIntVar(0, Q, f"P{j + 1}")
             mdl.AddElement(b, P, pb)
+            stage_ends.append(b)
             at.append(pb)
-        q_vars = [mdl.NewIntVar(0, Q, f"q{i}") for i in range(len(coeffs))]
+        q_vars = [mdl.NewIntVar(0, Q, f"q{i}") for i in range(p)]
         for i, qv in enumerate(q_vars):
-            mdl.Add(qv == at[i + 1] - at[i])
+            mdl.Add(qv == sum(at[ch * p + i + 1] - at[ch * p + i] for ch in range(v)))
 
     per_chunk = None
     if rules.per_chunk and lo == 0 and hi == 1:
         per_chunk = mdl.NewIntVar(0, -(-L // v), "per_chunk")   # one count for every model chunk
     for i, k in enumerate(coeffs):
-        n = mdl.NewIntVar(v, L, f"n{i}")               # at least one layer per chunk
+        n = n_vars[i]
         r = mdl.NewIntVar(0, L, f"r{i}")
         if lo == hi == 1:
             mdl.Add(r == n)
@@ -859,18 +884,29 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         q = dz = dt = None
         if P is not None:   # this rank's MoE layers q and recomputed MoE layers rq
             q, d = q_vars[i], k.moe
-            mdl.Add(bounds[i + 1] == bounds[i] + n)
             if hi == 0:
                 rq = 0
             elif lo == hi == 1:
                 rq = q
-            else:
-                idx = mdl.NewIntVar(0, L, f"rs{i}")
-                mdl.Add(idx == bounds[i] + r)
-                pr = mdl.NewIntVar(0, Q, f"pr{i}")
-                mdl.AddElement(idx, P, pr)
+            else:   # each chunk recomputes its first min(share of r, its size) layers
                 rq = mdl.NewIntVar(0, Q, f"rq{i}")
-                mdl.Add(rq == pr - at[i])
+                terms = []
+                for ch, share in enumerate(_even_parts(mdl, r, v, L, f"rc{i}")):
+                    j = ch * p + i
+                    rc = share       # one chunk: r <= n
+                    if v > 1:
+                        rc = mdl.NewIntVar(0, L, f"rc{i}_{ch}")
+                        size = mdl.NewIntVar(0, L, f"sz{i}_{ch}")
+                        mdl.Add(size == sizes[i][ch])
+                        part = mdl.NewIntVar(0, L, f"rp{i}_{ch}")
+                        mdl.Add(part == share)
+                        mdl.AddMinEquality(rc, [part, size])
+                    idx = mdl.NewIntVar(0, L, f"rs{i}_{ch}")
+                    mdl.Add(idx == stage_ends[j] + rc)
+                    pr = mdl.NewIntVar(0, Q, f"pr{i}_{ch}")
+                    mdl.AddElement(idx, P, pr)
+                    terms.append(pr - at[j])
+                mdl.Add(rq == sum(terms))
             mem_expr = (mem_expr + int(math.ceil(sum(d.mem_layer.values()))) * q
                         - int(d.mem_rec) * rq)
             t_expr = t_expr + ns(d.t_layer) * q + ns(d.t_rec) * rq
@@ -895,7 +931,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                                                  f"x{i}_{j}", q, dc, dh)
         tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
         mdl.Add(tl == tail_expr)
-        n_vars.append(n); r_vars.append(r); T.append(t); tails.append(tl)   # noqa: E702
+        r_vars.append(r); T.append(t); tails.append(tl)   # noqa: E702
     mdl.Add(sum(n_vars) == L)
     tmax = mdl.NewIntVar(0, t_ub, "Tmax")
     mdl.AddMaxEquality(tmax, T)
@@ -913,11 +949,9 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.AddHint(var, val)
         if per_chunk is not None:
             mdl.AddHint(per_chunk, max(-(-r // v) for r in hint.recompute))
-        if bounds is not None:
-            acc = 0
-            for b, n_ in zip(bounds[1:-1], hint.layers):
-                acc += n_
-                mdl.AddHint(b, acc)
+        if stage_ends is not None:
+            for b, st in zip(stage_ends[1:], make_stages(L, p, v, hint.layers, hint.recompute)):
+                mdl.AddHint(b, st.layers[1])
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = SOLVER_SECONDS
@@ -950,9 +984,6 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
     heur = heur or heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                              margin_gib=margin_gib)
     if c.pp == 1 or rules.equal_split:
-        return heur, heur.estimate.fits
-    if c.vpp > 1 and coeffs[0].moe is not None:
-        heur.status = "EVEN_SPLIT"   # layer kinds over interleaved chunks: not solved exactly
         return heur, heur.estimate.fits
     caps = max_layers(low or [lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
@@ -1356,9 +1387,6 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 open_bound = min(open_bound, max(lb, res.bound_s or 0.0))
             elif res.status == "UNKNOWN":
                 limit_hit += 1
-                open_bound = min(open_bound, lb)
-            elif res.status == "EVEN_SPLIT":
-                solved -= 1          # placed by the even split, not solved
                 open_bound = min(open_bound, lb)
         if progress:
             progress(i + 1, len(scored))

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner import validity as V
 from planner.catalog import get_cluster, get_gpu
 from planner.cost import comm
 from planner.cost.memory import GIB
@@ -81,13 +82,17 @@ def test_moe_counts_match_layer_kinds():
 
 
 def brute_force(model, cluster, c, engine):
-    """Best estimate over every split and one recompute count R per rank's chunk (Megatron's
-    --recompute-num-layers: a rank recomputes its first min(R, n) layers)."""
+    """Best estimate over every split (at least one layer per chunk) and one recompute count R
+    per model chunk (Megatron's --recompute-num-layers: each of a rank's v chunks recomputes
+    its first R layers, a rank min(v * R, n) of its n)."""
     coeffs = stage_coefficients(model, cluster, c, engine)
+    v = c.vpp
     best = None
     for layers in compositions(model.num_layers, c.pp, 1):
+        if min(layers) < v:
+            continue
         options = ([[0] * c.pp] if c.recompute == "none"
-                   else [[min(r, n) for n in layers] for r in range(max(layers) + 1)])
+                   else [[min(v * r, n) for n in layers] for r in range(max(layers) + 1)])
         for rec in options:
             e = evaluate(model, cluster, c, layers, rec, coeffs, engine, 0.0)
             if e.fits and (best is None or e.step_time_s < best.step_time_s):
@@ -95,14 +100,19 @@ def brute_force(model, cluster, c, engine):
     return best
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layers=st.integers(3, 7), first=st.integers(0, 2), interval=st.integers(1, 2),
-       pp=st.integers(2, 3), m=st.sampled_from([1, 4]), ep=st.sampled_from([1, 2]),
-       zero=st.sampled_from([0, 1]), rec=st.sampled_from(["full", "none"]),
-       frac=st.floats(0.05, 1.2), shared=st.sampled_from([0, 512]))
-def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, m, ep, zero, rec,
-                                              frac, shared):
-    if pp > layers or first >= layers:
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(3, 8), first=st.integers(0, 2), interval=st.integers(1, 2),
+       pp=st.integers(2, 3), vpp=st.sampled_from([1, 2]), m=st.sampled_from([1, 4, 6]),
+       ep=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1]),
+       rec=st.sampled_from(["full", "none"]), frac=st.floats(0.05, 1.2),
+       shared=st.sampled_from([0, 512]))
+def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, vpp, m, ep, zero,
+                                              rec, frac, shared):
+    """Dense and MoE layers, with and without interleaved chunks (a rank's chunks lie apart,
+    so its MoE count depends on every rank's split): CP-SAT's placement is the brute force's."""
+    if pp * vpp > layers or first >= layers:
+        return
+    if vpp > 1 and not V.interleaved_ok(m, pp):
         return
     if not any((i - first) >= 0 and (i - first + 1) % interval == 0 for i in range(layers)):
         return   # no MoE layer: not an MoE model
@@ -111,7 +121,8 @@ def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, m, ep
         return
     dp = 2
     c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
-                  global_batch=dp * m, recompute=rec, ep=ep)
+                  global_batch=dp * m, recompute=rec, ep=ep,
+                  schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp)
     big = cluster_with_memory(10_000, n=pp * dp)
     k = stage_coefficients(model, big, c, "megatron")
     assert k[0].moe is not None
@@ -128,20 +139,24 @@ def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, m, ep
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layers=st.integers(3, 7), first=st.integers(0, 3), pp=st.integers(2, 4),
-       m=st.sampled_from([1, 4]), zero=st.sampled_from([0, 1]),
+@given(layers=st.integers(3, 8), first=st.integers(0, 3), pp=st.integers(2, 4),
+       vpp=st.sampled_from([1, 2]), m=st.sampled_from([1, 4, 6]), zero=st.sampled_from([0, 1]),
        rec=st.sampled_from(["full", "none"]), frac=st.floats(0.05, 1.2))
-def test_layer_kinds_lower_bound_is_below_brute_force(layers, first, pp, m, zero, rec, frac):
+def test_layer_kinds_lower_bound_is_below_brute_force(layers, first, pp, vpp, m, zero, rec,
+                                                      frac):
     """The search prunes on lower_bound (each rank's MoE count from the windows a contiguous
     stage can take): it must never exceed the best placement found by brute force."""
     from planner.cost.stage import capacity_bytes
     from planner.search import lower_bound, lower_coeffs, rules_for
-    if pp > layers or first >= layers or first == 0:
+    if pp * vpp > layers or first >= layers or first == 0:
+        return
+    if vpp > 1 and not V.interleaved_ok(m, pp):
         return
     model = tiny_moe(layers, first, 1)
     dp = 2
     c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
-                  global_batch=dp * m, recompute=rec, ep=2)
+                  global_batch=dp * m, recompute=rec, ep=2,
+                  schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp)
     big = cluster_with_memory(10_000, n=pp * dp)
     k = stage_coefficients(model, big, c, "megatron")
     need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
@@ -219,13 +234,16 @@ def test_torchtitan_ep_needs_sharded_dp():
     assert get_engine("megatron").ep_layout_ok(2, 2, 4, 1)
 
 
-def test_fixed_interleaving_of_layer_kinds_is_placed_and_says_so():
+def test_fixed_interleaving_of_layer_kinds_is_solved_exactly():
+    """Two dense layers first, then MoE, over 2 ranks x 2 chunks: the search's placement is
+    the brute force's over every split, and it says it solved it (no even-split fallback)."""
     model = tiny_moe(layers=8, first_dense=2)
     cl = get_cluster("h100x8")
     rep = search(model, cl, Fixed(pp=2, vpp=2, tp=1, mbs=1), seq_len=2048, global_batch=64,
                  engine="megatron")
-    assert rep.best.candidate.vpp == 2
-    assert rep.best.status == "EVEN_SPLIT"
-    # an even split of whole chunks; the gap of the whole search is reported, not hidden
-    assert rep.best.layers == [4, 4]
+    best = rep.best
+    assert best.candidate.vpp == 2
+    assert best.status == "OPTIMAL"
+    want = brute_force(model, cl, best.candidate, "megatron")
+    assert best.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
     assert rep.gap >= 0.0
