@@ -783,6 +783,39 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     return Result(c, split, rec, est)
 
 
+def _hull_cuts(P: tuple) -> tuple:
+    """Lines (a, b) with a*x + b <= P[x] at every integer x (the lower convex hull's edges) and
+    lines with P[x] <= a*x + b (the upper concave hull's), as integer (num, den, off) triples:
+    den*y >= num*x + off, and den*y <= num*x + off."""
+    pts = list(enumerate(P))
+
+    def hull(points, sign):
+        out = []
+        for pt in points:
+            while len(out) >= 2:
+                (x1, y1), (x2, y2) = out[-2], out[-1]
+                cross = (x2 - x1) * (pt[1] - y1) - (y2 - y1) * (pt[0] - x1)
+                if sign * cross <= 0:
+                    out.pop()
+                else:
+                    break
+            out.append(pt)
+        return [((y2 - y1), (x2 - x1), (x2 - x1) * y1 - (y2 - y1) * x1)
+                for (x1, y1), (x2, y2) in zip(out, out[1:])]
+    return hull(pts, 1), hull(pts, -1)
+
+
+def _element_with_hull(mdl, index, P: list, target) -> None:
+    """target == P[index], with the hull of P's points as linear cuts (the element constraint
+    alone gives CP-SAT's relaxation nothing to bound the stage sums with)."""
+    mdl.AddElement(index, P, target)
+    lower, upper = _hull_cuts(tuple(P))
+    for num, den, off in lower:
+        mdl.Add(den * target >= num * index + off)
+    for num, den, off in upper:
+        mdl.Add(den * target <= num * index + off)
+
+
 def _even_parts(mdl, x, v: int, ub: int, name: str) -> list:
     """planner.plan.even_split(x, v) of an integer variable as v CP-SAT expressions: the base
     share, and one more for the last x mod v parts."""
@@ -854,7 +887,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             b = mdl.NewIntVar(0, L, f"B{j + 1}")
             mdl.Add(b == stage_ends[-1] + sizes[j % p][j // p])
             pb = mdl.NewIntVar(0, Q, f"P{j + 1}")
-            mdl.AddElement(b, P, pb)
+            _element_with_hull(mdl, b, P, pb)
             stage_ends.append(b)
             at.append(pb)
         q_vars = [mdl.NewIntVar(0, Q, f"q{i}") for i in range(p)]
@@ -888,10 +921,15 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                 rq = 0
             elif lo == hi == 1:
                 rq = q
-            else:   # each chunk recomputes its first min(share of r, its size) layers
+            else:   # each chunk recomputes its first min(its share of r, its size) layers
                 rq = mdl.NewIntVar(0, Q, f"rq{i}")
                 terms = []
-                for ch, share in enumerate(_even_parts(mdl, r, v, L, f"rc{i}")):
+                # Megatron's one count R per chunk: make_stages' even split of min(v R, n) gives
+                # chunk c min(R, its size) (sizes differ by at most one), so R stands for the
+                # share; otherwise the rank's r is split evenly
+                shares = ([per_chunk] * v if per_chunk is not None
+                          else _even_parts(mdl, r, v, L, f"rc{i}"))
+                for ch, share in enumerate(shares):
                     j = ch * p + i
                     rc = share       # one chunk: r <= n
                     if v > 1:
@@ -904,7 +942,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                     idx = mdl.NewIntVar(0, L, f"rs{i}_{ch}")
                     mdl.Add(idx == stage_ends[j] + rc)
                     pr = mdl.NewIntVar(0, Q, f"pr{i}_{ch}")
-                    mdl.AddElement(idx, P, pr)
+                    _element_with_hull(mdl, idx, P, pr)
                     terms.append(pr - at[j])
                 mdl.Add(rq == sum(terms))
             mem_expr = (mem_expr + int(math.ceil(sum(d.mem_layer.values()))) * q

@@ -247,3 +247,22 @@ def test_fixed_interleaving_of_layer_kinds_is_solved_exactly():
     want = brute_force(model, cl, best.candidate, "megatron")
     assert best.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
     assert rep.gap >= 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.integers(0, 1), min_size=1, max_size=40))
+def test_hull_cuts_hold_at_every_prefix_count(steps):
+    """The linear cuts added beside each element constraint must not cut off any true
+    (index, P[index]) pair, or CP-SAT would miss placements; and the two hulls pin P at its
+    ends (0 and the total), which the stage sums need."""
+    from planner.search import _hull_cuts
+    P = [0]
+    for s in steps:
+        P.append(P[-1] + s)
+    lower, upper = _hull_cuts(tuple(P))
+    for x, y in enumerate(P):
+        assert all(den * y >= num * x + off for num, den, off in lower)
+        assert all(den * y <= num * x + off for num, den, off in upper)
+    for x in (0, len(P) - 1):
+        assert any(den * P[x] == num * x + off for num, den, off in lower)
+        assert any(den * P[x] == num * x + off for num, den, off in upper)
