@@ -538,6 +538,12 @@ FIT_PARAMS = ("gemm_scale", "attn_scale", "elementwise_traffic", "layer_overhead
 FIT_BOUNDS = ((0.5, 1.2), (0.3, 1.5), (1.0, 10.0), (0.0, 5e-3))
 
 
+def squared_log_error(rows, engine) -> float:
+    """The fits' loss: mean squared log(predicted / published) over `rows` with `engine`."""
+    return statistics.fmean(math.log(predict(r, engine=engine)["predicted_s"]
+                                     / r["step_time_s"]) ** 2 for r in rows)
+
+
 def fit_engine(name: str, runs=None) -> dict:
     """Least-squares fit of an engine's kernel figures on its fit rows (`is_fit_row`):
     minimises the mean squared log(predicted / published) over those rows; reports the fitted
@@ -552,9 +558,7 @@ def fit_engine(name: str, runs=None) -> dict:
         return dataclasses.replace(base, **dict(zip(FIT_PARAMS, x)))
 
     def loss(x):
-        e = engine_at(x)
-        return statistics.fmean(math.log(predict(r, engine=e)["predicted_s"] / r["step_time_s"])
-                                ** 2 for r in fit_rows)
+        return squared_log_error(fit_rows, engine_at(x))
 
     x0 = [getattr(base, k) for k in FIT_PARAMS]
     x0[3] = max(x0[3], 1e-4)
@@ -587,9 +591,7 @@ def fit_moe_overhead(runs=None) -> dict:
     fit_rows = [r for r in runs if is_moe_fit_row(r)]
 
     def loss(x):
-        e = dataclasses.replace(base, moe_layer_overhead_s=x)
-        return statistics.fmean(math.log(predict(r, engine=e)["predicted_s"] / r["step_time_s"])
-                                ** 2 for r in fit_rows)
+        return squared_log_error(fit_rows, dataclasses.replace(base, moe_layer_overhead_s=x))
 
     res = minimize_scalar(loss, bounds=(0.0, 0.02), method="bounded",
                           options={"xatol": 1e-5})

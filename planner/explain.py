@@ -36,14 +36,16 @@ def _fmt_time(s: float) -> str:
 
 def summary_line(plan: Plan) -> str:
     p, b = plan.parallelism, plan.batch
-    parts = [f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"zero={p.zero_stage}"]
-    if plan.model.is_moe:
-        parts.insert(3, _experts(plan.model, p.tp, p.dp, p.ep, p.etp))
-    if plan.model.is_moe and p.moe_dispatcher:
-        parts.insert(4, f"dispatch={p.moe_dispatcher}"
-                     + ("+ep-comm-overlap" if p.ep_comm_overlap else ""))
+    parts = [f"tp={p.tp}"]
     if p.cp > 1:
-        parts.insert(1, f"cp={p.cp}({p.cp_comm_type})")
+        parts.append(f"cp={p.cp}({p.cp_comm_type})")
+    parts += [f"pp={p.pp}", f"dp={p.dp}"]
+    if plan.model.is_moe:
+        parts.append(_experts(plan.model, p.tp, p.dp, p.ep, p.etp))
+        if p.moe_dispatcher:
+            parts.append(f"dispatch={p.moe_dispatcher}"
+                         + ("+ep-comm-overlap" if p.ep_comm_overlap else ""))
+    parts.append(f"zero={p.zero_stage}")
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
         if p.tp_comm_overlap:
