@@ -141,7 +141,10 @@ def fixed_of(run) -> Fixed:
                  moe_dispatcher=f.get("moe_dispatcher"),
                  ep_comm_overlap=f.get("ep_comm_overlap", False),
                  # token-drop rows: experts padded to capacity (`moe_capacity_source`)
-                 moe_capacity_factor=f.get("moe_capacity_factor"))
+                 moe_capacity_factor=f.get("moe_capacity_factor"),
+                 # the decoder layers per pipeline rank the recipe ran (`layout_source`);
+                 # absent: the planner's placement
+                 stage_layers=tuple(f["stage_layers"]) if f.get("stage_layers") else None)
 
 
 def cluster_of(run) -> Cluster:
@@ -289,7 +292,7 @@ MOE_NOTES = """Notes.
   DeepSeek-V3 ep32 / ep64 rows needed full recompute of 16 / 32 layers, which rules out the
   EP overlap their recipes ran, and were predicted +121% / +93%.
 - Host stall: the one fitted figure, the Megatron engine's per-MoE-layer overhead of dropless
-  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 5.12 ms per MoE layer forward),
+  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.30 ms per MoE layer forward),
   fitted on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity
   --fit-moe`); the other 29 rows are held out. Evidence it is host time, not GPU work: the
   same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA
@@ -299,23 +302,32 @@ MOE_NOTES = """Notes.
 - The two TFLOP/s columns count differently (NVIDIA's "Model TFLOP" vs the planner's FLOPs per
   step, recompute included); compare the step times.
 
+- Pipeline layout: every pp > 1 row fixes the decoder layers per rank its recipe ran
+  (fixed.stage_layers, `layout_source`: DeepSeek-V3's pipeline_model_parallel_layout, Qwen3-
+  235B's even split with account_for_embedding / account_for_loss, the plain even split
+  elsewhere). The planner's own placement of GPT-OSS-120B on H100 pp4 (9/10/10/7 layers,
+  lighter on the rank with the head) is 14% faster than the recipe's 9/9/9/9.
+
 What is still missing (evidence from the per-row table):
 
 1. The published step time moves with the software release by more than the planner's
    error: the same Qwen3-30B-A3B layout on 16 H100 (tp1 pp2 ep8 vpp12 mbs1 gbs1024) took
    51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 33-49%
-   slower than predicted with no host stall at all. No static model of the configuration
-   sees kernel versions; the held-out median (18%) is mostly these.
-2. GPT-OSS-120B on H100 (pp4 ep8 mbs1) is predicted 22-24% fast on every release (mbs4 in
-   25.11: 14%; B200 7-25%):
-   its sink attention (cuDNN fused attention with a learnable softmax, TE >= 2.8) and its
-   clamped SwiGLU are priced at the flash-attention and fused element-wise rates.
-3. DeepSeek-V3 B200 ep32 (26.04.01, +38%) and H100 1024 GPUs (25.09, +63%) are still
-   predicted slow, the pp16 ep8 rows 10-14% fast. On the H100 row the EP overlap's one more
-   micro-batch in flight (Megatron's combined 1F1B warm-up) leaves the no-recompute layout
-   just short of memory, so it is priced without the overlap. The recipes' fine-grained recompute
-   (mla_up_proj, mlp), bf16 gradients (grad_reduce_in_fp32=False) and the precision-aware
-   optimizer's bf16 moments are not modelled, nor HybridEP's own speed."""
+   slower than predicted with no host stall at all, the 25.11 B200 rows 19-28%. No static
+   model of the configuration sees kernel versions; the held-out median (16.6%) is mostly
+   these. A host launch floor per MoE layer (about 3 ms a forward and backward, the 25.09
+   token-drop Qwen3-30B pair's figure) would bring the held-out median to about 15%, but the
+   fit rows do not constrain it (their loss is flat below 3.4 ms), so it is not adopted.
+2. Megatron's fine-grained recompute (--recompute-modules) is not priced: DeepSeek-V3's
+   recipes recompute mla_up_proj (and on pp8 the dense layers' mlp), GPT-OSS's layernorm and
+   moe_act. Without it the DeepSeek-V3 B200 pp8 ep32 row (26.04.01, the recipe's layout with
+   8 layers on the first rank) only fits with full recompute of 16 layers and is predicted
+   75% slow; the GPT-OSS rows are priced with attention-core selective recompute (H100) or
+   full recompute of 16 layers (B200) instead, and are still predicted 7-26% fast.
+3. GPT-OSS-120B's sink attention (cuDNN fused attention with a learnable softmax, TE >= 2.8)
+   and clamped SwiGLU are priced at the flash-attention and fused element-wise rates; bf16
+   gradients (grad_reduce_in_fp32=False), the precision-aware optimizer's bf16 moments and
+   HybridEP's own speed are not modelled either."""
 
 
 def _published_model_tflops(run) -> float | None:
@@ -353,7 +365,8 @@ def moe_markdown(runs, csv_path=None) -> tuple:
              "configuration (tp, pp, dp, ep, vpp, micro-batch, precision) fixed, the rest "
              "chosen by the planner for Megatron; routing balanced and dropless as the rows ran "
              "(moe_router_force_load_balancing); each row's token dispatcher and EP overlap "
-             "as its recipe set them (`moe_comm_source`). One figure is fitted on these rows, "
+             "as its recipe set them (`moe_comm_source`), and under pp > 1 its recipe's "
+             "layers per pipeline rank (`layout_source`). One figure is fitted on these rows, "
              "the Megatron engine's per-MoE-layer host overhead, on the "
              f"{' and '.join(MOE_FIT_RELEASES)} releases' rows (fit = yes); the other rows are "
              "held out. "

@@ -46,6 +46,12 @@ def _positive(name):
     return conv
 
 
+def _layer_counts(s):
+    """--stage-layers 11,12,12,12: decoder layers per pipeline rank."""
+    one = _positive("--stage-layers")
+    return tuple(one(x) for x in s.split(","))
+
+
 def _non_negative_gib(s):
     try:
         v = float(s)
@@ -78,6 +84,10 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     p.add_argument("--micro-batch", type=_positive("--micro-batch"))
     p.add_argument("--vpp", type=_positive("--vpp"))
+    p.add_argument("--stage-layers", type=_layer_counts, metavar="N,N,...",
+                   help="decoder layers per pipeline rank, in rank order (default: placed by "
+                        "the search; --pp defaults to their count); each rank's layers are "
+                        "split evenly over its virtual stages")
     p.add_argument("--ep", type=_positive("--ep"),
                    help="expert parallelism (MoE models; searched when absent)")
     p.add_argument("--etp", type=_positive("--etp"),
@@ -136,13 +146,14 @@ def _fixed(a) -> Fixed:
     schedule = a.schedule
     if vpp and vpp > 1 and schedule is None:
         schedule = "interleaved"
-    return Fixed(tp=a.tp, pp=a.pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
+    pp = a.pp if a.pp is not None or a.stage_layers is None else len(a.stage_layers)
+    return Fixed(tp=a.tp, pp=pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=a.recompute, sp=a.sp, schedule=schedule,
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
                  ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
                  tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,
                  ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor,
-                 moe_imbalance=a.moe_imbalance)
+                 moe_imbalance=a.moe_imbalance, stage_layers=a.stage_layers)
 
 
 def _engine_of(a):

@@ -105,6 +105,9 @@ class Fixed:
     # MoE routing imbalance assumed (>= 1: the busiest expert rank's tokens over its balanced
     # share; 1: balanced, as benchmarks force it), priced in time and memory, never searched
     moe_imbalance: float = 1.0
+    # decoder layers per pipeline rank, in rank order (None: placed by the search); each
+    # rank's layers are split evenly over its virtual stages (planner.plan.make_stages)
+    stage_layers: tuple | None = None
 
 
 @dataclass
@@ -280,6 +283,14 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
             raise BadInput(f"pp*vpp = {f.pp * f.vpp} exceeds the model's {model.num_layers} layers")
     if f.schedule == "interleaved" and f.pp == 1:
         raise BadInput("--schedule interleaved needs --pp > 1")
+    if f.stage_layers is not None:
+        if f.pp is None:
+            raise BadInput("--stage-layers needs --pp (one count per pipeline rank)")
+        problems = V.split_blockers(model.num_layers, f.pp, f.vpp or 1, f.stage_layers,
+                                    eng.stage_layers == EQUAL_SPLIT)
+        if problems:
+            raise BadInput(f"--stage-layers {','.join(map(str, f.stage_layers))}: "
+                           f"{V.and_list(problems)}")
     if f.sp and f.tp == 1:
         raise BadInput("--sp needs --tp > 1")
     if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len, f.cp or 1):
@@ -407,7 +418,8 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
             for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
                 if sch == "interleaved":
                     vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
-                    scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)]
+                    scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)
+                               and (f.stage_layers is None or min(f.stage_layers) >= v)]
                 elif f.vpp in (None, 1):
                     scheds.append((sch, 1))
         recs = searched_recompute(engine, f)
@@ -509,10 +521,12 @@ def lower_coeffs(k):
 class Rules:
     """What the engine lets one candidate's placement do: recompute every layer or none
     (`all_layers_recomputed`), one recompute count for every model chunk (`per_chunk`), the
-    same number of layers on every pipeline rank (`equal_split`)."""
+    same number of layers on every pipeline rank (`equal_split`), the layers per rank given by
+    the user (`fixed_split`: only the recompute is placed)."""
     all_layers_recomputed: bool = False
     per_chunk: bool = False
     equal_split: bool = False
+    fixed_split: tuple | None = None
 
 
 def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
@@ -520,7 +534,8 @@ def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
     return Rules(all_layers_recomputed=(recompute_fixed
                                         or engine.all_layers_recomputed(c.recompute)),
                  per_chunk=engine.recompute_count(c.recompute) == PER_CHUNK,
-                 equal_split=engine.stage_layers == EQUAL_SPLIT)
+                 equal_split=engine.stage_layers == EQUAL_SPLIT,
+                 fixed_split=f.stage_layers if f is not None and c.pp > 1 else None)
 
 
 def _recompute_bounds(c: Candidate, rules: Rules):
@@ -763,9 +778,11 @@ def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
 
 def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=None,
               margin_gib=None) -> Result:
-    """Even split (or `split`) with the least recompute that fits; may not fit."""
+    """Even split (or `split`, or the user's) with the least recompute that fits; may not
+    fit."""
     if split is None:
-        split = even_split(model.num_layers, c.pp)
+        split = (list(rules.fixed_split) if rules.fixed_split
+                 else even_split(model.num_layers, c.pp))
     rec = []
     P = layer_kinds(model) if coeffs[0].moe is not None else None
     start = 0
@@ -1021,7 +1038,7 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
     cap = capacity_bytes(cluster, engine, margin_gib)
     heur = heur or heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                              margin_gib=margin_gib)
-    if c.pp == 1 or rules.equal_split:
+    if c.pp == 1 or rules.equal_split or rules.fixed_split:
         return heur, heur.estimate.fits
     caps = max_layers(low or [lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
     if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
@@ -1412,7 +1429,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             pruned_bound = len(scored) - i
             open_bound = min(open_bound, lb)
             break
-        if c.pp == 1 or rules.equal_split or (
+        if c.pp == 1 or rules.equal_split or rules.fixed_split or (
                 heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
             res, fits = heur, heur.estimate.fits           # no placement choice / proven optimal
             res.status = "OPTIMAL"

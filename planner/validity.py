@@ -116,6 +116,24 @@ def pp_ok(model, pp: int, vpp: int = 1) -> bool:
     return pp * vpp <= model.num_layers
 
 
+def split_blockers(num_layers: int, pp: int, vpp: int, layers, equal_only: bool = False) -> list:
+    """Why decoder layers per pipeline rank `layers` cannot lay out pp ranks of vpp model chunks,
+    as phrases: one count per rank, all layers placed, at least one per chunk (each rank's
+    layers are split evenly over its chunks: planner.plan.make_stages); `equal_only`: the
+    engine needs the same count on every rank."""
+    out = []
+    if len(layers) != pp:
+        out.append(f"{len(layers)} layer counts for pp {pp}")
+    if sum(layers) != num_layers:
+        out.append(f"the counts sum to {sum(layers)}, not the model's {num_layers} layers")
+    if min(layers, default=0) < vpp:
+        out.append(f"a rank holds {min(layers, default=0)} layers, fewer than its {vpp} "
+                   f"model chunks")
+    if equal_only and len(set(layers)) > 1:
+        out.append("the engine puts the same number of layers on every rank")
+    return out
+
+
 def interleaved_ok(m: int, pp: int) -> bool:
     """The interleaved schedule the search offers: m divisible by pp (Megatron's rule, and
     within torch's)."""

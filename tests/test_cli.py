@@ -123,3 +123,28 @@ def test_planner_never_imports_torch():
     code = ("import sys, planner.cli, planner.search, planner.export, planner.explain; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_stage_layers_fix_the_split_and_bad_ones_get_one_line():
+    """--stage-layers places exactly those decoder layers per rank (--pp from their count),
+    recompute placed on them; a wrong count, sum or a rank with fewer layers than its chunks
+    is exit 2 with one line."""
+    import json
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "planner.cli", "--model", "llama8b", "--cluster", "h100x8",
+            "--tp", "1", "--dp", "2", "--global-batch", "64", "--seq-len", "4096"]
+    r = subprocess.run(base + ["--stage-layers", "7,9,9,7", "--json"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    per_rank = [0] * 4
+    for s in json.loads(r.stdout)["stages"]:     # virtual stages where interleaved
+        per_rank[s["pp_rank"]] += s["layers"][1] - s["layers"][0]
+    assert per_rank == [7, 9, 9, 7]
+    for bad, why in ((["--stage-layers", "8,8,8", "--pp", "4"], "3 layer counts for pp 4"),
+                     (["--stage-layers", "8,8,8,9"], "sum to 33, not the model's 32"),
+                     (["--stage-layers", "1,15,8,8", "--vpp", "2"], "fewer than its 2"),
+                     (["--stage-layers", "8,x"], "must be an integer")):
+        r = subprocess.run(base + bad, capture_output=True, text=True)
+        assert r.returncode == 2, (bad, r.stdout)
+        assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
