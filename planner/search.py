@@ -800,6 +800,7 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     return Result(c, split, rec, est)
 
 
+@functools.lru_cache(maxsize=32)
 def _hull_cuts(P: tuple) -> tuple:
     """Lines (a, b) with a*x + b <= P[x] at every integer x (the lower convex hull's edges) and
     lines with P[x] <= a*x + b (the upper concave hull's), as integer (num, den, off) triples:
@@ -826,7 +827,7 @@ def _element_with_hull(mdl, index, P: list, target) -> None:
     """target == P[index], with the hull of P's points as linear cuts (the element constraint
     alone gives CP-SAT's relaxation nothing to bound the stage sums with)."""
     mdl.AddElement(index, P, target)
-    lower, upper = _hull_cuts(tuple(P))
+    lower, upper = _hull_cuts(P if isinstance(P, tuple) else tuple(P))
     for num, den, off in lower:
         mdl.Add(den * target >= num * index + off)
     for num, den, off in upper:
