@@ -266,3 +266,38 @@ def test_hull_cuts_hold_at_every_prefix_count(steps):
     for x in (0, len(P) - 1):
         assert any(den * P[x] == num * x + off for num, den, off in lower)
         assert any(den * P[x] == num * x + off for num, den, off in upper)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(4, 6), first=st.integers(1, 2), vpp=st.sampled_from([1, 2]),
+       m=st.sampled_from([2, 4]), frac=st.floats(0.1, 1.0))
+def test_layer_kinds_cpsat_equals_brute_force_with_a_recompute_count_per_rank(layers, first,
+                                                                             vpp, m, frac):
+    """Our runtime recomputes any number of each rank's layers (split evenly over its chunks):
+    CP-SAT's placement is the brute force's over every split and every per-rank count."""
+    import itertools
+    engine = "runtime"
+    model = tiny_moe(layers, first, 1)
+    c = Candidate(tp=1, pp=2, dp=2, zero=0, sp=False, mbs=1, seq_len=512, global_batch=2 * m,
+                  recompute="full", ep=2, schedule="interleaved" if vpp > 1 else "1f1b",
+                  vpp=vpp)
+    big = cluster_with_memory(10_000, n=4)
+    k = stage_coefficients(model, big, c, engine)
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
+    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    budget = memory_budget(big, engine, 0.0)
+    cluster = cluster_with_memory(budget.context_gib + budget.reserved(
+        floor + frac * (need - floor)), n=4)
+    coeffs = stage_coefficients(model, cluster, c, engine)
+    want = None
+    for split in compositions(layers, 2, 1):
+        if min(split) < vpp:
+            continue
+        for rec in itertools.product(*[range(n + 1) for n in split]):
+            e = evaluate(model, cluster, c, list(split), list(rec), coeffs, engine, 0.0)
+            if e.fits and (want is None or e.step_time_s < want.step_time_s):
+                want = e
+    res, fits = solve_candidate(model, cluster, c, engine=engine, margin_gib=0.0)
+    assert fits == (want is not None)
+    if want is not None:
+        assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
