@@ -945,7 +945,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                 # Megatron's one count R per chunk: make_stages' even split of min(v R, n) gives
                 # chunk c min(R, its size) (sizes differ by at most one), so R stands for the
                 # share; otherwise the rank's r is split evenly
-                shares = ([per_chunk] * v if per_chunk is not None
+                shares = ([per_chunk] * v if per_chunk is not None and v > 1
                           else _even_parts(mdl, r, v, L, f"rc{i}"))
                 for ch, share in enumerate(shares):
                     j = ch * p + i
