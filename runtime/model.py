@@ -14,7 +14,8 @@ outside. The layout-relevant conventions are:
 Covers the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the GPT family (LayerNorm, GELU MLP,
 learned positions, biases), relu2 activations and parallel residuals, and mixtures of experts
 (`MoEFeedForward` on the layers `Model.moe_layer` names: top-k router, stacked expert weights,
-shared experts, expert/router biases; `runtime.expert` splits the experts over ep ranks), and
+shared experts, expert/router biases; `runtime.expert` splits the experts over ep ranks
+and each expert over the tp ranks), and
 attention beyond Llama's: an explicit head_dim (`Model.head_dim_override`), sliding windows on
 `Model.sliding_layer(i)`, attention sinks, multi-head latent attention (`MLAttention`). ALiBi
 and multi-token prediction are refused.
