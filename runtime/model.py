@@ -313,7 +313,8 @@ class GroupedExperts(nn.Module):
     `expert_bias` (as `Model.expert_params` counts them). `forward(x, counts)`: the rows of `x` are sorted by
     expert, `counts[e]` rows for expert e; each expert's rows go through its FFN (a grouped
     matmul as one matmul per expert on its slice of rows; torch._grouped_mm has no CPU
-    backward in torch 2.13).
+    backward in torch 2.13); gated, the activation saves only the gate and up outputs
+    (`_GatedActFn`), the three intermediates planner.cost.moe counts.
 
     `w2_bias_share`: None, or (under expert tensor parallelism, set by `runtime.expert`) a
     function of the local `w2_bias` returning what this rank adds of it, so that the outputs
@@ -344,10 +345,12 @@ class GroupedExperts(nn.Module):
         out = []
         for e, rows in enumerate(torch.split(x, counts)):
             h = rows @ w1[e]
-            h = self.act(h + b1[e] if b1 is not None else h)
-            if w3 is not None:
+            h = h + b1[e] if b1 is not None else h
+            if w3 is not None:   # act(gate) * up saving only gate and up, as the dense MLP
                 g = rows @ w3[e]
-                h = h * (g + b3[e] if b3 is not None else g)
+                h = _GatedActFn.apply(h, g + b3[e] if b3 is not None else g, self.act)
+            else:
+                h = self.act(h)
             y = h @ w2[e]
             out.append(y + b2[e] if b2 is not None else y)
         return torch.cat(out) if out else x[:0]
