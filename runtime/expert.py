@@ -171,13 +171,22 @@ def _dispatch(module, inputs, mesh):
     else:
         grid, tp_sizes = recv.view(1, ep, local).cpu(), None
     # rows are grouped by (tp rank, source ep rank, expert): regroup by expert first
-    flat = grid.flatten()
-    starts = (torch.cumsum(flat, 0) - flat).view(grid.shape)
-    perm = torch.cat([torch.arange(int(starts[t, s, e]), int(starts[t, s, e] + grid[t, s, e]))
-                      for e in range(local) for t in range(tp) for s in range(ep)]
-                     ).to(x.device)
+    perm = _regroup(grid).to(x.device)
     module._ep_splits = (in_splits, out_splits, perm, tp_sizes, tp_rank, tp_group)
     return rows[perm], grid.sum(dim=(0, 1)).tolist()
+
+
+def _regroup(grid):
+    """The row order that takes rows laid out in blocks of grid[t, s, e] rows (t, then s, then
+    e) to blocks ordered by e, then t, then s."""
+    flat = grid.flatten()
+    starts = (torch.cumsum(flat, 0) - flat).view(grid.shape)
+    lengths = grid.permute(2, 0, 1).flatten()
+    first = starts.permute(2, 0, 1).flatten()
+    offset = torch.cumsum(lengths, 0) - lengths        # where each block lands
+    n = int(lengths.sum())
+    return (torch.repeat_interleave(first - offset, lengths, output_size=n)
+            + torch.arange(n))
 
 
 def _combine(module, out, mesh):

@@ -8,6 +8,8 @@ norm to a relative 1e-4, as tests/test_runtime_dist.py requires of the dense lay
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -84,6 +86,26 @@ def test_model_parameters_are_the_specs():
     assert kinds == [MOE.moe_layer(i) for i in range(MOE.num_layers)] == [False, True, True, True]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.data())
+def test_expert_rows_regroup_by_expert_then_tp_rank_then_source(tp, ep, local, data):
+    """The dispatch's row order (runtime.expert._regroup) against the block-by-block loop:
+    rows laid out by (tp rank, source ep rank, expert), grid[t, s, e] rows each, reordered by
+    expert, then tp rank, then source rank."""
+    from runtime.expert import _regroup
+    counts = data.draw(st.lists(st.integers(0, 3), min_size=tp * ep * local,
+                                max_size=tp * ep * local))
+    grid = torch.tensor(counts).view(tp, ep, local)
+    start, blocks = 0, {}
+    for t in range(tp):
+        for s in range(ep):
+            for e in range(local):
+                blocks[t, s, e] = list(range(start, start + int(grid[t, s, e])))
+                start += int(grid[t, s, e])
+    want = [r for e in range(local) for t in range(tp) for s in range(ep) for r in blocks[t, s, e]]
+    assert _regroup(grid).tolist() == want
+
+
 # ---- refusals ------------------------------------------------------------------------------
 
 MLA = MOE.scaled(name="tiny-moe-mla", kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
@@ -146,6 +168,10 @@ def test_unfixed_search_for_the_runtime_reaches_expert_tensor_parallel_plans():
     assert all(c.etp == c.tp and (c.sp or c.tp == 1) for c in runtime)
     megatron = enumerate_candidates(MOE, cluster, Fixed(), 16, 32, get_engine("megatron"))
     assert any(c.tp > 1 and c.etp == 1 for c in megatron)
+    rt = get_engine("runtime")
+    assert rt.ep_layout_ok(2, 2, 2, 0) and not rt.ep_layout_ok(2, 1, 2, 0)
+    assert not rt.ep_layout_ok(2, 2, 1, 0)                # etp > 1 without tp
+    assert rt.ep_layout_ok(1, 1, 2, 0, moe=False)         # a dense model under tp
 
 
 def test_moe_block_saves_what_the_cost_model_counts_on_cpu():
