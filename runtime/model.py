@@ -14,7 +14,8 @@ outside. The layout-relevant conventions are:
 Covers the Llama family (RMSNorm, RoPE, GQA, SwiGLU) and the GPT family (LayerNorm, GELU MLP,
 learned positions, biases), relu2 activations and parallel residuals, and mixtures of experts
 (`MoEFeedForward` on the layers `Model.moe_layer` names: top-k router, stacked expert weights,
-shared experts, expert/router biases; `runtime.expert` splits the experts over ep ranks), and
+shared experts, expert/router biases; `runtime.expert` splits the experts over ep ranks
+and each expert over the tp ranks), and
 attention beyond Llama's: an explicit head_dim (`Model.head_dim_override`), sliding windows on
 `Model.sliding_layer(i)`, attention sinks, multi-head latent attention (`MLAttention`). ALiBi
 and multi-token prediction are refused.
@@ -312,7 +313,14 @@ class GroupedExperts(nn.Module):
     `expert_bias` (as `Model.expert_params` counts them). `forward(x, counts)`: the rows of `x` are sorted by
     expert, `counts[e]` rows for expert e; each expert's rows go through its FFN (a grouped
     matmul as one matmul per expert on its slice of rows; torch._grouped_mm has no CPU
-    backward in torch 2.13)."""
+    backward in torch 2.13); gated, the activation saves only the gate and up outputs
+    (`_GatedActFn`), the three intermediates planner.cost.moe counts.
+
+    `w2_bias_share`: None, or (under expert tensor parallelism, set by `runtime.expert`) a
+    function of the local `w2_bias` returning what this rank adds of it, so that the outputs
+    summed over the etp ranks hold it once."""
+
+    w2_bias_share = None
 
     def __init__(self, spec: Model):
         super().__init__()
@@ -332,13 +340,17 @@ class GroupedExperts(nn.Module):
         w3 = _local(self.w3) if self.w3 is not None else None
         b1, b2, b3 = (_local(b) if b is not None else None
                       for b in (self.w1_bias, self.w2_bias, self.w3_bias))
+        if b2 is not None and self.w2_bias_share is not None:
+            b2 = self.w2_bias_share(b2)
         out = []
         for e, rows in enumerate(torch.split(x, counts)):
             h = rows @ w1[e]
-            h = self.act(h + b1[e] if b1 is not None else h)
-            if w3 is not None:
+            h = h + b1[e] if b1 is not None else h
+            if w3 is not None:   # act(gate) * up saving only gate and up, as the dense MLP
                 g = rows @ w3[e]
-                h = h * (g + b3[e] if b3 is not None else g)
+                h = _GatedActFn.apply(h, g + b3[e] if b3 is not None else g, self.act)
+            else:
+                h = self.act(h)
             y = h @ w2[e]
             out.append(y + b2[e] if b2 is not None else y)
         return torch.cat(out) if out else x[:0]
@@ -354,7 +366,8 @@ class MoEFeedForward(nn.Module):
     equals a softmax over the top-k logits). No token is dropped (no capacity factor) and no
     auxiliary load-balancing loss is added. The (token, expert) pairs are sorted by expert
     (stable), run through `experts`, put back in token order and summed with their weights;
-    the shared experts (a dense FFN every token runs) are added."""
+    the shared experts (a dense FFN every token runs, on the block's input as it comes: under
+    sequence parallelism `runtime.parallelize` gathers it there) are added."""
 
     def __init__(self, spec: Model):
         super().__init__()
@@ -365,9 +378,9 @@ class MoEFeedForward(nn.Module):
         self.shared_expert = (FeedForward(spec, spec.shared_expert_ffn_hidden, bias=False)
                               if spec.shared_expert_ffn_hidden else None)
 
-    def forward(self, x):
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
+    def forward(self, hidden):
+        shape = hidden.shape
+        x = hidden.reshape(-1, shape[-1])
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)              # [tokens, k]
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
@@ -376,10 +389,10 @@ class MoEFeedForward(nn.Module):
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         y = self.experts(x[order // self.top_k], counts)               # sorted by expert
         y = y[torch.argsort(order)].view(-1, self.top_k, shape[-1])    # back in pair order
-        out = (y * weights.unsqueeze(-1)).sum(dim=1)
+        out = (y * weights.unsqueeze(-1)).sum(dim=1).view(shape)
         if self.shared_expert is not None:
-            out = out + self.shared_expert(x)
-        return out.view(shape)
+            out = out + self.shared_expert(hidden)
+        return out
 
 
 class DecoderLayer(nn.Module):

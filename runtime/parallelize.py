@@ -48,7 +48,13 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
 
     With fewer key/value heads than tp ranks (tp % num_kv_heads == 0), `wk`/`wv` stay whole on
     every rank and each rank keeps the one kv head its query heads use; their gradients then
-    need a sum over the tp group: returns those parameters' names (`TpReplicatedGradSync`)."""
+    need a sum over the tp group: returns those parameters' names (`TpReplicatedGradSync`).
+
+    An MoE layer (sequence parallel required: `runtime.expert.runtime_problems`) takes its
+    sequence shard as a local tensor: the router, replicated over tp, routes this rank's
+    tokens (`SequenceParallel` over the token dim, so its gradient is a Partial sum, as a
+    norm's); the shared expert is split like the dense MLP (all-gather in, reduce-scatter
+    out); the routed experts are `runtime.expert.apply_ep`'s."""
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, SequenceParallel,
                                                    parallelize_module)
@@ -75,12 +81,21 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
     shard_kv = spec.num_kv_heads % tp == 0
     replicated = []
     for li, layer in part.layers.items():
+        moe = hasattr(layer.feed_forward, "router")      # runtime.model.MoEFeedForward
+        if moe and not sequence_parallel:
+            raise LayoutError("MoE layers under tp need sequence parallel")
+        # the dense FFN: the MLP, or an MoE layer's shared expert
+        ffn_name = "feed_forward.shared_expert" if moe else "feed_forward"
+        ffn = layer.feed_forward.shared_expert if moe else layer.feed_forward
         lp = {
             "attention.wq": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
+        if ffn is not None:
+            lp[f"{ffn_name}.w1"] = ColwiseParallel()
+            lp[f"{ffn_name}.w2"] = RowwiseParallel(output_layouts=seq)
+            if ffn.w3 is not None:
+                lp[f"{ffn_name}.w3"] = ColwiseParallel()
         if shard_kv:
             lp["attention.wk"] = ColwiseParallel()
             lp["attention.wv"] = ColwiseParallel()
@@ -96,8 +111,6 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
                     lambda mod, args, group=group: (_SumGradOverGroup.apply(args[0], group),))
                 lin.register_forward_hook(lambda mod, args, out, lo=lo, hi=hi: out[..., lo:hi])
                 replicated += [f"layers.{li}.attention.{w}.{n}" for n, _ in lin.named_parameters()]
-        if layer.feed_forward.w3 is not None:
-            lp["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
             lp.update({
                 "attention_norm": SequenceParallel(),
@@ -105,9 +118,15 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
                 "attention": PrepareModuleInput(input_layouts=(Shard(1),),
                                                 desired_input_layouts=(Replicate(),),
                                                 use_local_output=True),
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                                   desired_input_layouts=(Replicate(),)),
             })
+            if ffn is not None:    # the dense FFN reads the whole sequence: all-gathered
+                lp[ffn_name] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                  desired_input_layouts=(Replicate(),))
+        if moe:   # this rank's tokens, as a local tensor, routed by the replicated router
+            lp["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                    desired_input_layouts=(Shard(1),),
+                                                    use_local_output=True)
+            lp["feed_forward.router"] = SequenceParallel(sequence_dim=0, use_local_output=True)
         parallelize_module(layer, tp_mesh, lp)
         sinks = getattr(layer.attention, "sinks", None)
         if sinks is not None:   # attention sinks: one logit per query head, split with the heads

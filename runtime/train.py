@@ -349,7 +349,7 @@ class Trainer:
             if p.tp > 1:
                 tp_replicated += par.apply_tp(part, self.tp_mesh, p.sequence_parallel, spec)
             if self.expert_mesh is not None:
-                expert.apply_ep(part, self.expert_mesh["ep"])
+                expert.apply_ep(part, self.expert_mesh)
             self.recomputed += par.apply_ac(part, st, p.recompute)
             if p.zero_stage >= 2:
                 par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu, self.edp_mesh)

@@ -8,6 +8,8 @@ norm to a relative 1e-4, as tests/test_runtime_dist.py requires of the dense lay
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -21,8 +23,8 @@ MOE = load_model_file(str(ROOT / "examples" / "tiny-moe.json"))   # 4 layers, th
 STEPS = 4
 
 
-def make_plan(path, pp=1, dp=1, ep=1, tp=1, etp=1, recompute_per_rank=None, **par):
-    plan = Plan(model=MOE, cluster=Cluster("cpux8", get_gpu("cpu"), 8, 8),
+def make_plan(path, pp=1, dp=1, ep=1, tp=1, etp=1, recompute_per_rank=None, model=MOE, **par):
+    plan = Plan(model=model, cluster=Cluster("cpux8", get_gpu("cpu"), 8, 8),
                 parallelism=Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, **par),
                 batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=1,
                             num_microbatches=8 // dp),
@@ -84,13 +86,47 @@ def test_model_parameters_are_the_specs():
     assert kinds == [MOE.moe_layer(i) for i in range(MOE.num_layers)] == [False, True, True, True]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.data())
+def test_expert_rows_regroup_by_expert_then_tp_rank_then_source(tp, ep, local, data):
+    """The dispatch's row order (runtime.expert._regroup) against the block-by-block loop:
+    rows laid out by (tp rank, source ep rank, expert), grid[t, s, e] rows each, reordered by
+    expert, then tp rank, then source rank."""
+    from runtime.expert import _regroup
+    counts = data.draw(st.lists(st.integers(0, 3), min_size=tp * ep * local,
+                                max_size=tp * ep * local))
+    grid = torch.tensor(counts).view(tp, ep, local)
+    start, blocks = 0, {}
+    for t in range(tp):
+        for s in range(ep):
+            for e in range(local):
+                blocks[t, s, e] = list(range(start, start + int(grid[t, s, e])))
+                start += int(grid[t, s, e])
+    want = [r for e in range(local) for t in range(tp) for s in range(ep) for r in blocks[t, s, e]]
+    assert _regroup(grid).tolist() == want
+
+
 # ---- refusals ------------------------------------------------------------------------------
 
+MLA = MOE.scaled(name="tiny-moe-mla", kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                 v_head_dim=16, q_lora_rank=0)
+
+
 @pytest.mark.parametrize("par, line", [
-    (dict(tp=2, dp=2, ep=2), "runtime: MoE model tiny-moe with tp 2: the runtime does not "
-                             "tensor-split MoE layers yet (tp 1 only; ep is carved out of dp)"),
-    (dict(dp=4, ep=2, etp=2), "runtime: expert tensor parallelism (etp 2) is not supported by "
-                              "the runtime yet"),
+    (dict(tp=2, dp=2, ep=2, etp=2), "runtime: MoE model tiny-moe with tp 2 needs sequence "
+                                    "parallel (as Megatron: \"sequence parallel must be used "
+                                    "with MoE and tensor parallel\")"),
+    (dict(tp=2, dp=2, ep=2, sequence_parallel=True),
+     "runtime: expert tensor parallelism etp 1 with tp 2: the runtime splits each expert over "
+     "the tp ranks only (etp = tp)"),
+    (dict(dp=4, ep=2, etp=2), "runtime: expert tensor parallelism etp 2 with tp 1: the runtime "
+                              "splits each expert over the tp ranks only (etp = tp)"),
+    (dict(tp=2, dp=2, etp=2, sequence_parallel=True, model=MLA),
+     "runtime: model tiny-moe-mla: multi-head latent attention with tp 2 is not supported by "
+     "the runtime yet (tp 1 only)"),
+    (dict(dp=2, ep=2, model=MOE.scaled(name="tiny-moe-mtp", mtp_layers=1)),
+     "runtime: model tiny-moe-mtp: multi-token prediction (1 mtp_layers) is not built by the "
+     "runtime yet"),
 ])
 def test_runtime_refuses_what_it_cannot_lay_out(tmp_path, par, line):
     from runtime.train import Refused, preflight
@@ -101,19 +137,41 @@ def test_runtime_refuses_what_it_cannot_lay_out(tmp_path, par, line):
     assert str(e.value) == line
 
 
-def test_the_search_offers_the_runtime_only_moe_layouts_it_runs():
-    """Priced for the runtime engine, an MoE model gets tp 1 and etp 1 (what the runtime lays
-    out), ep searched; every ranked plan passes the runtime's own preflight."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_search_offers_the_runtime_only_moe_layouts_it_runs(tp):
+    """Priced for the runtime engine, an MoE model gets etp = tp with sequence parallel under
+    tp > 1 (what the runtime lays out; never etp 1 with tp > 1), ep searched; every ranked plan
+    passes the runtime's own preflight."""
     from planner.catalog import get_cluster
     from planner.search import Fixed, search, to_plan
     from runtime.train import preflight
     cluster = get_cluster("cpux8")
-    rep = search(MOE, cluster, Fixed(), seq_len=16, global_batch=32, engine="runtime", top=8)
+    rep = search(MOE, cluster, Fixed(tp=tp), seq_len=16, global_batch=32, engine="runtime",
+                 top=50)
     assert rep.ranked and any(r.candidate.ep > 1 for r in rep.ranked)
     for r in rep.ranked:
         c = r.candidate
-        assert c.tp == 1 and c.etp == 1
+        assert c.tp == tp and c.etp == tp and c.sp == (tp > 1), c
         preflight(to_plan(MOE, cluster, r, rep), 8, 8, on_gpu=False)   # raises if refused
+
+
+def test_unfixed_search_for_the_runtime_reaches_expert_tensor_parallel_plans():
+    """Without fixing tp, the runtime engine's candidates include tp > 1 for an MoE model, each
+    with etp = tp (runtime engine facts: moe_etp "equal_tp"), and Megatron's keeps etp 1 with
+    tp > 1 among its choices (that option is the runtime's alone)."""
+    from planner.catalog import get_cluster
+    from planner.engines import get_engine
+    from planner.search import Fixed, enumerate_candidates
+    cluster = get_cluster("cpux8")
+    runtime = enumerate_candidates(MOE, cluster, Fixed(), 16, 32, get_engine("runtime"))
+    assert any(c.tp > 1 and c.ep > 1 for c in runtime)
+    assert all(c.etp == c.tp and (c.sp or c.tp == 1) for c in runtime)
+    megatron = enumerate_candidates(MOE, cluster, Fixed(), 16, 32, get_engine("megatron"))
+    assert any(c.tp > 1 and c.etp == 1 for c in megatron)
+    rt = get_engine("runtime")
+    assert rt.ep_layout_ok(2, 2, 2, 0) and not rt.ep_layout_ok(2, 1, 2, 0)
+    assert not rt.ep_layout_ok(2, 2, 1, 0)                # etp > 1 without tp
+    assert rt.ep_layout_ok(1, 1, 2, 0, moe=False)         # a dense model under tp
 
 
 def test_moe_block_saves_what_the_cost_model_counts_on_cpu():
@@ -247,3 +305,48 @@ def test_pp2_ep2_zero1(tmp_path, one_process):
         want = 4 * rank_params(plan, m["pp_rank"], ep=2) / 2**30
         assert m["params"] == pytest.approx(want, rel=1e-9), m
         assert m["grads"] == pytest.approx(want, rel=1e-9), m
+
+
+# ---- expert tensor parallelism (etp = tp) against one process -----------------------------
+
+def test_tp2_ep2_sp_zero1_recompute(tmp_path, one_process):
+    """tp 2 x dp 2 with ep 2 and etp = tp = 2, sequence parallel (each tp rank routes its half
+    of the sequence, dispatches over its ep group, the received rows all-gathered over tp and
+    the experts' FFN split over tp), ZeRO 1, the first 2 layers fully recomputed (the
+    recompute repeats the all-to-alls and the tp gather / scatter). Per rank, from the spec:
+    every weight split over tp but the norms and the routers (replicated, as the planner's
+    MoE pricing counts them), the routed experts also over ep."""
+    plan = make_plan(tmp_path / "plan.json", tp=2, dp=2, ep=2, etp=2, sequence_parallel=True,
+                     zero_stage=1, recompute="full", recompute_per_rank=[2])
+    steps = 2
+    r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = steps_of(tmp_path / "m.jsonl")
+    assert_same_curve(got, one_process, range(1, steps + 1))
+    m = MOE
+    experts = m.num_moe_layers * m.num_experts * m.expert_params()
+    replicated = (2 * m.num_layers + 1) * m.norm_params() + m.num_moe_layers * m.router_params()
+    rank = (m.num_params() - replicated - experts) / 2 + replicated + experts / (2 * 2)
+    for mem in got[1]["measured_memory_gib"]:
+        assert mem["params"] == pytest.approx(4 * rank / 2**30, rel=1e-9), mem
+        assert mem["grads"] == pytest.approx(4 * rank / 2**30, rel=1e-9), mem
+
+
+def test_tp2_pp2_etp2_expert_bias_1f1b(tmp_path):
+    """tp 2 x pp 2 (ep 1, etp = tp = 2: each expert split over the tp ranks, no expert
+    parallelism), 1F1B over 8 micro-batches, a model with expert and router biases: the w1/w3
+    biases split over tp with the FFN, the w2 bias added once (by tp rank 0) with its gradient
+    summed over tp; against its own one-process run."""
+    model = MOE.scaled(name="tiny-moe-bias", expert_bias=True)
+    one = tmp_path / "one"
+    one.mkdir()
+    steps = 2
+    r = launch(1, "--plan", make_plan(one / "plan.json", model=model), "--steps", steps,
+               "--metrics", one / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    plan = make_plan(tmp_path / "plan.json", model=model, tp=2, pp=2, etp=2,
+                     sequence_parallel=True, schedule="1f1b")
+    r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_curve(steps_of(tmp_path / "m.jsonl"), steps_of(one / "m.jsonl"),
+                      range(1, steps + 1))

@@ -5,7 +5,10 @@ pipelining (ZeRO-0/1 its own bucketed gradient all-reduce, launched from the gra
 each chunk's last micro-batch backward as DDP's, ZeRO-2/3 FSDP2 with
 reshard_after_forward False / True, gradients reduce-scattered every micro-batch; ZeRO-2 keeps
 the parameters gathered until the step's last micro-batch, so they are gathered once a step);
-TP with or without SP; GPipe, 1F1B (as GPipe when there are
+TP with or without SP (MoE models with SP only, as the search offers them); MoE layers with
+ep carved out of dp and, under tp, each expert split over the tp ranks (etp = tp, Megatron's
+flow: tokens routed per tp rank, all-to-all over ep, all-gathered over etp, reduce-scattered
+back); GPipe, 1F1B (as GPipe when there are
 fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
@@ -49,9 +52,9 @@ RUNTIME = Engine(
     zero2_gathers_every_microbatch=False, short_1f1b_as_gpipe=True,
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     # runtime/expert.py: experts split over an ep dim carved out of dp, tokens dispatched with
-    # all_to_all_single (gloo and NCCL); MoE layers not tensor-split, no expert TP
-    # (runtime.expert.runtime_problems refuses both)
-    moe_dispatchers=("alltoall",), moe_etp="none", moe_with_tp=False,
+    # all_to_all_single (gloo and NCCL); under tp each expert's FFN is split over the tp ranks
+    # (etp = tp, never etp = 1 with tp > 1: runtime.expert.runtime_problems refuses that)
+    moe_dispatchers=("alltoall",), moe_etp="equal_tp", moe_with_tp=True,
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

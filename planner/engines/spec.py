@@ -100,8 +100,9 @@ class Engine:
     # mixture-of-experts token dispatchers it runs (planner.cost.moe.DISPATCHERS); empty: it
     # runs no MoE layers as the planner prices them
     moe_dispatchers: tuple = ()
-    # expert tensor parallel degrees beyond 1 it allows: "any" (Megatron's
-    # --expert-tensor-parallel-size), "tp" (only etp = tp: torchtitan), "none"
+    # expert tensor parallel degrees it allows: "any" (Megatron's
+    # --expert-tensor-parallel-size), "tp" (etp = 1 or etp = tp: torchtitan), "equal_tp" (etp
+    # = tp always, each expert split over the tp ranks: our runtime), "none" (etp = 1)
     moe_etp: str = "none"
     # expert parallelism only over sharded data parallelism (torchtitan: ep borrows from
     # dp_shard x cp, and from tp when etp = 1; DDP replicas cannot hold experts)
@@ -175,6 +176,8 @@ class Engine:
         return zero in (self.zero_stages if pp == 1 else self.zero_stages_with_pp)
 
     def etp_ok(self, etp: int, tp: int) -> bool:
+        if self.moe_etp == "equal_tp":
+            return etp == tp
         return etp == 1 or self.moe_etp == "any" or (self.moe_etp == "tp" and etp == tp)
 
     def ep_layout_ok(self, ep: int, etp: int, tp: int, zero: int, moe: bool = True) -> bool:
@@ -182,7 +185,7 @@ class Engine:
         the model has experts; a dense model's (1, 1) is always fine)."""
         if moe and tp > 1 and not self.moe_with_tp:
             return False
-        if not self.etp_ok(etp, tp):
+        if moe and not self.etp_ok(etp, tp):
             return False
         return not (self.ep_needs_sharded_dp and zero < 2 and tp % (ep * etp))
 
