@@ -324,6 +324,7 @@ ESTIMATE = S.Obj({
     "fits": (S.Bool(), None), "step_time_s": (S.Num(gt=0.0), None),
     "tokens_per_s": (_POS, None), "tflops_per_gpu": (_POS, None),
     "mfu": (S.Num(ge=0.0, le=1.0), None), "peak_memory_gib": (_MEM, None),
+    "peak_reserved_gib": (_MEM, None), "memory_margin_gib": (_MEM, None),
     "capacity_gib": (S.Num(ge=-1e9, le=1e9), None),
     "time_breakdown_s": (S.Map(S.Num(ge=-1e9, le=1e9), S.Str(100), max_len=100), None)},
     extra=True)
