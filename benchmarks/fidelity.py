@@ -292,7 +292,7 @@ MOE_NOTES = """Notes.
   DeepSeek-V3 ep32 / ep64 rows needed full recompute of 16 / 32 layers, which rules out the
   EP overlap their recipes ran, and were predicted +121% / +93%.
 - Host stall: the one fitted figure, the Megatron engine's per-MoE-layer overhead of dropless
-  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.30 ms per MoE layer forward),
+  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.32 ms per MoE layer forward),
   fitted on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity
   --fit-moe`); the other 29 rows are held out. Evidence it is host time, not GPU work: the
   same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA
@@ -314,10 +314,11 @@ What is still missing (evidence from the per-row table):
    error: the same Qwen3-30B-A3B layout on 16 H100 (tp1 pp2 ep8 vpp12 mbs1 gbs1024) took
    51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 33-49%
    slower than predicted with no host stall at all, the 25.11 B200 rows 19-28%. No static
-   model of the configuration sees kernel versions; the held-out median (16.6%) is mostly
-   these. A host launch floor per MoE layer (about 3 ms a forward and backward, the 25.09
-   token-drop Qwen3-30B pair's figure) would bring the held-out median to about 15%, but the
-   fit rows do not constrain it (their loss is flat below 3.4 ms), so it is not adopted.
+   model of the configuration sees kernel versions; the held-out median (17.7%) is mostly
+   these. A host launch floor per MoE layer (a layer's forward and backward taking at least
+   a fixed host time, about 3 ms) took the held-out median from 17.5% to 15.6% in a trial
+   (before the recipes' layouts were fixed), but the fit rows do not constrain it (their loss
+   is flat below 3.4 ms), so it is not adopted.
 2. Megatron's fine-grained recompute (--recompute-modules) is not priced: DeepSeek-V3's
    recipes recompute mla_up_proj (and on pp8 the dense layers' mlp), GPT-OSS's layernorm and
    moe_act. Without it the DeepSeek-V3 B200 pp8 ep32 row (26.04.01, the recipe's layout with

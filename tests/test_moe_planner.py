@@ -305,3 +305,21 @@ def test_layer_kinds_cpsat_equals_brute_force_with_a_recompute_count_per_rank(la
     assert fits == (want is not None)
     if want is not None:
         assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
+
+
+@pytest.mark.parametrize("shared", [0, 512])
+def test_moe_layers_pay_the_attention_tp_pair_and_the_mlp_pair_only_for_a_shared_expert(shared):
+    """Under tp with sequence parallelism (and etp 1) a rank dispatches its own tokens: an MoE
+    layer's TP collectives are the attention's all-gather + reduce-scatter of b*s*h, forward
+    and backward, and the MLP's pair again only where a shared expert (a TP-split MLP) runs
+    (Korthikanti et al. 2022 for the pair; Megatron-Core's MoE alltoall dispatcher)."""
+    model = tiny_moe(layers=4, first_dense=0, shared=shared)
+    cl = get_cluster("h100x8")
+    c = Candidate(tp=2, pp=1, dp=4, zero=1, sp=True, mbs=2, seq_len=2048, global_batch=8,
+                  recompute="none", ep=2, tp_comm_overlap=False)
+    k = stage_coefficients(model, cl, c, "megatron")[0]
+    link = comm.group_link(cl, 2, 1)
+    act = 2.0 * 2 * 2048 * model.hidden           # bf16 b*s*h
+    pair = comm.all_gather(act, 2, link) + comm.reduce_scatter(act, 2, link)
+    pairs_per_pass = 2 if shared else 1
+    assert k.tp_layer == pytest.approx(2 * pairs_per_pass * pair)

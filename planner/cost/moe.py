@@ -354,7 +354,7 @@ LAYER_FIELDS = ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "fwd_layer
 
 
 def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: list, lp,
-                    states: dict, tp_fwd: float, infl: list) -> list:
+                    states: dict, tp_pass: tuple, infl: list) -> list:
     """Stage coefficients of an MoE model from those of its dense layer (`coeffs`): every
     layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
     with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs)."""
@@ -383,6 +383,12 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(c.recompute, 0.0)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" else 0.0
+    # tensor parallelism (`tp_pass`: the dense layer's forward and backward share): the
+    # attention's all-gather / reduce-scatter pair stays; the MLP's pair goes unless a shared
+    # expert, a TP-split MLP, needs it: each tp rank dispatches its own sequence-parallel
+    # tokens over its ep group and the etp gather of the received rows is the dispatcher's
+    # (Megatron-Core MoEAlltoAllTokenDispatcher; runtime/expert.py likewise)
+    mlp_tp = (0.0, 0.0) if model.shared_expert_ffn_hidden else (tp_pass[0] / 2, tp_pass[1] / 2)
     # model states: attention, norms, router and shared experts over dp x cp; the routed experts
     # over expert-dp (Megatron's distributed optimizer shards each over its own group)
     edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
@@ -421,7 +427,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
-        fwd_pass, bwd_pass = k.fwd_layer + d_fwd, k.bwd_layer + d_bwd
+        fwd_pass, bwd_pass = k.fwd_layer + d_fwd - mlp_tp[0], k.bwd_layer + d_bwd - mlp_tp[1]
         ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
             # (the host stall stays in the forward pass: while the host waits for one
@@ -433,6 +439,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         changes = dict(
             compute_layer=k.compute_layer + d_fwd + d_bwd,
             compute_rec=k.compute_rec + d_rec,
+            tp_layer=k.tp_layer - mlp_tp[0] - mlp_tp[1],
+            tp_rec=k.tp_rec - (mlp_tp[0] if c.recompute == "full" else 0.0),
             ep_layer=ep_f + ep_b, ep_rec=ep_rec,
             fwd_layer=fwd_pass + ep_f,
             bwd_layer=bwd_pass + ep_b,

@@ -50,7 +50,7 @@ from planner.engines.validation import validation_of
 # 13 Megatron-Bridge MoE rows of its latest two releases, 26.04 and 26.04.01 (H100 and B200;
 # DeepSeek-V3, Qwen3-30B/235B, GPT-OSS-120B); the 29 rows of 25.09, 25.11, 26.02, 26.02.01 and
 # 26.06 are held out (benchmarks/results/fidelity_moe_*.md reports both).
-MOE_LAYER_OVERHEAD_S = 4.30e-3
+MOE_LAYER_OVERHEAD_S = 4.32e-3
 
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",
