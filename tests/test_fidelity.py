@@ -80,7 +80,7 @@ def test_every_published_configuration_fits(rows):
 
 
 # Measured rows the memory model misses today, named so that none can hide: torchtitan's TP
-# (and TP x PP) float8 runs measure 22-49% MORE than predicted (an out-of-memory the plan would
+# (and TP x PP) float8 runs measure 17-48% MORE than predicted (an out-of-memory the plan would
 # not foresee), Trainy's H200 FSDP runs 38-40% less. Not yet explained (allocator pools per
 # stream under async TP/FSDP collectives, torch.compile buffers?): an open finding.
 KNOWN_MEMORY_GAPS = {

@@ -75,25 +75,35 @@ def activation_terms(model: Model) -> tuple:
 
 
 def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
-                     flash: bool = True) -> float:
+                     flash: bool = True, gathered_inputs: bool = False) -> float:
     """Saved-activation bytes of one layer for one micro-batch, on one GPU.
 
     mode: "none" keeps everything; "selective" recomputes the attention core, so the s^2 score
     terms are not kept; "full" keeps only the layer input (2sbh, /t under sequence parallel);
     "op" is torchtitan's per-op policy (`op_saved_terms`).
     `flash=False` reproduces the paper, which materialises the attention scores.
+    `gathered_inputs`: under sequence parallelism the QKV and MLP-in linears keep their
+    all-gathered input (planner.engines.spec sp_keeps_gathered_inputs), not a 1/t shard.
     """
     tokens = b * s
     if mode == "full":
         return 2.0 * tokens * model.hidden / (tp if sp else 1)
     rep, shard, scores = op_saved_terms(model) if mode == "op" else activation_terms(model)
     total = tokens * (rep / (tp if sp else 1) + shard / tp)
+    if sp and gathered_inputs and tp > 1 and mode in ("none", "selective"):
+        total += tokens * sp_gathered_input_bytes(model) * (1 - 1 / tp)
     if not flash and mode == "none":
         total += scores * model.num_heads * s * tokens / tp
     if flash:
         # flash attention keeps the fp32 log-sum-exp per head and token (Dao et al. 2022)
         total += 4.0 * model.num_heads * tokens / tp
     return total
+
+
+def sp_gathered_input_bytes(model: Model) -> float:
+    """Bytes per token of the column-parallel linears' inputs (QKV and MLP-in, bf16) among
+    `activation_terms`' replicated ones: what a TP that keeps them gathered holds whole."""
+    return 2 * model.hidden + 2 * model.hidden
 
 
 def op_saved_terms(model: Model) -> tuple:
@@ -117,7 +127,7 @@ def logits_bytes(model: Model, b: int, s: int, tp: int) -> float:
 
 
 def lowp_saved_input_savings(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
-                             element_bytes: float) -> float:
+                             element_bytes: float, gathered_inputs: bool = False) -> float:
     """Bytes of one layer's saved activations that a recipe saving its linears' quantised
     inputs (Transformer Engine: the FP8 input of each linear for its weight gradient) does not
     keep in bf16: the QKV and MLP-in inputs (replicated; /t under sequence parallel), the
@@ -127,4 +137,4 @@ def lowp_saved_input_savings(model: Model, b: int, s: int, tp: int, sp: bool, mo
         return 0.0
     h, f = model.hidden, model.ffn_hidden
     d = 2.0 - element_bytes
-    return b * s * d * (2 * h / (tp if sp else 1) + (h + f) / tp)
+    return b * s * d * (2 * h / (tp if sp and not gathered_inputs else 1) + (h + f) / tp)

@@ -411,6 +411,12 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     act_rec_d = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, c.flash, lp=lp)
     eb = facts.compute_elem_bytes
     act_none = act_none_d - dense_mlp_saved(model, b, s, t, "none", eb) + ml.activation_bytes
+    if c.sp and t > 1 and engine.sp_keeps_gathered_inputs and not model.shared_expert_ffn_hidden:
+        # no column-parallel MLP-in linear gathers the tokens: the router and the dispatch
+        # keep the rank's own sequence shard (planner.cost.memory.sp_gathered_input_bytes)
+        kept_whole = eb / BF16 * b * s * 2 * model.hidden * (1 - 1 / t)
+        act_none -= kept_whole
+        act_rec_d -= kept_whole if c.recompute == "selective" else 0.0
     act_rec = act_rec_d if c.recompute in ("full", "none") else (
         act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute, eb) + ml.activation_bytes)
     if c.recompute == "none":

@@ -79,9 +79,11 @@ class CatalogFacts:
 
     def bf16_activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         """The cost model's saved bytes of one layer, computing in bf16."""
-        out = activation_bytes(model, b, s, tp, sp, mode, flash)
+        gathered = self.engine.sp_keeps_gathered_inputs
+        out = activation_bytes(model, b, s, tp, sp, mode, flash, gathered)
         if lp is not None and lp.recipe.saves_lowp_inputs:
-            out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes)
+            out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes,
+                                            gathered)
         return out
 
     @_memo

@@ -45,6 +45,7 @@ RUNTIME = Engine(
     name="runtime", title="our PyTorch runtime (python -m runtime)",
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3),
     max_tp=None, sp_choices=(False, True),
+    sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
     overlap_grad_reduce=True,    # ZeRO 0/1 (runtime/parallelize.py GradAllReduce)

@@ -109,6 +109,12 @@ class Engine:
     ep_needs_sharded_dp: bool = False
     # MoE layers under tensor parallelism (False: an MoE model runs at tp 1 only)
     moe_with_tp: bool = True
+    # Under sequence parallelism the column-parallel linears (QKV, MLP-in) keep their
+    # all-gathered input for the weight gradient: PyTorch's DTensor TP (ColwiseParallel after
+    # SequenceParallel redistributes the input to Replicate, and the matmul saves that), so
+    # b*s*h each instead of Megatron's b*s*h/tp, which it all-gathers again in backward
+    # (Korthikanti et al. 2022, Sec. 4.2.2). Measured in our runtime (tests/test_runtime_moe.py).
+    sp_keeps_gathered_inputs: bool = False
     # the model's attention features beyond Llama's (planner.specs.Model.attention_feature_map
     # keys) its export writes into the model's definition; None: its export leaves the
     # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP

@@ -43,6 +43,7 @@ TORCHTITAN = Engine(
     name="torchtitan", title="torchtitan (FSDP2, DTensor TP, pipelining)",
     zero_stages=(0, 2, 3), zero_stages_with_pp=(2, 3), zero0_with_tp_pp=False,
     max_tp=None, sp_choices=(True,),
+    sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=True,
