@@ -348,5 +348,15 @@ def test_tp2_pp2_etp2_expert_bias_1f1b(tmp_path):
                      sequence_parallel=True, schedule="1f1b")
     r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert_same_curve(steps_of(tmp_path / "m.jsonl"), steps_of(one / "m.jsonl"),
-                      range(1, steps + 1))
+    got = steps_of(tmp_path / "m.jsonl")
+    assert_same_curve(got, steps_of(one / "m.jsonl"), range(1, steps + 1))
+    # the weights each rank holds are what the planner prices (its expert states: the FFN
+    # split over etp, the w2 bias whole)
+    from planner.cost.stage import evaluate
+    from planner.search import candidate_of
+    p = Plan.load(str(plan))
+    est = evaluate(p.model, p.cluster, candidate_of(p), p.layer_counts(), [0, 0],
+                   engine="runtime", margin_gib=0.0)
+    for mem in got[1]["measured_memory_gib"]:
+        assert mem["params"] == pytest.approx(
+            est.stage_memory_gib[mem["pp_rank"]]["params"], rel=1e-6), mem

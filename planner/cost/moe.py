@@ -292,7 +292,9 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
         / (gpu.hbm_gbps * 1e9)
     disp = dispatcher(model, cluster, b, s, tp, ep, etp, allowed, imbalance)
     comm_fwd = _dispatch_comm(model, cluster, T, tp, ep, etp, load, disp)
-    expert_params = local_experts * model.expert_params() / etp
+    # each expert's FFN split over etp; its down-projection bias (gpt-oss) is not split
+    down_bias = model.hidden if model.expert_bias else 0
+    expert_params = local_experts * ((model.expert_params() - down_bias) / etp + down_bias)
     dense_params = (model.attn_matmul_params() / tp + 2 * model.norm_params()
                     + model.router_params() + model.shared_expert_params() / tp
                     + ((h + 2 * model.kv_dim) / tp if model.attn_bias else 0))
