@@ -1014,7 +1014,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
     # wide integer coefficients while the search itself needs milliseconds.
     solver.parameters.cp_model_presolve = P is not None   # element constraints need it
-    if P is not None:   # the element constraints' hull cuts into the LP relaxation: proofs
+    if P is not None and v > 1:   # the hull cuts into the LP relaxation: chunk-level proofs
         solver.parameters.linearization_level = 2
     st = solver.Solve(mdl)
     status = solver.StatusName(st)
