@@ -901,8 +901,9 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         # (element constraints), exact for contiguous stages
         sizes = [_even_parts(mdl, x, v, L, f"s{i}") for i, x in enumerate(n_vars)]
         stage_ends, at = [mdl.NewConstant(0)], [mdl.NewConstant(0)]
-        for j in range(p * v):
-            b = mdl.NewIntVar(0, L, f"B{j + 1}")
+        for j in range(p * v):   # every virtual stage holds at least one layer
+            b = (mdl.NewConstant(L) if j == p * v - 1
+                 else mdl.NewIntVar(j + 1, L - (p * v - j - 1), f"B{j + 1}"))
             mdl.Add(b == stage_ends[-1] + sizes[j % p][j // p])
             pb = mdl.NewIntVar(0, Q, f"P{j + 1}")
             _element_with_hull(mdl, b, P, pb)
