@@ -433,7 +433,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
             if layer_kinds(model) and pp > 1 and not f.vpp:
                 # dense and MoE layers mixed: interleaving only where asked for (--vpp; then
                 # placed exactly). Searched, its chunk-level placements multiply the exact
-                # solves (deepseek-v3 on h100x256: 150 s instead of 20 s, no faster plan found)
+                # solves (deepseek-v3 on h100x256: 105 s instead of 19 s, no faster plan found)
                 scheds = [(sch, v) for sch, v in scheds if v == 1]
         for mbs in mbss:
             if per_dp % mbs:
