@@ -246,6 +246,16 @@ def one_process(tmp_path_factory):
     return m
 
 
+def trains_like(reference, plan, tmp_path, steps=STEPS) -> dict:
+    """Run `plan` on 4 processes for `steps` and check its curve against `reference` (steps_of
+    of a one-process run); returns its per-step metrics."""
+    r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = steps_of(tmp_path / "m.jsonl")
+    assert_same_curve(got, reference, range(1, steps + 1))
+    return got
+
+
 def test_ep2_edp2_zero3_recompute(tmp_path, one_process):
     """dp 4 = expert-dp 2 x ep 2: each rank holds 4 of the 8 experts of every MoE layer, FSDP2
     shards and reduce-scatters the experts over their 2 expert-dp ranks and everything else
@@ -253,10 +263,7 @@ def test_ep2_edp2_zero3_recompute(tmp_path, one_process):
     (the recompute repeats the dispatch all-to-all)."""
     plan = make_plan(tmp_path / "plan.json", dp=4, ep=2, zero_stage=3, recompute="full",
                      recompute_per_rank=[2])
-    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", tmp_path / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = steps_of(tmp_path / "m.jsonl")
-    assert_same_curve(got, one_process, range(1, STEPS + 1))
+    got = trains_like(one_process, plan, tmp_path)
     # per rank, from the spec: AdamW state is 2 x the shard (dense parameters / dp plus
     # experts / (ep * expert-dp)); gradients the shard plus the root group's unsharded output
     # and final-norm gradients (reduce-scattered at the end of the backward, so alive while
@@ -281,12 +288,12 @@ def rank_params(plan_path, pp_rank: int, ep: int) -> int:
     plan = Plan.load(plan_path)
     m, last = MOE, len(plan.stages) - 1
     n = 0
-    for st in plan.stages_of_rank(pp_rank):
-        for i in range(*st.layers):
+    for stage in plan.stages_of_rank(pp_rank):
+        for i in range(*stage.layers):
             n += (m.moe_layer_params() - m.num_experts * m.expert_params() * (1 - 1 / ep)
                   if m.moe_layer(i) else m.layer_params())
-        n += m.embedding_params() if st.index == 0 else 0
-        n += m.head_params() if st.index == last else 0
+        n += m.embedding_params() if stage.index == 0 else 0
+        n += m.head_params() if stage.index == last else 0
     return round(n)
 
 
@@ -295,10 +302,7 @@ def test_pp2_ep2_zero1(tmp_path, one_process):
     dense parameters split over dp, of experts over expert-dp); the first step's measured
     parameters and gradients per rank are the spec's count with the experts split over ep."""
     plan = make_plan(tmp_path / "plan.json", pp=2, dp=2, ep=2, zero_stage=1, schedule="1f1b")
-    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", tmp_path / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = steps_of(tmp_path / "m.jsonl")
-    assert_same_curve(got, one_process, range(1, STEPS + 1))
+    got = trains_like(one_process, plan, tmp_path)
     mem = got[1]["measured_memory_gib"]
     assert len(mem) == 4
     for m in mem:
@@ -319,10 +323,7 @@ def test_tp2_ep2_sp_zero1_recompute(tmp_path, one_process):
     plan = make_plan(tmp_path / "plan.json", tp=2, dp=2, ep=2, etp=2, sequence_parallel=True,
                      zero_stage=1, recompute="full", recompute_per_rank=[2])
     steps = 2
-    r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = steps_of(tmp_path / "m.jsonl")
-    assert_same_curve(got, one_process, range(1, steps + 1))
+    got = trains_like(one_process, plan, tmp_path, steps)
     m = MOE
     experts = m.num_moe_layers * m.num_experts * m.expert_params()
     replicated = (2 * m.num_layers + 1) * m.norm_params() + m.num_moe_layers * m.router_params()
@@ -346,10 +347,7 @@ def test_tp2_pp2_etp2_expert_bias_1f1b(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     plan = make_plan(tmp_path / "plan.json", model=model, tp=2, pp=2, etp=2,
                      sequence_parallel=True, schedule="1f1b")
-    r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = steps_of(tmp_path / "m.jsonl")
-    assert_same_curve(got, steps_of(one / "m.jsonl"), range(1, steps + 1))
+    got = trains_like(steps_of(one / "m.jsonl"), plan, tmp_path, steps)
     # the weights each rank holds are what the planner prices (its expert states: the FFN
     # split over etp, the w2 bias whole)
     from planner.cost.stage import evaluate
