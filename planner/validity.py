@@ -49,6 +49,8 @@ def tp_blockers(model, tp: int, replicate_kv: bool = False) -> list:
         out.append(f"KV heads ({kv})")
     if model.ffn_hidden % tp:
         out.append(f"FFN ({model.ffn_hidden})")
+    if model.shared_expert_ffn_hidden % tp:     # a TP-split MLP beside the routed experts
+        out.append(f"shared-expert FFN ({model.shared_expert_ffn_hidden})")
     if model.vocab_size % tp:
         out.append(f"vocabulary ({model.vocab_size})")
     return out
@@ -59,7 +61,8 @@ def tp_ok(model, tp: int, replicate_kv: bool = False) -> bool:
     kv = model.num_kv_heads
     return (model.num_heads % tp == 0
             and (kv % tp == 0 or replicate_kv and tp % kv == 0)
-            and model.ffn_hidden % tp == 0 and model.vocab_size % tp == 0)
+            and model.ffn_hidden % tp == 0 and model.shared_expert_ffn_hidden % tp == 0
+            and model.vocab_size % tp == 0)
 
 
 def tp_in_node(tp: int, gpus_per_node: int) -> bool:

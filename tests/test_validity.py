@@ -136,6 +136,12 @@ def test_tp_rules():
     assert V.tp_ok(tiny(heads=8, kv=2, ffn=96, vocab=96), 4, replicate_kv=True)
     assert not V.tp_ok(tiny(heads=12, kv=3, ffn=96, vocab=96), 2, replicate_kv=True)
     assert V.tp_in_node(4, 8) and not V.tp_in_node(16, 8) and not V.tp_in_node(4, 6)
+    # a shared expert is a TP-split MLP: tp must divide its FFN too
+    moe = Model("tiny-moe", num_layers=2, hidden=64, ffn_hidden=128, num_heads=8,
+                num_kv_heads=8, vocab_size=128, max_seq_len=64, num_experts=4,
+                experts_per_token=2, moe_ffn_hidden=32, shared_expert_ffn_hidden=100)
+    assert V.tp_blockers(moe, 2) == [] and V.tp_ok(moe, 2)
+    assert V.tp_blockers(moe, 8) == ["shared-expert FFN (100)"] and not V.tp_ok(moe, 8)
 
 
 def test_sequence_pipeline_and_batch_rules():
