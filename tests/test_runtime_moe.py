@@ -204,20 +204,22 @@ def test_moe_block_saves_what_the_cost_model_counts_on_cpu():
 
 
 @pytest.mark.slow
-def test_a_searched_expert_parallel_plan_runs_with_the_memory_it_planned(tmp_path):
-    """The search's best ep 2 plan for the runtime on cpux4, run for a step: per rank the
-    measured gradients and optimizer state within the issue's tolerances of what the plan
-    priced (10%, 5%), saved activations within 30% (CPU: fp32 activations, MoE layers
-    included)."""
+@pytest.mark.parametrize("fixed", [dict(ep=2), dict(tp=2, ep=2)])
+def test_a_searched_expert_parallel_plan_runs_with_the_memory_it_planned(tmp_path, fixed):
+    """The search's best ep 2 plan (and tp 2 x ep 2: etp = tp, sequence parallel) for the
+    runtime on cpux4, run for a step: per rank the measured gradients and optimizer state
+    within the issue's tolerances of what the plan priced (10%, 5%), saved activations within
+    30% (CPU: fp32 activations, MoE layers included)."""
     import json
 
     from planner.catalog import get_cluster
     from planner.cost.memory import GIB
     from planner.search import Fixed, search, to_plan
     cluster = get_cluster("cpux4")
-    rep = search(MOE, cluster, Fixed(ep=2), seq_len=32, global_batch=16, engine="runtime")
+    rep = search(MOE, cluster, Fixed(**fixed), seq_len=32, global_batch=16, engine="runtime")
     plan = to_plan(MOE, cluster, rep.best, rep)
-    assert plan.parallelism.ep == 2
+    p = plan.parallelism
+    assert p.ep == 2 and p.tp == fixed.get("tp", p.tp) and p.etp == p.tp
     plan.save(tmp_path / "plan.json")
     r = launch(4, "--plan", tmp_path / "plan.json", "--steps", 1,
                "--metrics", tmp_path / "m.jsonl")
