@@ -81,9 +81,9 @@ def apply_tp(part: nn.Module, tp_mesh, sequence_parallel: bool, spec) -> list:
     shard_kv = spec.num_kv_heads % tp == 0
     replicated = []
     for li, layer in part.layers.items():
-        moe = hasattr(layer.feed_forward, "router")      # runtime.model.MoEFeedForward
-        if moe and not sequence_parallel:
-            raise LayoutError("MoE layers under tp need sequence parallel")
+        # an MoE layer (runtime.model.MoEFeedForward); sequence parallel, as the preflight
+        # (runtime.expert.runtime_problems) requires
+        moe = hasattr(layer.feed_forward, "router")
         # the dense FFN: the MLP, or an MoE layer's shared expert
         ffn_name = "feed_forward.shared_expert" if moe else "feed_forward"
         ffn = layer.feed_forward.shared_expert if moe else layer.feed_forward

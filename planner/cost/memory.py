@@ -100,10 +100,10 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
     return total
 
 
-def sp_gathered_input_bytes(model: Model) -> float:
+def sp_gathered_input_bytes(model: Model, qkv: bool = True, mlp_in: bool = True) -> float:
     """Bytes per token of the column-parallel linears' inputs (QKV and MLP-in, bf16) among
     `activation_terms`' replicated ones: what a TP that keeps them gathered holds whole."""
-    return 2 * model.hidden + 2 * model.hidden
+    return 2 * model.hidden * (int(qkv) + int(mlp_in))
 
 
 def op_saved_terms(model: Model) -> tuple:

@@ -361,7 +361,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
     with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs)."""
     from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
-    from planner.cost.memory import model_state_bytes
+    from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
     from planner.cost.stage import StageCoeffs, dp_collectives
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
@@ -415,8 +415,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     act_none = act_none_d - dense_mlp_saved(model, b, s, t, "none", eb) + ml.activation_bytes
     if c.sp and t > 1 and engine.sp_keeps_gathered_inputs and not model.shared_expert_ffn_hidden:
         # no column-parallel MLP-in linear gathers the tokens: the router and the dispatch
-        # keep the rank's own sequence shard (planner.cost.memory.sp_gathered_input_bytes)
-        kept_whole = eb / BF16 * b * s * 2 * model.hidden * (1 - 1 / t)
+        # keep the rank's own sequence shard
+        kept_whole = eb / BF16 * b * s * sp_gathered_input_bytes(model, qkv=False) * (1 - 1 / t)
         act_none -= kept_whole
         act_rec_d -= kept_whole if c.recompute == "selective" else 0.0
     act_rec = act_rec_d if c.recompute in ("full", "none") else (

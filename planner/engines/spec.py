@@ -113,7 +113,8 @@ class Engine:
     # all-gathered input for the weight gradient: PyTorch's DTensor TP (ColwiseParallel after
     # SequenceParallel redistributes the input to Replicate, and the matmul saves that), so
     # b*s*h each instead of Megatron's b*s*h/tp, which it all-gathers again in backward
-    # (Korthikanti et al. 2022, Sec. 4.2.2). Measured in our runtime (tests/test_runtime_moe.py).
+    # (Korthikanti et al. 2022, Sec. 4.2.2). Measured in our runtime
+    # (tests/test_runtime_searched.py).
     sp_keeps_gathered_inputs: bool = False
     # the model's attention features beyond Llama's (planner.specs.Model.attention_feature_map
     # keys) its export writes into the model's definition; None: its export leaves the
