@@ -7,6 +7,8 @@ import os
 import platform
 from pathlib import Path
 
+from planner.explain import recompute_label
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -79,7 +81,8 @@ def describe(c, layers=None, recompute=None) -> str:
         total = sum(layers) if layers is not None else None
         r = sum(recompute)
         if r:
-            s += f" {c.recompute}-rec {r}" + (f"/{total}" if total else "")
+            label = recompute_label(c.recompute, c.recompute_modules)
+            s += f" {label}-rec {r}" + (f"/{total}" if total else "")
     if not c.flash:
         s += " eager-attn"
     return s

@@ -26,8 +26,10 @@ from pathlib import Path
 
 from benchmarks._common import RESULTS, describe, machine, markdown_table, out_path, today
 from planner.catalog import get_cluster, get_gpu, get_model
+from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
 from planner.errors import BadInput
+from planner.explain import recompute_label
 from planner.search import Fixed, search
 from planner.specs import Cluster, model_from_hf_config
 
@@ -122,6 +124,10 @@ def fixed_of(run) -> Fixed:
     rec = f.get("recompute")
     rec = RECOMPUTE_OF.get((run.get("engine", "megatron"), rec), rec)
     return Fixed(tp=f.get("tp"), pp=f.get("pp"), dp=f.get("dp"), recompute=rec,
+                 # Megatron's selective recompute modules as the recipe set them
+                 # (`recompute_source`); absent: the attention core
+                 recompute_modules=(tuple(f["recompute_modules"])
+                                    if f.get("recompute_modules") else None),
                  sp=f.get("sequence_parallel"), mbs=f.get("micro_batch"), vpp=f.get("vpp"),
                  # a published vpp of 1 with pipelining is plain 1F1B (not interleaving searched)
                  schedule=("interleaved" if f.get("vpp", 1) > 1 else
@@ -168,6 +174,8 @@ def _published_config(run) -> str:
     for key, short in names:
         if key in f:
             v = f[key]
+            if short == "rec":
+                v = recompute_label(v, tuple(f.get("recompute_modules", DEFAULT_MODULES)))
             parts.append(short if v is True else f"no-{short}" if v is False else f"{short}{v}"
                          if short != "rec" else f"rec={v}")
     parts.append(f"gbs{f['global_batch']} s{f['seq_len']}")
@@ -292,7 +300,7 @@ MOE_NOTES = """Notes.
   DeepSeek-V3 ep32 / ep64 rows needed full recompute of 16 / 32 layers, which rules out the
   EP overlap their recipes ran, and were predicted +121% / +93%.
 - Host stall: the one fitted figure, the Megatron engine's per-MoE-layer overhead of dropless
-  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.32 ms per MoE layer forward),
+  routing (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.67 ms per MoE layer forward),
   fitted on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity
   --fit-moe`); the other 29 rows are held out. Evidence it is host time, not GPU work: the
   same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA
@@ -307,6 +315,12 @@ MOE_NOTES = """Notes.
   235B's even split with account_for_embedding / account_for_loss, the plain even split
   elsewhere). The planner's own placement of GPT-OSS-120B on H100 pp4 (9/10/10/7 layers,
   lighter on the rank with the head) is 14% faster than the recipe's 9/9/9/9.
+- Selective recompute modules: the rows whose recipe sets Megatron's --recompute-modules
+  (`recompute_source`) are priced with them (planner.cost.recompute): DeepSeek-V3 B200 pp16
+  mla_up_proj, B200 pp8 and H100 mla_up_proj + mlp, GPT-OSS-120B H100 (26.x) layernorm +
+  moe_act. Before they were priced (and before MLA's per-head Q/K/V and latents were counted
+  in the saved activations, which had been counted hidden wide), the DeepSeek-V3 B200 pp8 row
+  only fitted with full recompute of 16 layers and was predicted +75%; it is now within 1%.
 
 What is still missing (evidence from the per-row table):
 
@@ -314,17 +328,15 @@ What is still missing (evidence from the per-row table):
    error: the same Qwen3-30B-A3B layout on 16 H100 (tp1 pp2 ep8 vpp12 mbs1 gbs1024) took
    51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 33-49%
    slower than predicted with no host stall at all, the 25.11 B200 rows 19-28%. No static
-   model of the configuration sees kernel versions; the held-out median (17.7%) is mostly
+   model of the configuration sees kernel versions; the held-out median (16.6%) is mostly
    these. A host launch floor per MoE layer (a layer's forward and backward taking at least
    a fixed host time, about 3 ms) took the held-out median from 17.5% to 15.6% in a trial
    (before the recipes' layouts were fixed), but the fit rows do not constrain it (their loss
    is flat below 3.4 ms), so it is not adopted.
-2. Megatron's fine-grained recompute (--recompute-modules) is not priced: DeepSeek-V3's
-   recipes recompute mla_up_proj (and on pp8 the dense layers' mlp), GPT-OSS's layernorm and
-   moe_act. Without it the DeepSeek-V3 B200 pp8 ep32 row (26.04.01, the recipe's layout with
-   8 layers on the first rank) only fits with full recompute of 16 layers and is predicted
-   75% slow; the GPT-OSS rows are priced with attention-core selective recompute (H100) or
-   full recompute of 16 layers (B200) instead, and are still predicted 7-26% fast.
+2. Megatron's fine-grained recompute is priced from the tensors each module saves, not
+   measured; the GPT-OSS B200 rows and the 25.11 GPT-OSS H100 row, whose recipes are not
+   known, are priced with the planner's choice (full recompute of 17 / 28 layers) and run
+   4-25% slower than that predicts.
 3. GPT-OSS-120B's sink attention (cuDNN fused attention with a learnable softmax, TE >= 2.8)
    and clamped SwiGLU are priced at the flash-attention and fused element-wise rates; bf16
    gradients (grad_reduce_in_fp32=False), the precision-aware optimizer's bf16 moments and

@@ -52,6 +52,17 @@ def _layer_counts(s):
     return tuple(one(x) for x in s.split(","))
 
 
+def _module_names(s):
+    """--recompute-modules moe_act,layernorm: Megatron's selective recompute modules."""
+    from planner.cost.recompute import MODULES
+    names = tuple(x.strip() for x in s.split(","))
+    bad = [x for x in names if x not in MODULES]
+    if bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"--recompute-modules takes distinct names of {', '.join(MODULES)}, got {s!r}")
+    return names
+
+
 def _non_negative_gib(s):
     try:
         v = float(s)
@@ -94,6 +105,10 @@ def plan_parser() -> argparse.ArgumentParser:
                    help="expert tensor parallelism (MoE models; searched when absent)")
     p.add_argument("--recompute", choices=("none", "selective", "full", "op"),
                    help="op: torchtitan's per-op selective checkpointing")
+    p.add_argument("--recompute-modules", type=_module_names, metavar="M,M",
+                   help="what selective recompute recomputes of every layer (Megatron's "
+                        "--recompute-modules; implies --recompute selective; default "
+                        "core_attn, or searched for the engine)")
     p.add_argument("--sp", dest="sp", action="store_true", default=None)
     p.add_argument("--no-sp", dest="sp", action="store_false")
     p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"))
@@ -147,8 +162,10 @@ def _fixed(a) -> Fixed:
     if vpp and vpp > 1 and schedule is None:
         schedule = "interleaved"
     pp = a.pp if a.pp is not None or a.stage_layers is None else len(a.stage_layers)
+    recompute = a.recompute or ("selective" if a.recompute_modules else None)
     return Fixed(tp=a.tp, pp=pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
-                 recompute=a.recompute, sp=a.sp, schedule=schedule,
+                 recompute=recompute, recompute_modules=a.recompute_modules, sp=a.sp,
+                 schedule=schedule,
                  flash=a.attention == "flash", precision=a.precision, recipe=a.recipe,
                  ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
                  tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,

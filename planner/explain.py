@@ -54,9 +54,18 @@ def summary_line(plan: Plan) -> str:
         parts.append(p.schedule + (f"(vpp={p.vpp})" if p.vpp > 1 else ""))
     parts.append(f"mbs={b.micro_batch_size}x{b.num_microbatches}")
     rec = sum(s.recompute_layers for s in plan.stages)
-    parts.append(f"recompute={p.recompute}" + (f"({rec}/{plan.model.num_layers} layers)"
-                                               if p.recompute != "none" else ""))
+    parts.append(f"recompute={recompute_label(p.recompute, p.recompute_modules)}"
+                 + (f"({rec}/{plan.model.num_layers} layers)" if p.recompute != "none" else ""))
     return " ".join(parts)
+
+
+def recompute_label(mode: str, modules: tuple) -> str:
+    """A recompute granularity, with the modules selective recompute recomputes where they are
+    not the default attention core: selective:moe_act,layernorm."""
+    from planner.cost.recompute import DEFAULT_MODULES
+    if mode == "selective" and tuple(modules) != DEFAULT_MODULES:
+        return f"selective:{','.join(modules)}"
+    return mode
 
 
 def _experts(model, tp: int, dp: int, ep: int, etp: int) -> str:
@@ -76,7 +85,7 @@ def describe_candidate(c) -> str:
         s += " sp" if c.sp else " no-sp"
     if c.pp > 1:
         s += f" {c.schedule}" + (f"(vpp={c.vpp})" if c.vpp > 1 else "")
-    return s + f" mbs={c.mbs}x{c.m} recompute={c.recompute}"
+    return s + f" mbs={c.mbs}x{c.m} recompute={recompute_label(c.recompute, c.recompute_modules)}"
 
 
 def describe_result(r, num_layers: int) -> str:
@@ -85,8 +94,9 @@ def describe_result(r, num_layers: int) -> str:
     s = describe_candidate(r.candidate)
     s = s[:s.rindex(" recompute=")]
     rec = sum(r.recompute)
-    return s + (f" recompute={r.candidate.recompute}({rec}/{num_layers})" if rec
-                else " recompute=none")
+    c = r.candidate
+    return s + (f" recompute={recompute_label(c.recompute, c.recompute_modules)}"
+                f"({rec}/{num_layers})" if rec else " recompute=none")
 
 
 # ---- per-rank timing of a saved plan ------------------------------------------------------

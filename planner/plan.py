@@ -51,6 +51,7 @@ from planner.errors import BadInput
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model, read_json_object
 from planner.cost.moe import DISPATCHERS
+from planner.cost.recompute import DEFAULT_MODULES, MODULES as RECOMPUTE_MODULES
 from planner.validity import plan_problems
 
 SCHEMA_VERSION = 1
@@ -70,6 +71,9 @@ class Parallelism:
     vpp: int = 1
     schedule: str = "1f1b"
     recompute: str = "none"
+    # what "selective" recomputes of every layer (Megatron --recompute-modules,
+    # planner.cost.recompute.MODULES); the attention core in plans from before it
+    recompute_modules: tuple = DEFAULT_MODULES
     cp: int = 1
     # expert parallelism (MoE models), folded out of dp x cp as Megatron's MoE parallel folding
     # does: ep ranks split the routed experts, etp is the experts' own tensor parallelism;
@@ -98,6 +102,8 @@ class Parallelism:
         # a rank order without cp (plans and callers from before context parallelism)
         if isinstance(self.rank_order, (tuple, list)):
             object.__setattr__(self, "rank_order", with_cp(tuple(self.rank_order)))
+        if isinstance(self.recompute_modules, list):
+            object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
 
     @property
     def world_size(self) -> int:
@@ -153,6 +159,7 @@ class Plan:
     def to_dict(self) -> dict:
         par = asdict(self.parallelism)
         par["rank_order"] = list(par["rank_order"])
+        par["recompute_modules"] = list(par["recompute_modules"])
         return {
             "schema_version": self.schema_version,
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
@@ -267,6 +274,14 @@ class Plan:
             bad(f"schedule {p.schedule!r} not in {SCHEDULES}")
         if p.recompute not in RECOMPUTE:
             bad(f"recompute {p.recompute!r} not in {RECOMPUTE}")
+        if (not isinstance(p.recompute_modules, tuple) or not p.recompute_modules
+                or any(x not in RECOMPUTE_MODULES for x in p.recompute_modules)
+                or len(set(p.recompute_modules)) != len(p.recompute_modules)):
+            bad(f"recompute_modules {S.show(p.recompute_modules)} must be distinct names "
+                f"of {', '.join(RECOMPUTE_MODULES)}")
+        if p.recompute != "selective" and p.recompute_modules != DEFAULT_MODULES:
+            bad(f"recompute_modules {', '.join(p.recompute_modules)} need recompute "
+                f"selective (it is {p.recompute})")
         if self.engine not in ENGINES:
             bad(f"engine {self.engine!r} not in {tuple(ENGINES)}")
         if self.attention not in ("flash", "eager"):
@@ -293,6 +308,8 @@ PARALLELISM = S.Obj({
     "zero_stage": (S.Enum(0, 1, 2, 3), 0), "sequence_parallel": (S.Bool(), False),
     "vpp": (S.Int(1, B.MAX_LAYERS), 1), "schedule": (S.Enum(*SCHEDULES), "1f1b"),
     "recompute": (S.Enum(*RECOMPUTE), "none"), "cp": (S.Int(1, B.MAX_GPUS), 1),
+    "recompute_modules": (S.List(S.Enum(*RECOMPUTE_MODULES), 1, len(RECOMPUTE_MODULES)),
+                          list(DEFAULT_MODULES)),
     "ep": (S.Int(1, B.MAX_GPUS), 1), "etp": (S.Int(1, B.MAX_GPUS), 1),
     "rank_order": (S.List(S.Enum(*RANK_ORDER), 3, 4), list(RANK_ORDER)),
     "cp_comm_type": (S.Enum(*CP_COMM_TYPES), "p2p"),

@@ -41,6 +41,7 @@ from planner.cost.moe import (PADDED_DISPATCHERS, candidate_dispatcher, expert_d
                               moe_counts, plan_dispatcher)
 from planner.cost.compute import BF16
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
+from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import in_flight
 from planner.cost.stage import (Candidate, capacity_bytes, evaluate, memory_budget,
                                 stage_coefficients)
@@ -76,6 +77,9 @@ class Fixed:
     mbs: int | None = None
     vpp: int | None = None
     recompute: str | None = None
+    # what selective recompute recomputes (planner.cost.recompute.MODULES); None: the
+    # attention core, or searched beside it where the engine recomputes modules
+    recompute_modules: tuple | None = None
     sp: bool | None = None
     schedule: str | None = None
     flash: bool = True        # software assumption, not searched
@@ -172,6 +176,14 @@ def check_engine(engine: Engine, f: Fixed) -> None:
     if f.recompute not in (None, "none") and f.recompute not in engine.recompute_modes:
         raise BadInput(f"engine {e} has no {f.recompute} recompute (it has: "
                        f"{', '.join(engine.recompute_modes)})")
+    if f.recompute_modules:
+        if f.recompute != "selective":
+            raise BadInput(f"--recompute-modules needs --recompute selective, not "
+                           f"{f.recompute or 'a searched one'}")
+        unknown = [x for x in f.recompute_modules if x not in engine.recompute_modules]
+        if unknown:
+            raise BadInput(f"engine {e} does not recompute {', '.join(unknown)} selectively "
+                           f"(it recomputes: {', '.join(engine.recompute_modules)})")
     if f.sp is not None and (f.tp or 2) > 1 and f.sp not in engine.sp_choices:
         raise BadInput(f"engine {e} {'always' if engine.sp_choices == (True,) else 'never'} "
                        f"uses sequence parallelism with tp > 1")
@@ -302,16 +314,22 @@ def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int
                        f"{model.position} positions (max_seq_len)")
 
 
-def searched_recompute(engine: Engine, f: Fixed) -> list:
-    """Recompute granularities to try. A count-based granularity (any number of a rank's layers,
-    0 included) covers "none"; an every-layer-or-none one needs "none" beside it. Selective
-    recompute only saves memory when attention scores are materialised (no flash)."""
+def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
+    """(granularity, selective modules) pairs to try. A count-based granularity (any number of
+    a rank's layers, 0 included) covers "none"; an every-layer-or-none one needs "none" beside
+    it. Selective recompute of the attention core only saves memory when attention scores are
+    materialised (no flash); where the engine recomputes modules (Megatron), the
+    output-discarding ones that apply to the model are tried too (planner.cost.recompute)."""
     if f.recompute:
-        return [f.recompute]
+        return [(f.recompute, f.recompute_modules or DEFAULT_MODULES)]
     modes = [g for g in engine.recompute_modes if not (g == "selective" and f.flash)]
     if all(engine.all_layers_recomputed(g) for g in modes):
         modes = ["none"] + modes
-    return modes
+    out = [(g, DEFAULT_MODULES) for g in modes]
+    cheap = tuple(x for x in cheap_modules(model) if x in engine.recompute_modules)
+    if cheap and "selective" in engine.recompute_modes:
+        out.append(("selective", cheap))
+    return out
 
 
 def searched_cp(model: Model, cluster: Cluster, f: Fixed, seq_len: int, tp: int,
@@ -422,7 +440,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                and (f.stage_layers is None or min(f.stage_layers) >= v)]
                 elif f.vpp in (None, 1):
                     scheds.append((sch, 1))
-        recs = searched_recompute(engine, f)
+        recs = searched_recompute(engine, f, model)
         experts = expert_layouts(model, f, engine, tp, dp, cp)
         dispatcher_fixed = (f.moe_dispatcher or "") if model.is_moe else ""
         capacity = f.moe_capacity_factor if model.is_moe else None
@@ -453,13 +471,14 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                 continue
                             if dispatcher_fixed == "flex" and not V.flex_ok(ep, etp):
                                 continue
-                            for rec, overlap in _recompute_and_ep_overlap(
+                            for (rec, mods), overlap in _recompute_and_ep_overlap(
                                     recs, f, engine, ep, pp, sch, dispatcher_fixed,
                                     model.mtp_layers):
                                 out.append(Candidate(
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                     seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
-                                    recompute=rec, flash=f.flash, precision=f.precision,
+                                    recompute=rec, recompute_modules=mods,
+                                    flash=f.flash, precision=f.precision,
                                     recipe=f.recipe, cp=cp, cp_comm=cp_comm, ep=ep, etp=etp,
                                     tp_comm_overlap=(f.tp_comm_overlap and sp
                                                      and engine.tp_comm_overlap),
@@ -478,9 +497,9 @@ def _recompute_and_ep_overlap(recs, f: Fixed, engine: Engine, ep: int, pp: int, 
     def allowed(rec):
         return (f.ep_comm_overlap and engine.ep_comm_overlap and not V.ep_comm_overlap_blockers(
             ep, pp, sch, rec, dispatcher_fixed or "alltoall", mtp_layers))
-    out = [(rec, allowed(rec)) for rec in recs]
-    if "none" not in recs and f.recompute is None and allowed("none"):
-        out.append(("none", True))
+    out = [(rec, allowed(rec[0])) for rec in recs]
+    if all(g != "none" for g, _ in recs) and f.recompute is None and allowed("none"):
+        out.append((("none", DEFAULT_MODULES), True))
     return out
 
 
@@ -1512,7 +1531,9 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       moe_capacity_factor=c.moe_capacity_factor,
                       moe_imbalance=c.moe_imbalance,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
-                      recompute=c.recompute if any(r.recompute) else "none")
+                      recompute=c.recompute if any(r.recompute) else "none",
+                      recompute_modules=(c.recompute_modules if any(r.recompute)
+                                         and c.recompute == "selective" else DEFAULT_MODULES))
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
                   num_microbatches=c.m)
     stages = make_stages(model.num_layers, c.pp, c.vpp, r.layers, r.recompute)
@@ -1536,6 +1557,7 @@ def candidate_of(plan: Plan) -> Candidate:
     return Candidate(tp=p.tp, pp=p.pp, dp=p.dp, zero=p.zero_stage, sp=p.sequence_parallel,
                      mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
                      schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
+                     recompute_modules=p.recompute_modules,
                      flash=plan.attention == "flash", precision=plan.precision,
                      recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
                      tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=plan_dispatcher(plan),

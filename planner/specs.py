@@ -227,9 +227,19 @@ class Model:
         return self.num_heads * self.value_head_dim
 
     @property
+    def kv_heads(self) -> int:
+        """Key / value heads attention reads: num_kv_heads (MLA: one per query head)."""
+        return self.num_heads if self.is_mla else self.num_kv_heads
+
+    @property
     def kv_dim(self) -> int:
         """Width of the keys (and, but for MLA, of the values) attention reads."""
-        return self.num_kv_heads * self.head_dim
+        return self.kv_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """Width of the values attention reads (MLA: v_head_dim per head)."""
+        return self.kv_heads * self.value_head_dim
 
     def attention_feature_map(self) -> dict:
         """What this model has beyond Llama's attention (heads hidden / num_heads wide, every

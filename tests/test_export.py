@@ -442,6 +442,7 @@ def megatron_parser():
     a("--recompute-granularity", type=str, default=None, choices=["full", "selective"])
     a("--recompute-method", type=str, default=None, choices=["uniform", "block"])
     a("--recompute-num-layers", type=int, default=None)
+    a("--recompute-modules", nargs="*", type=str, default=None)
     a("--micro-batch-size", type=int, default=None)
     a("--global-batch-size", type=int, default=None)
     a("--seq-length", type=int, default=None)

@@ -71,3 +71,44 @@ def test_gqa_and_swiglu_store_what_they_compute():
     plain = base.scaled(gated_mlp=False)
     diff = activation_bytes(base, 1, 4096, 1, False, "none") - activation_bytes(plain, 1, 4096, 1, False, "none")
     assert diff == pytest.approx(2 * 4096 * base.ffn_hidden)
+
+
+# Attention whose heads are not hidden / num_heads wide, and multi-head latent attention:
+# what our runtime's layer saves for backward, measured (profiler.compute.saved_bytes), against
+# the formula. Before the heads' widths were counted, the explicit head_dim layer measured
+# 1.09x and the MLA one 1.6x of the formula (Q, K, V and the output were counted hidden wide
+# and the latents not at all).
+_TINY = Model("tiny", num_layers=1, hidden=64, ffn_hidden=96, num_heads=4, num_kv_heads=2,
+              vocab_size=128, max_seq_len=256)
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10)
+
+
+@pytest.mark.parametrize("spec", [
+    _TINY.scaled(name="head-dim", head_dim_override=24),               # q_dim 96, hidden 64
+    _TINY.scaled(name="mla-q-lora", q_lora_rank=24, **_MLA),
+    _TINY.scaled(name="mla", **_MLA),
+], ids=lambda m: m.name)
+def test_runtime_layer_saves_what_the_formula_counts_for_its_heads(spec):
+    torch = pytest.importorskip("torch")
+    from runtime.model import DecoderLayer
+    b, s = 2, 128
+    layer = DecoderLayer(spec)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    x = torch.randn(b, s, spec.hidden, requires_grad=True)
+    kept, scores = {}, 0
+
+    def pack(t):
+        nonlocal scores
+        key = t.untyped_storage().data_ptr()
+        if key not in params and key not in kept:
+            kept[key] = t.untyped_storage().nbytes()
+            # CPU SDPA runs its math path when v's head width differs from q's (MLA) and
+            # keeps the b x heads x s x s probabilities, which a GPU's fused kernel does not
+            scores += kept[key] if t.shape[-2:] == (s, s) else 0
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    assert bool(scores) == spec.is_mla
+    measured = sum(kept.values()) - scores
+    planned = 2 * activation_bytes(spec, b, s, 1, False, "none", True)    # fp32 on CPU
+    assert measured == pytest.approx(planned, rel=0.02)

@@ -142,17 +142,38 @@ def attention_projection_times(model: Model, gpu: Gpu, tokens: float, tp: int, l
     h = model.hidden
     if model.is_mla:
         r = model.q_lora_rank
-        q = (gemm_time(gpu, tokens, r, h, lp=lp)
-             + gemm_time(gpu, tokens, model.q_dim / tp, r, lp=lp) if r
-             else gemm_time(gpu, tokens, model.q_dim / tp, h, lp=lp))
+        q_up, v = mla_up_projection_times(model, gpu, tokens, tp, lp)
+        q = gemm_time(gpu, tokens, r, h, lp=lp) + q_up if r else q_up
         k = gemm_time(gpu, tokens, model.kv_lora_rank + model.qk_rope_head_dim, h, lp=lp)
-        v = gemm_time(gpu, tokens, model.num_heads * (model.qk_nope_head_dim + model.v_head_dim)
-                      / tp, model.kv_lora_rank, lp=lp)
     else:
         q = gemm_time(gpu, tokens, model.q_dim / tp, h, lp=lp)
         k = v = gemm_time(gpu, tokens, model.kv_dim / tp, h, lp=lp)
     out = gemm_time(gpu, tokens, h, model.attn_out_dim / tp, lp=lp)
     return q, k, v, out
+
+
+def mla_up_projection_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp=None) -> tuple:
+    """(q, kv) forward GEMM seconds of MLA's up projections on one GPU (sharded by heads):
+    q_b from the q latent (q_lora_rank 0: the one q projection from the hidden state), kv_b
+    from the kv latent to each head's k_nope and value."""
+    src = model.q_lora_rank or model.hidden
+    q = gemm_time(gpu, tokens, model.q_dim / tp, src, lp=lp)
+    kv = gemm_time(gpu, tokens, model.num_heads * (model.qk_nope_head_dim + model.v_head_dim)
+                   / tp, model.kv_lora_rank, lp=lp)
+    return q, kv
+
+
+def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int) -> float:
+    """Forward seconds of RoPE on this rank's queries and keys (read and write each, bf16):
+    the rope part of the heads (MLA: qk_rope_head_dim of every query head and the one shared
+    key; else the whole head of the q and k heads)."""
+    if model.position != "rope":
+        return 0.0
+    if model.is_mla:
+        width = (model.num_heads / tp + 1) * model.qk_rope_head_dim
+    else:
+        width = (model.q_dim + model.kv_dim) / tp
+    return 2 * BF16 * tokens * width / (gpu.hbm_gbps * 1e9)
 
 
 def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,

@@ -51,7 +51,7 @@ def cp_exchange(model, b: int, s: int, tp: int, cp: int, kind: str, cluster,
         return CpExchange(0.0, 0.0, 0.0)
     link = comm.group_link(cluster, cp, tp)
     local = b * s / cp                                   # tokens of this rank
-    kv_local = 2 * BF16 * local * model.kv_dim / tp      # its K and V (TP shard of the heads)
+    kv_local = BF16 * local * (model.kv_dim + model.value_dim) / tp   # its K and V (TP shard)
     if kind == "p2p":
         # per step the attention of one of the cp chunk pairs: attn / cp
         step_f, step_b = attn_fwd / cp, ATTN_BWD_FACTOR * attn_fwd / cp
@@ -68,8 +68,8 @@ def cp_exchange(model, b: int, s: int, tp: int, cp: int, kind: str, cluster,
         bwd = comm.all_gather(full, cp, link) + comm.reduce_scatter(full, cp, link)
         return CpExchange(fwd, bwd, 2 * full)          # gathered K,V and their gradients
     if kind == "a2a":
-        h = model.hidden
-        qkvo = BF16 * local * (2 * h + 2 * model.kv_dim) / tp   # Q, K, V and O of this rank
+        qkvo = BF16 * local * (model.q_dim + model.kv_dim + model.value_dim
+                               + model.attn_out_dim) / tp     # Q, K, V and O of this rank
         fwd = comm.all_to_all(qkvo, cp, cluster, stride=tp)
         bwd = comm.all_to_all(qkvo, cp, cluster, stride=tp)
         return CpExchange(fwd, bwd, qkvo)              # the head-sharded copies

@@ -60,12 +60,13 @@ def activation_terms(model: Model) -> tuple:
                      (softmax output, dropout mask and output), times s*a/t; zero under flash
                      attention or selective recompute.
     """
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    h, f = model.hidden, model.ffn_hidden
     drop = model.dropout > 0
     # norms (2 inputs, 2 B each) + QKV input + MLP input, + 2 one-byte dropout masks
     replicated = 2 * h + 2 * h + 2 * h + 2 * h + (2 * h if drop else 0)
-    # Q and K for QK^T, V, the out-proj input
-    attn = 2 * h + 2 * kv + 2 * kv + 2 * h
+    # Q and K for QK^T, V, the out-proj input, each as wide as the model's heads make it
+    # (head_dim need not be hidden / num_heads; MLA's keys are nope + rope, its values v_head_dim)
+    attn = 2 * model.q_dim + 2 * model.kv_dim + 2 * model.value_dim + 2 * model.attn_out_dim
     # gated: gate and up outputs + activation output (3 x 2f); plain: act input + output (2 x 2f)
     mlp = 6 * f if model.gated_mlp else 4 * f
     sharded = attn + mlp
@@ -89,7 +90,7 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
     if mode == "full":
         return 2.0 * tokens * model.hidden / (tp if sp else 1)
     rep, shard, scores = op_saved_terms(model) if mode == "op" else activation_terms(model)
-    total = tokens * (rep / (tp if sp else 1) + shard / tp)
+    total = tokens * (rep / (tp if sp else 1) + shard / tp + mla_latent_bytes(model))
     if sp and gathered_inputs and tp > 1 and mode in ("none", "selective"):
         total += tokens * sp_gathered_input_bytes(model) * (1 - 1 / tp)
     if not flash and mode == "none":
@@ -98,6 +99,20 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
         # flash attention keeps the fp32 log-sum-exp per head and token (Dao et al. 2022)
         total += 4.0 * model.num_heads * tokens / tp
     return total
+
+
+def mla_latent_bytes(model: Model) -> float:
+    """Saved bytes per token of multi-head latent attention's compressed latents (bf16), whole
+    on every tensor-parallel rank: the down projections are replicated over tp and their
+    outputs all-gathered under sequence parallelism (Megatron-Core multi_latent_attention.py;
+    DeepseekV3Attention). The q latent twice (q_a_proj's output, the RMSNorm's input; the
+    norm's output, q_b_proj's input), the kv one as kv_a_proj_with_mqa wrote it (latent + the
+    shared rope key; the norm reads a view of it) and the normed latent kv_b_proj reads.
+    Measured on our runtime (tests/test_memory.py)."""
+    if not model.is_mla:
+        return 0.0
+    return 2.0 * (2 * model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+                  + model.kv_lora_rank)
 
 
 def sp_gathered_input_bytes(model: Model, qkv: bool = True, mlp_in: bool = True) -> float:
@@ -115,9 +130,9 @@ def op_saved_terms(model: Model) -> tuple:
     a plain one), and the checkpointed layer's input; everything else is recomputed.
     Replicated: the layer input and (gated) w2's output before its reduction; sharded: q, v, the
     attention output and w1's output."""
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    h, f = model.hidden, model.ffn_hidden
     replicated = 2 * h + (2 * h if model.gated_mlp else 0)
-    sharded = 2 * h + 2 * kv + 2 * h + 2 * f
+    sharded = 2 * model.q_dim + 2 * model.value_dim + 2 * model.attn_out_dim + 2 * f
     return replicated, sharded, 0
 
 
@@ -137,4 +152,5 @@ def lowp_saved_input_savings(model: Model, b: int, s: int, tp: int, sp: bool, mo
         return 0.0
     h, f = model.hidden, model.ffn_hidden
     d = 2.0 - element_bytes
-    return b * s * d * (2 * h / (tp if sp and not gathered_inputs else 1) + (h + f) / tp)
+    return b * s * d * (2 * h / (tp if sp and not gathered_inputs else 1)
+                        + (model.attn_out_dim + f) / tp)

@@ -362,7 +362,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs)."""
     from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
     from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
-    from planner.cost.stage import StageCoeffs, dp_collectives
+    from planner.cost.stage import StageCoeffs, dp_collectives, selective_reruns
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
@@ -381,10 +381,16 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + stall
     d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
              + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - dm_elem))
-    # a recomputed layer runs its forward again: "full" all of it, dispatch included
-    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(c.recompute, 0.0)
+    # a recomputed layer runs its forward again: "full" all of it, dispatch included;
+    # "selective" the modules asked for (planner.cost.recompute), the MoE side's in place of
+    # the dense MLP's
+    rec_mode, attn_rerun, dense_mlp_rerun = selective_reruns(model, c, facts, lp, b, s, t)
+    eb = facts.compute_elem_bytes
+    moe_rerun = _moe_rerun(model, c, facts, ml, gemm + ml.elem_fwd + stall, b, s, t)
+    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(
+        c.recompute, moe_rerun.fwd_s - dense_mlp_rerun.fwd_s)
     ep_fwd = ml.comm_fwd
-    ep_rec = ep_fwd if c.recompute == "full" else 0.0
+    ep_rec = ep_fwd if c.recompute == "full" or moe_rerun.dispatch else 0.0
     # tensor parallelism (`tp_pass`: the dense layer's forward and backward share): the
     # attention's all-gather / reduce-scatter pair stays; the MLP's pair goes unless a shared
     # expert, a TP-split MLP, needs it: each tp rank dispatches its own sequence-parallel
@@ -410,15 +416,15 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         local(expert, edp))
     # activations: the dense MLP's saved intermediates replaced by the MoE layer's
     act_none_d = facts.activation_bytes(model, b, s, t, c.sp, "none", c.flash, lp=lp)
-    act_rec_d = facts.activation_bytes(model, b, s, t, c.sp, c.recompute, c.flash, lp=lp)
-    eb = facts.compute_elem_bytes
+    act_rec_d = (facts.activation_bytes(model, b, s, t, c.sp, rec_mode, c.flash, lp=lp)
+                 - attn_rerun.freed_bytes - moe_rerun.freed_bytes)
     act_none = act_none_d - dense_mlp_saved(model, b, s, t, "none", eb) + ml.activation_bytes
     if c.sp and t > 1 and engine.sp_keeps_gathered_inputs and not model.shared_expert_ffn_hidden:
         # no column-parallel MLP-in linear gathers the tokens: the router and the dispatch
         # keep the rank's own sequence shard
         kept_whole = eb / BF16 * b * s * sp_gathered_input_bytes(model, qkv=False) * (1 - 1 / t)
         act_none -= kept_whole
-        act_rec_d -= kept_whole if c.recompute == "selective" else 0.0
+        act_rec_d -= kept_whole if rec_mode in ("none", "selective") else 0.0
     act_rec = act_rec_d if c.recompute in ("full", "none") else (
         act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute, eb) + ml.activation_bytes)
     if c.recompute == "none":
@@ -448,7 +454,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             compute_layer=k.compute_layer + d_fwd + d_bwd,
             compute_rec=k.compute_rec + d_rec,
             tp_layer=k.tp_layer - mlp_tp[0] - mlp_tp[1],
-            tp_rec=k.tp_rec - (mlp_tp[0] if c.recompute == "full" else 0.0),
+            tp_rec=(k.tp_rec - (mlp_tp[0] if c.recompute == "full" else 0.0)
+                    - (tp_pass[0] / 2 if dense_mlp_rerun.mlp_tp else 0.0)
+                    + (tp_pass[0] / 2 - mlp_tp[0] if moe_rerun.dispatch else 0.0)),
             ep_layer=ep_f + ep_b, ep_rec=ep_rec,
             fwd_layer=fwd_pass + ep_f,
             bwd_layer=bwd_pass + ep_b,
@@ -475,6 +483,34 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                            for key in set(moe_mem) | set(k.mem_layer)}
         out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
     return out
+
+
+def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int, s: int,
+               t: int):
+    """The MoE side's recomputed modules of one MoE layer (planner.cost.recompute):
+    `layer_fwd_s` the MoE layer's forward compute (router, experts, shared expert, element-wise
+    work, the host stall)."""
+    from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
+    if c.recompute != "selective":
+        return Rerun()
+    mods = applying(model, c.recompute_modules)
+    eb, gpu = facts.compute_elem_bytes, facts.gpu
+    hbm = gpu.hbm_gbps * 1e9
+    traffic = facts.engine.elementwise_traffic
+    # the experts' activation: its output (the second grouped GEMM's input) of every token
+    # copy this GPU's experts compute; its forward reads the gate and up outputs (plain: the
+    # input) and writes the output
+    rows = ml.tokens_per_expert * (model.num_experts // c.ep)
+    f = model.moe_ffn_hidden / c.etp
+    act_elems = (3 if model.gated_mlp else 2) * rows * f
+    sf = model.shared_expert_ffn_hidden / t
+    shared_elems = (3 if model.gated_mlp else 2) * b * s * sf
+    return moe_mlp_rerun(
+        model, mods, norm_rerun(model, b * s, t, c.sp, hbm, eb),
+        layer_saved_bytes=ml.activation_bytes, layer_fwd_s=layer_fwd_s,
+        act_out_bytes=eb * rows * f, act_fwd_s=traffic * BF16 * act_elems / hbm,
+        shared_saved_bytes=eb * shared_elems,
+        shared_fwd_s=ml.shared_fwd + traffic * BF16 * shared_elems / hbm)
 
 
 def _replace(k, **changes):

@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.cost import comm
-from planner.cost.compute import BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys
+from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
+                                   mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
 from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
+                                    dense_mlp_rerun)
 from planner.cost.schedule import in_flight, pipeline_time
 from planner.engines import get_engine
 from planner.engines.facts import facts_for
@@ -45,6 +48,9 @@ class Candidate:
     schedule: str = "1f1b"
     vpp: int = 1
     recompute: str = "none"   # granularity of the recomputed layers
+    # what "selective" recomputes of every layer (Megatron --recompute-modules;
+    # planner.cost.recompute.MODULES): the attention core by default
+    recompute_modules: tuple = DEFAULT_MODULES
     # software, not searched: FlashAttention kernels (else the unfused softmax attention of
     # Megatron-LM before 2022, which also keeps the s^2 scores unless recomputed)
     flash: bool = True
@@ -320,6 +326,33 @@ def _head_in_flight(schedule: str, p: int, c) -> int:
     return min(2, c.m) if c.ep_comm_overlap else 1
 
 
+def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: int) -> tuple:
+    """(activation mode, attention-side Rerun, dense-MLP Rerun) of a layer under `c`'s
+    recompute, for one micro-batch of b x s tokens (s: this context-parallel rank's): the
+    mode planner.cost.memory / compute price ("selective" only where the attention core is
+    among the recomputed modules, else "none"), and what the other modules of
+    `c.recompute_modules` free and run again (planner.cost.recompute)."""
+    if c.recompute != "selective":
+        return c.recompute, Rerun(), Rerun()
+    mods = applying(model, c.recompute_modules)
+    mode = "selective" if "core_attn" in mods else "none"
+    if mods in ((), ("core_attn",)):
+        return mode, Rerun(), Rerun()
+    from planner.cost.moe import dense_mlp_fwd
+    gpu, tokens, eb = facts.gpu, b * s, facts.compute_elem_bytes
+    # a linear's saved input: its low-precision copy where the recipe keeps that
+    lin_b = lp.element_bytes if lp is not None and lp.recipe.saves_lowp_inputs else eb
+    hbm = gpu.hbm_gbps * 1e9
+    up_q, up_kv = mla_up_projection_times(model, gpu, tokens, t, lp) if model.is_mla else (0, 0)
+    attn = attention_rerun(model, mods, tokens, t, c.sp, hbm, eb, lin_b, up_q + up_kv,
+                           rope_time(model, gpu, tokens, t))
+    gemm, elem = dense_mlp_fwd(model, gpu, b, s, t, lp, facts.engine.elementwise_traffic)
+    kept = 3 if model.gated_mlp else 2    # gate, up, act out (plain: act in, act out)
+    mlp_saved = tokens * (lin_b * model.hidden / (t if c.sp else 1)
+                          + (eb * (kept - 1) + lin_b) * model.ffn_hidden / t)
+    return mode, attn, dense_mlp_rerun(mods, gemm + elem, mlp_saved)
+
+
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                        engine: Engine | None = None, ranks=None) -> list:
     """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`)."""
@@ -371,10 +404,15 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         tp_pass = tuple(max(0.0, tp_fwd - g) + slow * tp_fwd
                         for g in (lt.gemm_fwd, GEMM_BWD_FACTOR * lt.gemm_fwd))
     tp_layer = tp_pass[0] + tp_pass[1]
-    tp_rec = tp_pass[0] if c.recompute == "full" else 0.0
+    # selective recompute of modules (planner.cost.recompute): the attention core as the
+    # "selective" formulas price it, the other modules what they free and run again
+    rec_mode, attn_rerun, mlp_rerun = selective_reruns(model, c, facts, lp, b, sl, t)
+    tp_rec = (tp_pass[0] if c.recompute == "full" else 0.0) + (
+        tp_pass[0] / 2 if mlp_rerun.mlp_tp else 0.0)
     # saved activations, logits, embedding and head: per token, so per s/cp tokens
     act_none = facts.activation_bytes(model, b, sl, t, c.sp, "none", flash, lp=lp)
-    act_rec = facts.activation_bytes(model, b, sl, t, c.sp, c.recompute, flash, lp=lp)
+    act_rec = (facts.activation_bytes(model, b, sl, t, c.sp, rec_mode, flash, lp=lp)
+               - attn_rerun.freed_bytes - mlp_rerun.freed_bytes)
     emb_f, emb_b = facts.embedding_time(model, b, sl, t)
     head_f, head_b = facts.head_time(model, b, sl, t)
     head_act = facts.logits_bytes(model, b, sl, t)
@@ -382,7 +420,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     # attention (full, or selective: the attention core) exchanges again
     cpx = cp_exchange(model, b, s, t, cp, c.cp_comm, cluster, lt.attn_fwd)
     cp_layer = cpx.fwd + cpx.bwd
-    cp_rec = cpx.fwd if c.recompute in ("full", "selective") else 0.0
+    cp_rec = cpx.fwd if rec_mode in ("full", "selective") else 0.0
     schedule = engine.effective_schedule(c.schedule, p, c.m)
     grad_bytes = engine.grad_bytes
     states = dict(grad_bytes=grad_bytes, weight_bytes=engine.weight_bytes,
@@ -438,7 +476,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             rank=rank,
             compute_fixed=compute_fixed,
             compute_layer=lt.fwd + lt.bwd,
-            compute_rec=lt.recompute(c.recompute),
+            compute_rec=lt.recompute(rec_mode) + attn_rerun.fwd_s + mlp_rerun.fwd_s,
             tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
             cp_layer=cp_layer, cp_rec=cp_rec,
             fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd, fwd_fixed=fwd_fixed,

@@ -9,7 +9,8 @@ What it runs (megatron/training/arguments.py, megatron-core >= 0.14):
   pipeline through --pipeline-model-parallel-layout.
 - Recompute: --recompute-granularity full --recompute-method block --recompute-num-layers N
   recomputes the first N layers of every model chunk, one N for all chunks; selective
-  recompute (the attention core) applies to every layer.
+  recompute applies to every layer, of the modules --recompute-modules names (the attention
+  core by default; planner.cost.recompute prices each).
 - Overlaps: --overlap-grad-reduce and --overlap-param-gather (the exports set both).
 - TP communication overlap: --tp-comm-overlap (needs --sequence-parallel and Transformer
   Engine) runs the TP all-gathers and reduce-scatters as userbuffers chunks pipelined with the
@@ -50,7 +51,12 @@ from planner.engines.validation import validation_of
 # 13 Megatron-Bridge MoE rows of its latest two releases, 26.04 and 26.04.01 (H100 and B200;
 # DeepSeek-V3, Qwen3-30B/235B, GPT-OSS-120B); the 29 rows of 25.09, 25.11, 26.02, 26.02.01 and
 # 26.06 are held out (benchmarks/results/fidelity_moe_*.md reports both).
-MOE_LAYER_OVERHEAD_S = 4.32e-3
+MOE_LAYER_OVERHEAD_S = 4.67e-3
+
+# --recompute-modules choices, default ["core_attn"] (megatron/core/transformer/
+# transformer_config.py recompute_modules); planner.cost.recompute prices each
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
 
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",
@@ -61,6 +67,8 @@ MEGATRON = Engine(
     max_tp=None, sp_choices=(False, True),
     schedules=("1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE)),
+    # --recompute-modules (megatron/core/transformer/transformer_config.py)
+    recompute_modules=RECOMPUTE_MODULES,
     overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
     zero2_gathers_every_microbatch=False,
     # --moe-token-dispatcher-type alltoall | allgather (megatron/core/transformer/moe/

@@ -68,6 +68,10 @@ def problems(plan, engine: Engine) -> list:
     if any(rec):
         if p.recompute not in engine.recompute_modes:
             out.append(f"{e} has no {p.recompute} recompute")
+        elif p.recompute == "selective" and not set(p.recompute_modules) <= set(
+                engine.recompute_modules):
+            out.append(f"{e} recomputes only {', '.join(engine.recompute_modules)} "
+                       f"selectively; the plan asks for {', '.join(p.recompute_modules)}")
         else:
             rule = engine.recompute_count(p.recompute)
             sizes = [s.num_layers for s in plan.stages]

@@ -73,6 +73,9 @@ class Engine:
     zero2_gathers_every_microbatch: bool
     # TP groups must sit inside one host (torchrun's local ranks), not just one NVLink domain
     tp_within_host: bool = False
+    # what its "selective" recompute may recompute of every layer (planner.cost.recompute
+    # MODULES): the attention core only, unless it offers Megatron's --recompute-modules
+    recompute_modules: tuple = ("core_attn",)
     # context parallelism: the K/V exchanges it runs (planner.cost.context.CP_COMM_TYPES), the
     # first its default; empty: no context parallelism
     cp_comm_types: tuple = ()

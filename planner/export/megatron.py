@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import shlex
 
+from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines.runnable import per_chunk_recompute
 from planner.export._common import (check_exportable, fmt_list, header, rank_layers,
                                     recompute_active, stage_layers, uses_bf16)
@@ -120,6 +121,11 @@ def _recompute(plan: Plan, args: list, notes: list) -> None:
         return
     if p.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        if p.recompute_modules != DEFAULT_MODULES:
+            # nargs="*" (megatron/training/arguments.py); the default is core_attn
+            args.append(("--recompute-modules", p.recompute_modules))
+            notes.append(f"selective recompute of {', '.join(p.recompute_modules)} in every "
+                         "layer")
         return
     args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
              ("--recompute-num-layers", per_chunk_recompute(plan))]
@@ -344,6 +350,8 @@ def megatron_args(plan: Plan) -> str:
                      "# Megatron wants this with tensor parallelism (before Blackwell)")
     lines.append("MEGATRON_ARGS=(")
     for flag, value in args:
-        lines.append(f"    {flag}" if value is None else f"    {flag} {shlex.quote(str(value))}")
+        values = value if isinstance(value, tuple) else (value,)
+        lines.append(f"    {flag}" if value is None else
+                     f"    {flag} {' '.join(shlex.quote(str(v)) for v in values)}")
     lines.append(")")
     return "\n".join(lines) + "\n"
