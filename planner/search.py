@@ -1145,7 +1145,8 @@ class SharedCoefficients:
         # every field that changes a layer's figures (the MoE dispatch, overlap, capacity and
         # imbalance included); pp, the schedule and ZeRO are the class's own (laid out at pp 1)
         key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap, c.recompute,
-               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance)
+               c.recompute_modules, c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor,
+               c.moe_imbalance)
         got = self._times.get(key)
         if got is None:
             one = dataclasses.replace(c, pp=1, vpp=1, schedule="1f1b", zero=0)
@@ -1396,7 +1397,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         """The coefficients of c, or None when c cannot fit (recorded)."""
         nonlocal pruned_mem
         family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
-                  c.recompute, c.ep, c.etp)
+                  c.recompute, c.recompute_modules, c.ep, c.etp)
         if too_big.get(family, math.inf) < c.mbs:
             pruned_mem += 1
             infeasible.append((c, None, rules))

@@ -1,6 +1,7 @@
 """Megatron's selective recompute modules (--recompute-modules): what each frees of a layer's
 saved activations, against the tensors Megatron-Core's modules save (counted by hand from the
 models' configs), and the modules carried through plan, export and CLI exactly."""
+import dataclasses
 import json
 
 import pytest
@@ -148,3 +149,16 @@ def test_a_plan_with_modules_it_cannot_recompute_is_invalid():
     d["parallelism"]["recompute_modules"] = ["moe_act", "moe_act"]
     with pytest.raises(BadInput, match="distinct names"):
         Plan.from_dict(d)
+
+
+def test_the_searchs_shared_figures_tell_modules_apart():
+    """The search's per-layout figures (what a recomputed layer frees) are cached per
+    recompute: two module sets of one layout are two entries, not one."""
+    from planner.search import SharedCoefficients
+    m = get_model("qwen3-30b-a3b")
+    shared = SharedCoefficients(m, get_cluster("h100x16"), get_engine("megatron"))
+    c = Candidate(tp=1, pp=1, dp=16, zero=1, sp=False, mbs=1, seq_len=S, global_batch=64, ep=8,
+                  recompute="selective", recompute_modules=("moe_act",))
+    act = shared._layer_figures(c)["saves"]
+    moe = shared._layer_figures(dataclasses.replace(c, recompute_modules=("moe",)))["saves"]
+    assert act == pytest.approx(B * S * 8 * 768 * BF16) and moe > 2 * act

@@ -15,6 +15,8 @@ its block does and the blocks do not straddle domains: size * stride divides the
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field
 
@@ -31,6 +33,7 @@ class Link:
     intra: bool = field(default=True, compare=False)
 
 
+@functools.lru_cache(maxsize=4096)
 def group_link(cluster: Cluster, size: int, stride: int) -> Link:
     """The link class a group of `size` ranks, `stride` apart, communicates over."""
     gpu, d = cluster.gpu, cluster.nvlink_domain

@@ -251,6 +251,7 @@ def unpaired_pass_share(m: int, pp: int, vpp: int) -> float:
     return min(1.0, warm / (m * vpp))
 
 
+@functools.lru_cache(maxsize=4096)   # a search's recompute variants share their MoE layer
 def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
               allowed=DISPATCHERS, imbalance: float = BALANCED,
               capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
@@ -356,13 +357,14 @@ LAYER_FIELDS = ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "fwd_layer
 
 
 def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: list, lp,
-                    states: dict, tp_pass: tuple, infl: list) -> list:
+                    states: dict, tp_pass: tuple, infl: list, reruns: tuple) -> list:
     """Stage coefficients of an MoE model from those of its dense layer (`coeffs`): every
     layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
-    with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs)."""
+    with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs). `reruns`: the
+    dense layer's planner.cost.stage.selective_reruns."""
     from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
     from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
-    from planner.cost.stage import StageCoeffs, dp_collectives, selective_reruns
+    from planner.cost.stage import StageCoeffs, dp_collectives
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
@@ -384,7 +386,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     # a recomputed layer runs its forward again: "full" all of it, dispatch included;
     # "selective" the modules asked for (planner.cost.recompute), the MoE side's in place of
     # the dense MLP's
-    rec_mode, attn_rerun, dense_mlp_rerun = selective_reruns(model, c, facts, lp, b, s, t)
+    rec_mode, attn_rerun, dense_mlp_rerun = reruns
     eb = facts.compute_elem_bytes
     moe_rerun = _moe_rerun(model, c, facts, ml, gemm + ml.elem_fwd + stall, b, s, t)
     d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(

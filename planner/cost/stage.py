@@ -497,7 +497,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         from planner.cost.moe import with_moe_layers
         infl = [in_flight(schedule, p, i, c.m, v, c.ep_comm_overlap) for i in range(p)]
         coeffs = with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
-                                 tp_pass=tp_pass, infl=infl)
+                                 tp_pass=tp_pass, infl=infl,
+                                 reruns=(rec_mode, attn_rerun, mlp_rerun))
     if model.mtp_layers:
         head_in_flight = _head_in_flight(schedule, p, c)
         extra_emb = 0.0 if p == 1 else (emb_params - (model.vocab_size * model.hidden / t
