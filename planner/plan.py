@@ -6,9 +6,11 @@ Layout of `schema_version` 1:
     cluster     {name, num_gpus, gpus_per_node, nvlink_domain, gpu, gpu_memory_gib,
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
-                 schedule, recompute, rank_order, tp_comm_overlap, moe_dispatcher,
-                 ep_comm_overlap, moe_capacity_factor, moe_imbalance}   (ep, etp: 1 when
-                 absent; moe_imbalance 1, balanced routing, when absent;
+                 schedule, recompute, recompute_modules, rank_order, tp_comm_overlap,
+                 moe_dispatcher, ep_comm_overlap, moe_capacity_factor, moe_imbalance}
+                 (ep, etp: 1 when absent; moe_imbalance 1, balanced routing, when absent;
+                 recompute_modules ["core_attn"] when absent: what "selective" recomputes
+                 of every layer, Megatron's --recompute-modules, planner.cost.recompute;
                  cp_comm_type "p2p" when absent: how a cp > 1 group exchanges K/V,
                  planner.cost.context; tp_comm_overlap, ep_comm_overlap false when absent;
                  moe_dispatcher "" when absent: the MoE token dispatcher priced,

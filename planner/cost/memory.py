@@ -5,9 +5,10 @@ Model states: Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and Fig. 1, mixed-precisi
 weights, momentum, variance) per parameter, divided over the Nd data-parallel ranks by stage.
 
 Activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models"), Sec. 4 and Table 2, generalised term by term to grouped-query attention and gated
-MLPs; for a GPT layer (no GQA, 4h plain MLP, dropout) it reduces to the paper's
-s*b*h*(34 + 5*a*s/h) bytes.
+Models"), Sec. 4 and Table 2, generalised term by term to grouped-query attention, gated
+MLPs, heads whose width is not hidden / heads (an explicit head_dim; MLA's nope + rope keys and
+v_head_dim values) and MLA's compressed latents; for a GPT layer (no GQA, 4h plain MLP,
+dropout) it reduces to the paper's s*b*h*(34 + 5*a*s/h) bytes.
 """
 from __future__ import annotations
 
