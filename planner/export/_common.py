@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from planner.errors import BadInput
+from planner.explain import recompute_label
 from planner.plan import Plan
 
 
@@ -24,7 +25,8 @@ def header(plan: Plan, engine: str) -> list:
         f"tp={p.tp} pp={p.pp} dp={p.dp} "
         + (f"cp={p.cp} cp_comm={p.cp_comm_type} " if p.cp > 1 else "")
         + f"vpp={p.vpp} schedule={p.schedule} "
-        f"zero={p.zero_stage} sp={str(p.sequence_parallel).lower()} recompute={p.recompute}; "
+        f"zero={p.zero_stage} sp={str(p.sequence_parallel).lower()} "
+        f"recompute={recompute_label(p.recompute, p.recompute_modules)}; "
         f"seq_len={b.seq_len} global_batch={b.global_batch_size} "
         f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}; "
         f"precision={plan.precision}" + (f" recipe={plan.recipe}" if plan.recipe else ""),
