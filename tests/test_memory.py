@@ -112,3 +112,35 @@ def test_runtime_layer_saves_what_the_formula_counts_for_its_heads(spec):
     measured = sum(kept.values()) - scores
     planned = 2 * activation_bytes(spec, b, s, 1, False, "none", True)    # fp32 on CPU
     assert measured == pytest.approx(planned, rel=0.02)
+
+
+def test_fsdp2_without_gradient_sync_accumulates_unsharded_fp32_gradients():
+    """The torchtitan engine fact pp_keeps_unsharded_grads, on the installed torch: the
+    pipeline stage turns FSDP2's gradient sync and resharding off for every backward, and
+    FSDP2 then keeps each parameter's unsharded gradient in an fp32 accumulator (bf16
+    compute, fp32 reduce, torchtitan's mixed precision) with nothing reduced into the sharded
+    gradient yet."""
+    torch = pytest.importorskip("torch")
+    import inspect
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import stage
+    src = inspect.getsource(stage._PipelineStageBase.backward_maybe_with_nosync)
+    assert "set_requires_gradient_sync(False)" in src and "set_reshard_after_backward(False)" in src
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 64))
+        fully_shard(net, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                        reduce_dtype=torch.float32))
+        net.set_requires_gradient_sync(False)
+        net.set_reshard_after_backward(False)
+        for _ in range(2):                       # two micro-batches
+            net(torch.randn(4, 64)).float().sum().backward()
+        params = net._get_fsdp_state()._fsdp_param_group.fsdp_params
+        acc = [fp.unsharded_accumulated_grad for fp in params]
+        assert all(a is not None and a.dtype == torch.float32 for a in acc)
+        assert sum(a.numel() for a in acc) == sum(p.numel() for p in net.parameters())
+        assert all(p.grad is None for p in net.parameters())
+    finally:
+        dist.destroy_process_group()

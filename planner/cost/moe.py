@@ -364,7 +364,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     dense layer's planner.cost.stage.selective_reruns."""
     from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
     from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
-    from planner.cost.stage import StageCoeffs, dp_collectives
+    from planner.cost.stage import StageCoeffs, dp_collectives, pipelined_fsdp_unsharded
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
@@ -407,6 +407,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     states_ne = model_state_bytes(nonexpert, dp, c.zero, **states)
     states_ex = model_state_bytes(expert, edp, c.zero, **states)
     wl, gl, ol = (a + x for a, x in zip(states_ne, states_ex))
+    wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
+        engine, c, nonexpert + expert, states)))
     gb = states["grad_bytes"]
     dp_link = comm.group_link(cluster, dp, t)
     edp_link = comm.group_link(cluster, edp, c.ep * c.etp)

@@ -119,6 +119,15 @@ class Engine:
     # (Korthikanti et al. 2022, Sec. 4.2.2). Measured in our runtime
     # (tests/test_runtime_searched.py).
     sp_keeps_gathered_inputs: bool = False
+    # Under pipelining its FSDP2 ranks hold their layers' unsharded gradients, accumulated in
+    # the reduce dtype, and unsharded parameters through the whole step:
+    # torch.distributed.pipelining's stage (stage.py backward_maybe_with_nosync) turns FSDP's
+    # gradient sync and resharding off for every micro-batch's backward and reduces once
+    # after the last; FSDP2 then keeps an fp32 accumulator per unsharded parameter
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed).
+    # torchtitan runs that stage as it is; our runtime reduce-scatters every micro-batch
+    # instead (runtime/pipeline.py _sharded_grad_stage).
+    pp_keeps_unsharded_grads: bool = False
     # the model's attention features beyond Llama's (planner.specs.Model.attention_feature_map
     # keys) its export writes into the model's definition; None: its export leaves the
     # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP

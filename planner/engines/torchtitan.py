@@ -31,6 +31,9 @@ torchtitan docs/float8.md and docs/mxfp8.md. The `output` projection stays bf16.
 Memory: FSDP2 mixed precision (param bf16, reduce fp32): the sharded fp32 parameter is the
 master (4 B), Adam's m and v (8 B), fp32 sharded gradients (4 B); bf16 unsharded parameters
 (2 B) while a layer computes, for every layer between forward and backward under ZeRO-2.
+Under pipelining (pp > 1) torch's PipelineStage holds each rank's unsharded parameters and
+its unsharded gradients in an fp32 accumulator through the step, under ZeRO-2 and ZeRO-3
+(planner.engines.spec pp_keeps_unsharded_grads).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS_BYTES_PER_LOGIT, Engine)
@@ -44,6 +47,7 @@ TORCHTITAN = Engine(
     zero_stages=(0, 2, 3), zero_stages_with_pp=(2, 3), zero0_with_tp_pp=False,
     max_tp=None, sp_choices=(True,),
     sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
+    pp_keeps_unsharded_grads=True,   # torch's PipelineStage with FSDP2, as it is
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=True,
