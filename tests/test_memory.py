@@ -74,10 +74,10 @@ def test_gqa_and_swiglu_store_what_they_compute():
 
 
 # Attention whose heads are not hidden / num_heads wide, and multi-head latent attention:
-# what our runtime's layer saves for backward, measured (profiler.compute.saved_bytes), against
-# the formula. Before the heads' widths were counted, the explicit head_dim layer measured
-# 1.09x and the MLA one 1.6x of the formula (Q, K, V and the output were counted hidden wide
-# and the latents not at all).
+# what our runtime's layer saves for backward, measured, against the runtime engine's facts on
+# a CPU. Before the heads' widths were counted, the explicit head_dim layer measured 1.09x and
+# the MLA one 1.8x of the prediction (Q, K, V and the output were counted hidden wide, the
+# latents not at all, and the softmax CPU SDPA keeps for MLA's narrower values not either).
 _TINY = Model("tiny", num_layers=1, hidden=64, ffn_hidden=96, num_heads=4, num_kv_heads=2,
               vocab_size=128, max_seq_len=256)
 _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10)
@@ -90,28 +90,30 @@ _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim
 ], ids=lambda m: m.name)
 def test_runtime_layer_saves_what_the_formula_counts_for_its_heads(spec):
     torch = pytest.importorskip("torch")
+    from planner.catalog import get_gpu
+    from planner.engines import get_engine
+    from planner.engines.facts import facts_for
     from runtime.model import DecoderLayer
     b, s = 2, 128
     layer = DecoderLayer(spec)
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     x = torch.randn(b, s, spec.hidden, requires_grad=True)
-    kept, scores = {}, 0
+    kept = {}
 
     def pack(t):
-        nonlocal scores
         key = t.untyped_storage().data_ptr()
-        if key not in params and key not in kept:
+        if key not in params:
             kept[key] = t.untyped_storage().nbytes()
-            # CPU SDPA runs its math path when v's head width differs from q's (MLA) and
-            # keeps the b x heads x s x s probabilities, which a GPU's fused kernel does not
-            scores += kept[key] if t.shape[-2:] == (s, s) else 0
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         layer(x)
-    assert bool(scores) == spec.is_mla
-    measured = sum(kept.values()) - scores
-    planned = 2 * activation_bytes(spec, b, s, 1, False, "none", True)    # fp32 on CPU
-    assert measured == pytest.approx(planned, rel=0.02)
+    facts = facts_for(get_engine("runtime"), get_gpu("cpu"))       # fp32 on CPUs
+    planned = facts.activation_bytes(spec, b, s, 1, False, "none", True)
+    assert sum(kept.values()) == pytest.approx(planned, rel=0.02)
+    # on a GPU the fused kernel keeps no softmax for MLA either
+    gpu = facts_for(get_engine("runtime"), get_gpu("h100"))
+    assert gpu.fused_attention(spec, True)
+    assert facts.fused_attention(spec, True) == (not spec.is_mla)
 
 
 def test_fsdp2_without_gradient_sync_accumulates_unsharded_fp32_gradients():

@@ -59,6 +59,8 @@ class CatalogFacts:
         # the unsharded copy of parameters held while computing (engine.compute_copy_bytes is
         # the bf16 copy): as wide as the compute dtype
         self.compute_copy_bytes = engine.compute_copy_bytes * self.compute_elem_bytes / BF16
+        self.math_attention_for_unequal_heads = (
+            gpu.name in engine.math_attention_for_unequal_heads_on)
 
     @_memo
     def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None, cp=1):
@@ -67,6 +69,13 @@ class CatalogFacts:
         return layer_time(model, self.gpu, b, s, tp, sp, flash,
                           self.engine.elementwise_traffic, self.engine.layer_overhead_s, lp, cp)
 
+    def fused_attention(self, model, flash: bool) -> bool:
+        """Whether the attention runs a fused kernel that keeps no s x s softmax: `flash`,
+        unless the engine falls back to the math path for the model's head widths here
+        (Engine.math_attention_for_unequal_heads_on)."""
+        return flash and not (self.math_attention_for_unequal_heads
+                              and model.head_dim != model.value_head_dim)
+
     @_memo
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         out = self.bf16_activation_bytes(model, b, s, tp, sp, mode, flash, lp)
@@ -74,13 +83,15 @@ class CatalogFacts:
             return out
         # the formula's bf16 elements are compute_elem_bytes wide here; flash attention's
         # log-sum-exp is fp32 either way
-        lse = 4.0 * model.num_heads * b * s / tp if flash and mode != "full" else 0.0
+        fused = self.fused_attention(model, flash)
+        lse = 4.0 * model.num_heads * b * s / tp if fused and mode != "full" else 0.0
         return lse + (out - lse) * self.compute_elem_bytes / BF16
 
     def bf16_activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         """The cost model's saved bytes of one layer, computing in bf16."""
         gathered = self.engine.sp_keeps_gathered_inputs
-        out = activation_bytes(model, b, s, tp, sp, mode, flash, gathered)
+        out = activation_bytes(model, b, s, tp, sp, mode, self.fused_attention(model, flash),
+                               gathered)
         if lp is not None and lp.recipe.saves_lowp_inputs:
             out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes,
                                             gathered)

@@ -23,7 +23,9 @@ it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradie
 and v (8 B). Saved activations as the cost model counts them (runtime/model.py: the RMSNorm and
 the gated MLP save only their inputs, SDPA keeps K/V grouped). On CPUs it computes in fp32 (no
 bf16 autocast: `fp32_compute_on`), so there every activation, gathered parameter copy and TP/PP
-message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_bytes).
+message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_bytes), and
+MLA's attention (values narrower than its query heads) runs SDPA's math path, which keeps the
+softmax (`math_attention_for_unequal_heads_on`).
 Under ZeRO 0/1 on CUDA it computes under bf16 autocast (runtime/train.py), whose cache keeps a
 bf16 cast of every weight a matmul uses until the step's autocast region ends: 2 bytes per
 parameter beside the fp32 weights (`autocast_copy_bytes`; counted for all parameters, so the
@@ -61,6 +63,7 @@ RUNTIME = Engine(
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     autocast_copy_bytes=2.0,   # runtime/train.py: ZeRO 0/1 on CUDA, autocast's cache
     fp32_compute_on=("cpu",),   # runtime/train.py: autocast and bf16 FSDP only on CUDA
+    math_attention_for_unequal_heads_on=("cpu",),   # runtime/model.py AttentionCore: SDPA
     loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("runtime"),

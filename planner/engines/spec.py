@@ -163,6 +163,12 @@ class Engine:
     # autocast: its saved activations, gathered parameter copies and TP/PP messages are 4 bytes
     # an element there, not 2 (planner.engines.facts.CatalogFacts.compute_elem_bytes)
     fp32_compute_on: tuple = ()
+    # catalog GPU names on which the engine's attention keeps the b x heads x s x s softmax
+    # for backward where the values are narrower or wider than the queries' heads (MLA):
+    # PyTorch's CPU flash kernel needs one head width for q, k and v, so SDPA runs its math
+    # path there (measured: tests/test_memory.py); CUDA's memory-efficient kernel does not need
+    # it, so the fused attention's log-sum-exp is all it keeps
+    math_attention_for_unequal_heads_on: tuple = ()
     # peak bytes per logit while the loss runs: Megatron's fused vocabulary-parallel cross
     # entropy keeps the fp32 softmax (4, megatron/core/tensor_parallel/cross_entropy.py);
     # eager PyTorch holds the bf16 logits (2), their fp32 copy (4) and the fp32 log-softmax it
