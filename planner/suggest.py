@@ -43,8 +43,8 @@ def _hopeless(model, cluster: Cluster, engine, margin_gib) -> bool:
 
 # the fields of Fixed that lay the model out (searched again by a tip); the others are the
 # user's assumptions (kernels, precision, overlaps, MoE routing), which a tip keeps
-LAYOUT_FIELDS = ("tp", "pp", "dp", "zero", "mbs", "vpp", "recompute", "sp", "schedule", "ep",
-                 "etp", "cp", "cp_comm_type")
+LAYOUT_FIELDS = ("tp", "pp", "dp", "zero", "mbs", "vpp", "recompute", "recompute_modules", "sp",
+                 "schedule", "ep", "etp", "cp", "cp_comm_type")
 
 
 def _layout_free(fixed: Fixed, **keep) -> Fixed:
@@ -65,7 +65,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
     if fixed.recompute not in ("full", None) and (engine is None
                                                   or "full" in engine.recompute_modes):
         best = fits(cluster, dataclasses.replace(fixed, recompute=None if
-                    fixed.recompute is None else "full"), seq_len, gbs)
+                    fixed.recompute is None else "full", recompute_modules=None), seq_len, gbs)
         if best is not None:
             tips.append(f"--recompute full ({describe_candidate(best.candidate)})")
     if fixed.zero is not None and fixed.zero < 3:
@@ -84,7 +84,9 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 break
             bigger = _more_gpus(cluster, n)
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
-            best = fits(bigger, _layout_free(fixed, recompute=fixed.recompute), seq_len, g)
+            best = fits(bigger, _layout_free(fixed, recompute=fixed.recompute,
+                                             recompute_modules=fixed.recompute_modules),
+                        seq_len, g)
             if best is not None:
                 tips.append(f"{n} GPUs ({describe_candidate(best.candidate)}, global batch {g})")
                 break

@@ -162,3 +162,13 @@ def test_the_searchs_shared_figures_tell_modules_apart():
     act = shared._layer_figures(c)["saves"]
     moe = shared._layer_figures(dataclasses.replace(c, recompute_modules=("moe",)))["saves"]
     assert act == pytest.approx(B * S * 8 * 768 * BF16) and moe > 2 * act
+
+
+def test_nothing_fits_with_modules_fixed_still_suggests_another_layout(capsys):
+    """The tips search the layout again with the recompute modules set free too (they once
+    kept the modules beside a searched granularity, which the search refuses, and so every
+    tip but more GPUs was silently lost)."""
+    code, _, err = run(capsys, "--model", "qwen3-30b-a3b", "--cluster", "h100x8",
+                       "--recompute-modules", "moe_act", "--tp", "1", "--pp", "1",
+                       "--ep", "1", "--zero", "1")
+    one_line(code, err, expect=3, needle="would fit: another layout")
