@@ -68,7 +68,7 @@ added. The Megatron-Bridge rows are priced with the TP communication overlap the
 (fixed.tp_comm_overlap). Their H100 405B CP 2 rows are predicted 6-15% slow, the B200 ones 2-10%
 slow (FP8 tensorwise 9-10%, MXFP8 2%): the H100 rows need 64 of 126 layers recomputed to fit 80 GB in the planner's memory model,
 which Megatron-Bridge's recipe may avoid with settings the table does not print. The torchtitan
-405B rows' measured memory is 10-24% above the prediction (44-50% before torch's pipeline stage
+405B rows' measured memory is 16-29% above the prediction (44-50% before torch's pipeline stage
 was seen to keep FSDP's gradients and parameters unsharded through the step,
 planner.engines.spec pp_keeps_unsharded_grads), as for the same TP x PP float8 runs without
 CP; the CP 8 row stays in tests/test_fidelity.py KNOWN_MEMORY_GAPS: an open finding, not a CP

@@ -407,8 +407,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     states_ne = model_state_bytes(nonexpert, dp, c.zero, **states)
     states_ex = model_state_bytes(expert, edp, c.zero, **states)
     wl, gl, ol = (a + x for a, x in zip(states_ne, states_ex))
-    wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
-        engine, c, nonexpert + expert, states)))
+    for params, shards in ((nonexpert, dp), (expert, edp)):
+        wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
+            engine, c, params, states, shards)))
     gb = states["grad_bytes"]
     dp_link = comm.group_link(cluster, dp, t)
     edp_link = comm.group_link(cluster, edp, c.ep * c.etp)

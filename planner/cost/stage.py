@@ -326,17 +326,19 @@ def _head_in_flight(schedule: str, p: int, c) -> int:
     return min(2, c.m) if c.ep_comm_overlap else 1
 
 
-def pipelined_fsdp_unsharded(engine: Engine, c: Candidate, params: float,
-                             states: dict) -> tuple:
-    """(weight, gradient) bytes beyond the ZeRO accounting of `params` sharded parameters
-    where the engine's pipeline stage keeps FSDP unsharded through the step
-    (planner.engines.spec pp_keeps_unsharded_grads): an accumulator of every unsharded
-    gradient in the gradient dtype, and under ZeRO-3 the unsharded compute copy of every
-    parameter, as ZeRO-2 keeps it."""
-    if not (engine.pp_keeps_unsharded_grads and c.pp > 1 and c.zero >= 2 and c.dp_cp > 1):
+def pipelined_fsdp_unsharded(engine: Engine, c: Candidate, params: float, states: dict,
+                             shards: int) -> tuple:
+    """(weight, gradient) bytes beyond the ZeRO accounting of `params` parameters where the
+    engine's pipeline stage keeps FSDP unsharded through the step (planner.engines.spec
+    pp_keeps_unsharded_grads): an accumulator of every unsharded gradient in the gradient
+    dtype in place of the sharded gradients (those appear only at the step's one reduce,
+    after the optimizer's zero_grad freed the last ones), and under ZeRO-3 the unsharded
+    compute copy of every parameter, as ZeRO-2 keeps it. `shards`: the group FSDP shards
+    them over (dp x cp; expert-dp for routed experts)."""
+    if not (engine.pp_keeps_unsharded_grads and c.pp > 1 and c.zero >= 2 and shards > 1):
         return 0.0, 0.0
     w = states["compute_copy_bytes"] * params if c.zero >= 3 else 0.0
-    return w, states["grad_bytes"] * params
+    return w, states["grad_bytes"] * params * (1 - 1 / shards)
 
 
 def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: int) -> tuple:
@@ -466,9 +468,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
         wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
-            engine, c, layer_params, states)))
+            engine, c, layer_params, states, dp)))
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
-            engine, c, fixed_params, states)))
+            engine, c, fixed_params, states, dp)))
         if lp is not None and lp.recipe.weight_copy_bytes:
             # the quantised weight copies kept beside the bf16 weights (Transformer Engine),
             # of the shard this rank holds under ZeRO-3
