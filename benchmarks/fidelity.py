@@ -323,7 +323,7 @@ MOE_NOTES = """Notes.
   mla_up_proj, B200 pp8 and H100 mla_up_proj + mlp, GPT-OSS-120B H100 (26.x) layernorm +
   moe_act. Before they were priced (and before MLA's per-head Q/K/V and latents were counted
   in the saved activations, which had been counted hidden wide), the DeepSeek-V3 B200 pp8 row
-  only fitted with full recompute of 16 layers and was predicted +75%; it is now within 1%.
+  only fitted with full recompute of 16 layers and was predicted +75%; it is now +2.3%.
 
 What is still missing (evidence from the per-row table):
 
