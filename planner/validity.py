@@ -184,11 +184,13 @@ def flex_ok(ep: int, etp: int) -> bool:
 
 
 def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
-                             dispatcher: str, mtp_layers: int = 0) -> list:
+                             dispatcher: str, mtp_layers: int = 0,
+                             recompute_modules: tuple = ()) -> list:
     """Why Megatron-Core cannot overlap the EP all-to-alls across micro-batches
     (--overlap-moe-expert-parallel-comm) in this layout, as phrases: its checks in
     megatron/core/transformer/transformer_config.py (expert parallelism, the alltoall or flex
-    dispatcher, no full recompute, virtual pipeline stages when pp > 1)."""
+    dispatcher, no full recompute and no recompute of the whole MoE layer, which re-runs the
+    dispatch, virtual pipeline stages when pp > 1)."""
     out = []
     if ep <= 1:
         out.append("needs expert parallelism (ep > 1)")
@@ -196,6 +198,8 @@ def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
         out.append(f"runs with the alltoall or flex dispatcher, not {dispatcher or 'none'}")
     if recompute == "full":
         out.append("does not run with full recompute")
+    if recompute == "selective" and "moe" in recompute_modules:
+        out.append("does not run with the moe recompute module")
     if pp > 1 and schedule != "interleaved":
         out.append("needs the interleaved schedule when pp > 1")
     if mtp_layers > 1:
@@ -259,7 +263,8 @@ def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) 
     out += ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp)
     if p.ep_comm_overlap:
         out += [f"ep_comm_overlap {why}" for why in ep_comm_overlap_blockers(
-            p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher, m.mtp_layers)]
+            p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher, m.mtp_layers,
+            p.recompute_modules)]
     if p.moe_dispatcher == "flex" and not flex_ok(p.ep, p.etp):
         out.append("the flex dispatcher needs ep x etp > 1 (Megatron's MoEFlexTokenDispatcher)")
     if p.moe_capacity_factor is not None and not m.is_moe:

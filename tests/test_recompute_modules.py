@@ -172,3 +172,19 @@ def test_nothing_fits_with_modules_fixed_still_suggests_another_layout(capsys):
                        "--recompute-modules", "moe_act", "--tp", "1", "--pp", "1",
                        "--ep", "1", "--zero", "1")
     one_line(code, err, expect=3, needle="would fit: another layout")
+
+
+def test_the_ep_overlap_is_not_offered_with_the_moe_module():
+    """Megatron asserts "moe" not in recompute_modules under --overlap-moe-expert-parallel-comm
+    (the MoE recompute re-runs the dispatch): the search leaves the overlap off there, and a
+    plan with both is invalid."""
+    m, cl = get_model("qwen3-30b-a3b"), get_cluster("h100x16")
+    f = Fixed(recompute="selective", tp=1, pp=1, ep=16, mbs=1)
+    for mods, overlap in ((("moe",), False), (("moe_act",), True)):
+        rep = search(m, cl, dataclasses.replace(f, recompute_modules=mods), 4096, 1024,
+                     engine="megatron", top=1)
+        assert rep.best.candidate.ep_comm_overlap is overlap
+    d = to_plan(m, cl, rep.best, rep, "megatron").to_dict()
+    d["parallelism"]["recompute_modules"] = ["moe"]
+    with pytest.raises(BadInput, match="moe recompute module"):
+        Plan.from_dict(d)
