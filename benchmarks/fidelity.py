@@ -320,8 +320,8 @@ MOE_NOTES = """Notes.
   lighter on the rank with the head) is 14% faster than the recipe's 9/9/9/9.
 - Selective recompute modules: the rows whose recipe sets Megatron's --recompute-modules
   (`recompute_source`) are priced with them (planner.cost.recompute): DeepSeek-V3 B200 pp16
-  mla_up_proj, B200 pp8 and H100 mla_up_proj + mlp, GPT-OSS-120B H100 (26.x) layernorm +
-  moe_act. Before they were priced (and before MLA's per-head Q/K/V and latents were counted
+  mla_up_proj, B200 pp8 and H100 mla_up_proj + mlp, GPT-OSS-120B H100 (26.x) and B200 ep64
+  layernorm + moe_act. Before they were priced (and before MLA's per-head Q/K/V and latents were counted
   in the saved activations, which had been counted hidden wide), the DeepSeek-V3 B200 pp8 row
   only fitted with full recompute of 16 layers and was predicted +75%; it is now +2.3%.
 
@@ -337,9 +337,9 @@ What is still missing (evidence from the per-row table):
    (before the recipes' layouts were fixed), but the fit rows do not constrain it (their loss
    is flat below 3.4 ms), so it is not adopted.
 2. Megatron's fine-grained recompute is priced from the tensors each module saves, not
-   measured; the GPT-OSS B200 rows and the 25.11 GPT-OSS H100 row, whose recipes are not
-   known, are priced with the planner's choice (full recompute of 17 / 28 layers) and run
-   4-25% slower than that predicts.
+   measured; the ep8 GPT-OSS B200 rows and the 25.11 GPT-OSS H100 row, whose recipe versions
+   were not found, are priced with the planner's choice (full recompute of 17 / 28 layers)
+   and run 4-25% slower than that predicts.
 3. GPT-OSS-120B's sink attention (cuDNN fused attention with a learnable softmax, TE >= 2.8)
    and clamped SwiGLU are priced at the flash-attention and fused element-wise rates; bf16
    gradients (grad_reduce_in_fp32=False), the precision-aware optimizer's bf16 moments and
