@@ -361,6 +361,8 @@ def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: i
     up_q, up_kv = mla_up_projection_times(model, gpu, tokens, t, lp) if model.is_mla else (0, 0)
     attn = attention_rerun(model, mods, tokens, t, c.sp, hbm, eb, lin_b, up_q + up_kv,
                            rope_time(model, gpu, tokens, t))
+    if "mlp" not in mods:
+        return mode, attn, Rerun()
     gemm, elem = dense_mlp_fwd(model, gpu, b, s, t, lp, facts.engine.elementwise_traffic)
     kept = 3 if model.gated_mlp else 2    # gate, up, act out (plain: act in, act out)
     mlp_saved = tokens * (lin_b * model.hidden / (t if c.sp else 1)

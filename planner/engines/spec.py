@@ -50,6 +50,12 @@ class Validation:
                 f"{engine} runs)")
 
 
+# what selective recompute recomputes of every layer where nothing else is asked for: the
+# attention core (Korthikanti et al. 2022; Megatron's --recompute-modules default,
+# megatron/core/transformer/transformer_config.py)
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str
@@ -75,7 +81,7 @@ class Engine:
     tp_within_host: bool = False
     # what its "selective" recompute may recompute of every layer (planner.cost.recompute
     # MODULES): the attention core only, unless it offers Megatron's --recompute-modules
-    recompute_modules: tuple = ("core_attn",)
+    recompute_modules: tuple = DEFAULT_RECOMPUTE_MODULES
     # context parallelism: the K/V exchanges it runs (planner.cost.context.CP_COMM_TYPES), the
     # first its default; empty: no context parallelism
     cp_comm_types: tuple = ()
