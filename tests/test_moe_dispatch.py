@@ -159,21 +159,31 @@ def test_drop_and_pad_removes_exactly_the_host_stall():
     """With every expert padded to capacity the dispatcher knows the token counts on the host
     (megatron/core/transformer/moe/token_dispatcher.py skips the device-to-host copy): at
     capacity factor 1 on balanced routing the work is the same and only the engine's
-    per-MoE-layer stall goes, once per layer forward."""
+    dropless stall goes, once per layer forward: the sync, and of the host's per-expert
+    issuing what the layer's forward work on the GPU (the padded layer's forward) does not
+    cover: all of it for a short sequence over many local experts, none for one local expert
+    under a long sequence."""
     import dataclasses
     from planner.cost.stage import Candidate, stage_coefficients
     from planner.engines import get_engine
-    m, cl, eng = tiny_moe(layers=4, first_dense=0, experts=8), get_cluster("h100x8"), \
-        get_engine("megatron")
-    c = Candidate(tp=1, pp=1, dp=8, zero=1, sp=False, mbs=1, seq_len=4096, global_batch=64,
-                  ep=8, moe_dispatcher="alltoall")
-    dropless = stage_coefficients(m, cl, c, engine=eng)[0]
-    padded = stage_coefficients(m, cl, dataclasses.replace(c, moe_capacity_factor=1.0),
-                                engine=eng)[0]
-    assert eng.moe_layer_overhead_s > 0
-    assert dropless.compute_layer - padded.compute_layer == pytest.approx(
-        eng.moe_layer_overhead_s)
-    assert dropless.ep_layer == pytest.approx(padded.ep_layer)
+    cl, eng = get_cluster("h100x8"), get_engine("megatron")
+    sync, per_expert = eng.moe_layer_overhead_s, eng.moe_expert_overhead_s
+    assert sync > 0 and per_expert > 0
+    seen = set()
+    for experts, ep, seq in ((64, 1, 256), (64, 8, 256), (8, 8, 4096), (8, 2, 1024)):
+        m = tiny_moe(layers=4, first_dense=0, experts=experts)
+        c = Candidate(tp=1, pp=1, dp=8, zero=1, sp=False, mbs=1, seq_len=seq,
+                      global_batch=64, ep=ep, moe_dispatcher="alltoall")
+        dropless = stage_coefficients(m, cl, c, engine=eng)[0]
+        padded = stage_coefficients(m, cl, dataclasses.replace(c, moe_capacity_factor=1.0),
+                                    engine=eng)[0]
+        stall = dropless.compute_layer - padded.compute_layer
+        issue = per_expert * (experts // ep)
+        assert stall == pytest.approx(sync + max(0.0, issue - padded.fwd_layer))
+        assert dropless.ep_layer == pytest.approx(padded.ep_layer)
+        seen.add("exposed" if stall > sync + issue / 2 else
+                 "hidden" if stall == pytest.approx(sync) else "partly")
+    assert {"exposed", "hidden"} <= seen
 
 
 def test_token_dropping_is_exported_as_megatron_reads_it(capsys):

@@ -50,16 +50,18 @@ the balanced share (GShard Sec. 2.2, Switch Sec. 2.2), whatever the routing.
 Host stall: dropless routing copies the token counts to the host and waits for them before
 the all-to-all (token_dispatcher.py, _maybe_dtoh_and_synchronize at cuda_sync_point; the
 grouped GEMM needs them too), once per MoE layer forward: the GPU drains and then waits on
-the host for the kernels launched after. The engine's `moe_layer_overhead_s` (Megatron:
-fitted, planner.engines.megatron) is added to every MoE layer forward and recomputed forward;
-with drop-and-pad the counts are known on the host and it is not.
+the host for the kernels launched after, the grouped GEMMs among them, whose host work is per
+local expert. Added to every MoE layer forward and recomputed forward (`dropless_host_stall`):
+the engine's `moe_layer_overhead_s`, and of `moe_expert_overhead_s` x local experts what the
+layer's forward work on the GPU does not hide (Megatron: both fitted, planner.engines.megatron);
+with drop-and-pad the counts are known on the host and neither is.
 
-Not modelled yet (benchmarks/results/fidelity_moe_*.md): a grouped GEMM slower than a dense
-one at few tokens per expert, the shared expert's overlap (--moe-shared-expert-overlap),
-CUDA graphs of the router and dispatch preprocessing (cuda_graph_scope moe_router /
-moe_preprocess) that shrink the host stall, HybridEP's own figures, the FP8 weight copies of
-the experts, Megatron's fine-grained recompute modules (mla_up_proj, moe_act, layernorm) and
-the precision-aware optimizer's bf16 moments. An MTP module's MoE layer is this module's
+Not modelled yet (benchmarks/results/fidelity_moe_*.md): the GPU side of a grouped GEMM at few
+tokens per expert beyond the tile roll-off of planner.cost.compute.gemm_time, the shared
+expert's overlap (--moe-shared-expert-overlap), CUDA graphs of the router and dispatch
+preprocessing (cuda_graph_scope moe_router / moe_preprocess) that shrink the host stall,
+HybridEP's own figures, the FP8 weight copies of the experts and the precision-aware
+optimizer's bf16 moments (Megatron's fine-grained recompute modules: planner.cost.recompute). An MTP module's MoE layer is this module's
 layer, added to the last pipeline rank (planner.cost.stage, _with_mtp_modules).
 """
 from __future__ import annotations
@@ -375,12 +377,21 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                    saves_expert_outputs=engine.moe_saves_expert_outputs)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
-    # dropless routing stalls the host once per MoE layer forward (the engine's
-    # moe_layer_overhead_s; planner.engines.spec): in forward and in a recomputed forward. With
-    # drop-and-pad the token counts are known on the host (capacity x ranks; megatron/core/
-    # transformer/moe/token_dispatcher.py skips the device-to-host copy): no stall
-    stall = engine.moe_layer_overhead_s if c.moe_capacity_factor is None else 0.0
-    d_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + stall
+    # tensor parallelism (`tp_pass`: the dense layer's forward and backward share): the
+    # attention's all-gather / reduce-scatter pair stays; the MLP's pair goes unless a shared
+    # expert, a TP-split MLP, needs it: each tp rank dispatches its own sequence-parallel
+    # tokens over its ep group and the etp gather of the received rows is the dispatcher's
+    # (Megatron-Core MoEAlltoAllTokenDispatcher; runtime/expert.py likewise)
+    mlp_tp = (0.0, 0.0) if model.shared_expert_ffn_hidden else (tp_pass[0] / 2, tp_pass[1] / 2)
+    # dropless routing's host stall, in forward and in a recomputed forward (the engine's
+    # moe_layer_overhead_s and moe_expert_overhead_s; planner.engines.spec); with drop-and-pad
+    # the token counts are known on the host (capacity x ranks; megatron/core/transformer/moe/
+    # token_dispatcher.py skips the device-to-host copy): none. `fwd_layer` is a per-layer
+    # figure, the same on every pipeline rank
+    moe_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem
+    stall = dropless_host_stall(engine, c, model.num_experts // c.ep,
+                                coeffs[0].fwd_layer - mlp_tp[0] + moe_fwd + ml.comm_fwd)
+    d_fwd = moe_fwd + stall
     d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
              + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - dm_elem))
     # a recomputed layer runs its forward again: "full" all of it, dispatch included;
@@ -393,12 +404,6 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         c.recompute, moe_rerun.fwd_s - dense_mlp_rerun.fwd_s)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" or moe_rerun.dispatch else 0.0
-    # tensor parallelism (`tp_pass`: the dense layer's forward and backward share): the
-    # attention's all-gather / reduce-scatter pair stays; the MLP's pair goes unless a shared
-    # expert, a TP-split MLP, needs it: each tp rank dispatches its own sequence-parallel
-    # tokens over its ep group and the etp gather of the received rows is the dispatcher's
-    # (Megatron-Core MoEAlltoAllTokenDispatcher; runtime/expert.py likewise)
-    mlp_tp = (0.0, 0.0) if model.shared_expert_ffn_hidden else (tp_pass[0] / 2, tp_pass[1] / 2)
     # model states: attention, norms, router and shared experts over dp x cp; the routed experts
     # over expert-dp (Megatron's distributed optimizer shards each over its own group)
     edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
@@ -488,6 +493,19 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                            for key in set(moe_mem) | set(k.mem_layer)}
         out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
     return out
+
+
+def dropless_host_stall(engine, c, local_experts: int, layer_fwd_s: float) -> float:
+    """Seconds one MoE layer forward waits on the host under dropless routing: the sync on the
+    token counts (engine.moe_layer_overhead_s) and then what of the host's issuing of the
+    grouped GEMMs (engine.moe_expert_overhead_s per local expert) the layer's own forward work
+    on the GPU (`layer_fwd_s`: compute, TP and EP communication) does not cover: the sync left
+    the GPU's queue empty, so it runs each kernel as the host issues it. 0 with a capacity
+    factor (no sync)."""
+    if c.moe_capacity_factor is not None:
+        return 0.0
+    issue = engine.moe_expert_overhead_s * local_experts
+    return engine.moe_layer_overhead_s + max(0.0, issue - layer_fwd_s)
 
 
 def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int, s: int,

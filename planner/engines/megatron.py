@@ -45,13 +45,18 @@ from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CON
                                   PER_CHUNK, Engine)
 from planner.engines.validation import validation_of
 
-# Host time exposed per MoE layer forward by dropless routing's device-to-host sync
-# (planner.engines.spec.Engine.moe_layer_overhead_s). Least-squares fitted
-# (`python -m benchmarks.fidelity --fit-moe`: mean squared log(predicted / published)) on the
-# 13 Megatron-Bridge MoE rows of its latest two releases, 26.04 and 26.04.01 (H100 and B200;
-# DeepSeek-V3, Qwen3-30B/235B, GPT-OSS-120B); the 29 rows of 25.09, 25.11, 26.02, 26.02.01 and
-# 26.06 are held out (benchmarks/results/fidelity_moe_*.md reports both).
-MOE_LAYER_OVERHEAD_S = 4.67e-3
+# Dropless routing's host stall (planner.engines.spec Engine moe_layer_overhead_s,
+# moe_expert_overhead_s; planner.cost.moe.dropless_host_stall): per MoE layer forward the
+# device-to-host sync on the token counts, and per local expert the host's issuing of the
+# grouped GEMMs after it, exposed where the layer's forward GPU work does not cover it.
+# Least-squares fitted together (`python -m benchmarks.fidelity --fit-moe`: mean squared
+# log(predicted / published); a grid over both confirms the minimum) on the 13 Megatron-Bridge
+# MoE rows of its latest two releases, 26.04 and 26.04.01 (H100 and B200; DeepSeek-V3,
+# Qwen3-30B/235B, GPT-OSS-120B; 4 to 32 local experts); the 29 rows of 25.09, 25.11, 26.02,
+# 26.02.01 and 26.06 are held out (benchmarks/results/fidelity_moe_*.md reports both). The
+# per-layer figure alone fitted 4.67 ms at a 34% higher loss on the fit rows.
+MOE_LAYER_OVERHEAD_S = 4.33e-3
+MOE_EXPERT_OVERHEAD_S = 0.213e-3
 
 # --recompute-modules choices, default ["core_attn"] (megatron/core/transformer/
 # transformer_config.py recompute_modules); planner.cost.recompute prices each
@@ -77,7 +82,7 @@ MEGATRON = Engine(
     # --overlap-moe-expert-parallel-comm (megatron-core >= 0.14)
     moe_dispatchers=("alltoall", "allgather", "flex"), moe_etp="any", ep_comm_overlap=True,
     moe_capacity_factor=True, moe_saves_expert_outputs=False,
-    moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S,
+    moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S, moe_expert_overhead_s=MOE_EXPERT_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,

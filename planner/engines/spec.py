@@ -150,6 +150,14 @@ class Engine:
     # _maybe_dtoh_and_synchronize at cuda_sync_point "before_ep_alltoall"): the GPU drains
     # and then waits on the host for every kernel launched after the sync
     moe_layer_overhead_s: float = 0.0
+    # host time per local expert to issue an MoE layer's forward (dropless only): a grouped
+    # linear's host work is per GEMM, one per local expert (Transformer Engine transformer_
+    # engine/pytorch/module/grouped_linear.py, _GroupedLinear.forward: the host list m_splits,
+    # a quantizer per GEMM, general_grouped_gemm over num_gemms). After the sync the GPU's
+    # queue is empty, so what of it the layer's forward GPU work does not cover is exposed
+    # (planner.cost.moe.dropless_host_stall); in the backward no sync drains the queue, the
+    # host runs ahead and it is hidden
+    moe_expert_overhead_s: float = 0.0
     overlap_slowdown: float | None = None   # None: the GPU's figure
     # ---- what memory it keeps ----------------------------------------------------------
     # Bytes per parameter of the persistent states. Megatron/DeepSpeed: bf16 weights, fp32
