@@ -432,7 +432,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                - attn_rerun.freed_bytes - mlp_rerun.freed_bytes)
     emb_f, emb_b = facts.embedding_time(model, b, sl, t)
     head_f, head_b = facts.head_time(model, b, sl, t)
-    head_act = facts.logits_bytes(model, b, sl, t)
+    head_act = facts.head_bytes(model, b, sl, t, c.sp, p)
     # context parallel K/V exchange (planner.cost.context); a recompute that re-runs the
     # attention (full, or selective: the attention core) exchanges again
     cpx = cp_exchange(model, b, s, t, cp, c.cp_comm, cluster, lt.attn_fwd)

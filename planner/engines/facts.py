@@ -12,7 +12,8 @@ import dataclasses
 import functools
 
 from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
-from planner.cost.memory import activation_bytes, logits_bytes, lowp_saved_input_savings
+from planner.cost.memory import (activation_bytes, head_input_bytes, logits_bytes,
+                                  lowp_saved_input_savings)
 from planner.engines.spec import Engine
 from planner.specs import Gpu
 
@@ -106,13 +107,17 @@ class CatalogFacts:
         return head_time(model, self.gpu, b, s, tp)
 
     @_memo
-    def logits_bytes(self, model, b, s, tp):
-        per_logit = self.engine.loss_bytes_per_logit
-        if self.compute_elem_bytes == FP32 and per_logit > FP32:
-            # fp32 logits: their fp32 copy for the loss is the same tensor (`.float()`), so the
-            # bf16 logits the eager figure counts are not there
-            per_logit -= BF16
-        return logits_bytes(model, b, s, tp) * per_logit / FP32
+    def head_bytes(self, model, b, s, tp, sp=False, pp=1):
+        """The last stage's head for one micro-batch at the loss's peak: the final norm's and
+        the output projection's saved inputs (planner.cost.memory.head_input_bytes) and what
+        the loss holds over the logits (the engine's LossMemory, logits as wide as the
+        compute dtype)."""
+        e = self.engine
+        loss = e.tp_loss_memory if tp > 1 and e.tp_loss_memory is not None else e.loss_memory
+        per_logit = loss.peak(self.compute_elem_bytes, e.pipeline_keeps_logits and pp > 1)
+        return (logits_bytes(model, b, s, tp) * per_logit / FP32
+                + head_input_bytes(model, b, s, tp, sp, e.sp_keeps_gathered_inputs,
+                                   self.compute_elem_bytes))
 
     def optimizer_time(self, params):
         return optimizer_time(self.gpu, params)
@@ -144,8 +149,8 @@ class MeasuredFacts(CatalogFacts):
     def head_time(self, model, b, s, tp):
         return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp)
 
-    def logits_bytes(self, model, b, s, tp):
-        return self.measured.logits_bytes(super().logits_bytes(model, b, s, tp), b, s, tp)
+    def head_bytes(self, model, b, s, tp, sp=False, pp=1):
+        return self.measured.logits_bytes(super().head_bytes(model, b, s, tp, sp, pp), b, s, tp)
 
     def optimizer_time(self, params):
         return self.measured.optimizer_time(params)

@@ -38,7 +38,8 @@ backends and the runtime does not wire it; the search never chooses cp > 1 here 
 runtime's preflight refuses a cp > 1 plan in one line (planner.validity.RUNTIME_NO_CP).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
-                                  EAGER_LOSS_BYTES_PER_LOGIT, PER_STAGE, Engine)
+                                  EAGER_LOSS, PER_STAGE,
+                                  RUNTIME_VOCAB_PARALLEL_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
@@ -64,7 +65,10 @@ RUNTIME = Engine(
     autocast_copy_bytes=2.0,   # runtime/train.py: ZeRO 0/1 on CUDA, autocast's cache
     fp32_compute_on=("cpu",),   # runtime/train.py: autocast and bf16 FSDP only on CUDA
     math_attention_for_unequal_heads_on=("cpu",),   # runtime/model.py AttentionCore: SDPA
-    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
+    # runtime/pipeline.py loss_fn: eager at tp 1, its own vocabulary-parallel cross entropy
+    # under tp; torch.distributed.pipelining under pp
+    loss_memory=EAGER_LOSS, tp_loss_memory=RUNTIME_VOCAB_PARALLEL_LOSS,
+    pipeline_keeps_logits=True, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
     validation=validation_of("runtime"),
 )

@@ -29,13 +29,46 @@ CONTEXT_GIB = 2.0
 # cached; the reserve at peak is taken as 5% of the bytes allocated (checked against the
 # max_memory_reserved figures torchtitan publishes, benchmarks/results fidelity table).
 ALLOCATOR_RESERVE = 0.05
-# Eager PyTorch cross entropy over bf16 logits (torchtitan, FSDP stacks, our runtime): bytes per
-# logit at the loss's peak (planner.engines.spec.Engine.loss_bytes_per_logit)
-EAGER_LOSS_BYTES_PER_LOGIT = 10.0
-# A fused cross entropy (Megatron's vocabulary-parallel one; flash-attn's
-# flash_attn.losses.cross_entropy, llm-foundry's default `loss_fn: fused_crossentropy`) keeps
-# one fp32 softmax-sized buffer: 4 bytes per logit.
-FUSED_LOSS_BYTES_PER_LOGIT = 4.0
+
+
+@dataclass(frozen=True)
+class LossMemory:
+    """Bytes per logit live while the cross entropy runs over a rank's logits: the peak of its
+    forward and the peak of its backward (the logits included where the loss holds them), with
+    the logits themselves dropped before the backward (torchtitan's train step `del pred`; our
+    runtime never names them), for bf16 logits and for fp32 ones (our runtime on CPUs). A
+    pipeline stage that keeps its output until its backward (torch.distributed.pipelining)
+    adds the logits' own bytes to the backward's."""
+    forward: float
+    backward: float
+    forward_fp32: float
+    backward_fp32: float
+
+    def peak(self, logit_bytes: float, logits_kept: bool = False) -> float:
+        fwd, bwd = ((self.forward_fp32, self.backward_fp32) if logit_bytes == 4.0
+                    else (self.forward, self.backward))
+        return max(fwd, bwd + (logit_bytes if logits_kept else 0.0))
+
+
+# Measured on CPU with torch's MemTracker (torch.distributed._tools.mem_tracker; tests/
+# test_loss_memory.py measures every figure again on the installed torch): forward, backward
+# for bf16 logits, then for fp32 ones. Eager PyTorch's F.cross_entropy(logits.float()):
+# forward the logits, their fp32 copy and the saved log-softmax (10; fp32: 8); backward the
+# saved log-softmax, nll_loss's fp32 gradient and log_softmax's (12).
+EAGER_LOSS = LossMemory(10.0, 12.0, 8.0, 12.0)
+# The same under DTensor's loss_parallel over vocabulary-sharded logits (torch.distributed.
+# tensor.parallel.loss_parallel, which torchtitan enables under tensor parallelism): its
+# log-softmax and nll backward keep more fp32 temporaries (forward 14 / 12, backward 16).
+LOSS_PARALLEL_LOSS = LossMemory(14.0, 16.0, 12.0, 16.0)
+# Our runtime's vocabulary-parallel cross entropy (runtime/pipeline.py
+# _VocabParallelCrossEntropy): forward the logits, their fp32 copy, the shifted logits and
+# their exponentials (14; fp32: 12), backward the saved softmax and its gradient (8).
+RUNTIME_VOCAB_PARALLEL_LOSS = LossMemory(14.0, 8.0, 12.0, 8.0)
+# A fused cross entropy (Megatron's vocabulary-parallel one, megatron/core/tensor_parallel/
+# cross_entropy.py; flash-attn's flash_attn.losses.cross_entropy, llm-foundry's default
+# `loss_fn: fused_crossentropy`) keeps one fp32 softmax-sized buffer: 4 bytes per logit (from
+# the source, not measured).
+FUSED_LOSS = LossMemory(4.0, 4.0, 4.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -183,11 +216,13 @@ class Engine:
     # path there (measured: tests/test_memory.py); CUDA's memory-efficient kernel does not need
     # it, so the fused attention's log-sum-exp is all it keeps
     math_attention_for_unequal_heads_on: tuple = ()
-    # peak bytes per logit while the loss runs: Megatron's fused vocabulary-parallel cross
-    # entropy keeps the fp32 softmax (4, megatron/core/tensor_parallel/cross_entropy.py);
-    # eager PyTorch holds the bf16 logits (2), their fp32 copy (4) and the fp32 log-softmax it
-    # saves (4) in forward, the saved log-softmax, its fp32 and bf16 gradients in backward: 10
-    loss_bytes_per_logit: float = 4.0
+    # what the loss holds per logit (LossMemory), at tp 1 and, where it differs, under tensor
+    # parallelism (None: the same); and whether its pipeline schedule keeps the last stage's
+    # output, the logits, until that micro-batch's backward (torch.distributed.pipelining's
+    # PipelineStage keeps every stage's forward outputs for stage_backward)
+    loss_memory: LossMemory = FUSED_LOSS
+    tp_loss_memory: LossMemory | None = None
+    pipeline_keeps_logits: bool = False
     context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
     # caching-allocator reserve at peak, as a fraction of the bytes allocated: what
     # torch.cuda.max_memory_reserved shows beyond max_memory_allocated

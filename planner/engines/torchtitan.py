@@ -36,7 +36,7 @@ its unsharded gradients in an fp32 accumulator through the step, under ZeRO-2 an
 (planner.engines.spec pp_keeps_unsharded_grads).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
-                                  EAGER_LOSS_BYTES_PER_LOGIT, Engine)
+                                  EAGER_LOSS, LOSS_PARALLEL_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
@@ -63,7 +63,10 @@ TORCHTITAN = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    loss_bytes_per_logit=EAGER_LOSS_BYTES_PER_LOGIT, context_gib=CONTEXT_GIB,
+    # train step: `del pred` before backward; loss_parallel under tp (torchtitan/distributed/
+    # utils.py train_context); torch.distributed.pipelining under pp
+    loss_memory=EAGER_LOSS, tp_loss_memory=LOSS_PARALLEL_LOSS, pipeline_keeps_logits=True,
+    context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "rowwise")), ("mxfp8", ("mxfp8",))),
     lowp_library="torchao",

@@ -1,0 +1,114 @@
+"""What the loss and the head keep, measured on the installed torch against the engines' facts
+(planner.engines.spec LossMemory, planner.cost.memory.head_input_bytes).
+
+torch's MemTracker (torch.distributed._tools.mem_tracker) follows every tensor storage a
+dispatched op creates until it is freed, on CPU as on GPU: its peak is the most bytes live at
+once. The loss runs over logits from a head matmul whose input and weight are tiny beside them
+(8 x 4000 against 2048 x 4000), so bytes per logit are what the loss itself holds."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from planner.engines.spec import EAGER_LOSS, LOSS_PARALLEL_LOSS, RUNTIME_VOCAB_PARALLEL_LOSS
+
+N, H, V = 2048, 8, 4000
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    """A one-rank gloo group: DTensor's loss_parallel and our vocabulary-parallel loss run
+    their sharded code paths over a vocabulary split in one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    assert not dist.is_initialized()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    dist.destroy_process_group()
+
+
+def _peak_per_logit(kind, dtype, phase, mesh):
+    """Peak live bytes per logit of the head matmul and the loss: `phase` "forward" (the loss
+    computed), "dropped" (then backward with the logits dropped first, as torchtitan's train
+    step and our runtime do) or "kept" (backward with them held, as a pipeline stage holds its
+    output)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from runtime.pipeline import loss_fn
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(1, N, H, dtype=dtype, generator=g, requires_grad=True)
+    w = torch.randn(V, H, dtype=dtype, generator=g, requires_grad=True)
+    t = torch.randint(0, V, (1, N), generator=g)
+    parallel = loss_parallel() if kind == "loss_parallel" else torch.enable_grad()
+    tracker = MemTracker()
+    with tracker, parallel:
+        if kind == "eager":
+            logits = h @ w.T
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), t.flatten(0, 1))
+        else:   # the vocabulary split over the (one-rank) tp mesh, as ColwiseParallel leaves it
+            logits = (DTensor.from_local(h, mesh, [Replicate()])
+                      @ DTensor.from_local(w, mesh, [Shard(0)]).T)
+            assert logits.placements[0].is_shard()
+            loss = (F.cross_entropy(logits.flatten(0, 1).float(), t.flatten(0, 1))
+                    if kind == "loss_parallel" else loss_fn(logits, t))
+        if phase != "forward":
+            if phase == "dropped":
+                del logits
+            loss.backward()
+    assert phase == "forward" or h.grad is not None
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    return peak / (N * V)
+
+
+@pytest.mark.parametrize("kind,facts", [("eager", EAGER_LOSS),
+                                        ("loss_parallel", LOSS_PARALLEL_LOSS),
+                                        ("runtime", RUNTIME_VOCAB_PARALLEL_LOSS)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_loss_holds_what_its_engine_facts_say(mesh, kind, facts, dtype):
+    """Forward peak, and the whole peak with the logits dropped before backward and kept
+    through it, against LossMemory's forward and peak(): 18 measurements from 12 figures
+    (the head's own input and weight add under 0.5%)."""
+    width = torch.finfo(dtype).bits / 8
+    forward = facts.forward if dtype == torch.bfloat16 else facts.forward_fp32
+    assert _peak_per_logit(kind, dtype, "forward", mesh) == pytest.approx(forward, rel=0.01)
+    for phase in ("dropped", "kept"):
+        assert _peak_per_logit(kind, dtype, phase, mesh) == pytest.approx(
+            facts.peak(width, phase == "kept"), rel=0.01), phase
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_final_norm_and_output_save_what_the_formula_counts(tied):
+    """The runtime's final norm and output projection save their inputs for backward: the last
+    layer's output and the norm's output, b*s*h each at tp 1
+    (planner.cost.memory.head_input_bytes)."""
+    from planner.catalog import get_model
+    from planner.cost.memory import head_input_bytes
+    from runtime.model import Transformer
+    from tests.test_runtime import ROOT
+    spec = get_model(str(ROOT / "examples/tiny-llama.json"))
+    model = Transformer(spec)
+    if tied:
+        model.output.weight = model.tok_embeddings.weight
+    b, s = 2, 64
+    x = torch.randn(b, s, spec.hidden, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.output(model.norm(x))
+    # the norm keeps one fp32 statistic per token beside its input
+    assert sum(saved.values()) == pytest.approx(
+        head_input_bytes(spec, b, s, 1, False, True, 4.0), rel=0.05)
