@@ -54,13 +54,15 @@ def test_dense_last_rank_gains_exactly_the_mtp_modules(mtp):
     assert d["grads"] == pytest.approx(GRAD * per_gpu, rel=1e-12)
     assert d["optimizer"] == pytest.approx(ADAM * per_gpu / dp, rel=1e-12)
     # activations: one layer's saved activations per micro-batch in flight (the rank's own
-    # per-layer figure), the module's saved hidden states, and one more set of fp32 logits
-    # (the last rank's fixed activations without MTP are exactly its logits under 1F1B)
+    # per-layer figure), the module's saved hidden states, and one more head (the last rank's
+    # fixed activations without MTP are exactly its head's under 1F1B: the final norm's input,
+    # which the module's saved hidden states count as its final layernorm's, the output
+    # projection's sequence-parallel input and the loss's saved logits)
     tokens = c.mbs * c.seq_len
     saved = MTP_SAVED_HIDDENS * BF16 * tokens * h / t
     infl = in_flight("1f1b", c.pp, c.pp - 1, c.m, c.vpp)
     act = k1.mem_fixed["activations"] - k0.mem_fixed["activations"]
-    logits = k0.mem_fixed["activations"]
+    logits = k0.mem_fixed["activations"] - BF16 * tokens * h / t
     assert act == pytest.approx(mtp * (k0.mem_layer["activations"] + saved * infl + logits),
                                 rel=1e-12)
     # time: the layer's forward + backward with its TP communication, the head (the last

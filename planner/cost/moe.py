@@ -61,8 +61,9 @@ tokens per expert beyond the tile roll-off of planner.cost.compute.gemm_time, th
 expert's overlap (--moe-shared-expert-overlap), CUDA graphs of the router and dispatch
 preprocessing (cuda_graph_scope moe_router / moe_preprocess) that shrink the host stall,
 HybridEP's own figures, the FP8 weight copies of the experts and the precision-aware
-optimizer's bf16 moments (Megatron's fine-grained recompute modules: planner.cost.recompute). An MTP module's MoE layer is this module's
-layer, added to the last pipeline rank (planner.cost.stage, _with_mtp_modules).
+optimizer's bf16 moments (Megatron's fine-grained recompute modules: planner.cost.recompute).
+An MTP module's MoE layer is this module's layer, added to the last pipeline rank
+(planner.cost.stage, _with_mtp_modules).
 """
 from __future__ import annotations
 

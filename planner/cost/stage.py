@@ -432,7 +432,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                - attn_rerun.freed_bytes - mlp_rerun.freed_bytes)
     emb_f, emb_b = facts.embedding_time(model, b, sl, t)
     head_f, head_b = facts.head_time(model, b, sl, t)
-    head_act = facts.head_bytes(model, b, sl, t, c.sp, p)
+    head = facts.head_memory(model, b, sl, t, c.sp, p)
     # context parallel K/V exchange (planner.cost.context); a recompute that re-runs the
     # attention (full, or selective: the attention core) exchanges again
     cpx = cp_exchange(model, b, s, t, cp, c.cp_comm, cluster, lt.attn_fwd)
@@ -487,12 +487,15 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
         other += act_none + cpx.buffer_bytes
-        # the last stage keeps the fp32 logits of every micro-batch whose backward has not run
-        # (one under 1F1B, all m under GPipe; one more beside it under the EP overlap, whose
-        # combined step runs a forward with the previous micro-batch's backward). The embedding
+        # the last stage holds its head's saved tensors for every micro-batch whose backward
+        # has not run (one under 1F1B, all m under GPipe; one more beside it under the EP
+        # overlap, whose combined step runs a forward with the previous micro-batch's
+        # backward), and the loss's peak beyond them once, as working memory. The embedding
         # output is the first layer's input, counted with that layer's activations.
         head_in_flight = _head_in_flight(schedule, p, c)
-        fixed_act = head_act * head_in_flight if last else 0.0
+        fixed_act = head.held * head_in_flight if last else 0.0
+        if last:
+            other += head.working
         coeffs.append(StageCoeffs(
             rank=rank,
             compute_fixed=compute_fixed,
@@ -527,7 +530,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         coeffs = [_with_mtp_modules(model, c, engine, facts, k, states=states, act=act,
                                     tp_link=tp_link, dp_link=dp_link, extra_emb=extra_emb,
                                     emb=(emb_f, emb_b), head=(head_f, head_b),
-                                    logits=head_act * head_in_flight,
+                                    logits=(head.held - head.norm_input) * head_in_flight,
                                     infl=in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap))
                   if k.rank == p - 1 else k for k in coeffs]
     return coeffs

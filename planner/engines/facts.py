@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
 
 from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
 from planner.cost.memory import (activation_bytes, head_input_bytes, logits_bytes,
@@ -18,6 +19,15 @@ from planner.engines.spec import Engine
 from planner.specs import Gpu
 
 FP32 = 4   # planner.cost.memory.logits_bytes counts fp32 logits
+
+
+@dataclass(frozen=True)
+class HeadMemory:
+    """Bytes of the last stage's head for one micro-batch (CatalogFacts.head_memory)."""
+    norm_input: float   # the final norm's saved input (the last layer's output)
+    held: float         # from forward to backward: the norm's and projection's saved inputs,
+    #                     the loss's saved tensors and the logits where the pipeline keeps them
+    working: float      # what the loss's peak adds once beyond `held`
 
 
 def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
@@ -107,17 +117,20 @@ class CatalogFacts:
         return head_time(model, self.gpu, b, s, tp)
 
     @_memo
-    def head_bytes(self, model, b, s, tp, sp=False, pp=1):
-        """The last stage's head for one micro-batch at the loss's peak: the final norm's and
-        the output projection's saved inputs (planner.cost.memory.head_input_bytes) and what
-        the loss holds over the logits (the engine's LossMemory, logits as wide as the
-        compute dtype)."""
+    def head_memory(self, model, b, s, tp, sp=False, pp=1) -> HeadMemory:
+        """The last stage's head for one micro-batch: the final norm's and the output
+        projection's saved inputs (planner.cost.memory.head_input_bytes) and what the loss
+        holds over the logits (the engine's LossMemory, logits as wide as the compute dtype):
+        what is held from forward to backward, and what the loss's peak adds beyond it."""
         e = self.engine
         loss = e.tp_loss_memory if tp > 1 and e.tp_loss_memory is not None else e.loss_memory
-        per_logit = loss.peak(self.compute_elem_bytes, e.pipeline_keeps_logits and pp > 1)
-        return (logits_bytes(model, b, s, tp) * per_logit / FP32
-                + head_input_bytes(model, b, s, tp, sp, e.sp_keeps_gathered_inputs,
-                                   self.compute_elem_bytes))
+        width, kept = self.compute_elem_bytes, e.pipeline_keeps_logits and pp > 1
+        logits = logits_bytes(model, b, s, tp) / FP32
+        norm_in, proj_in = head_input_bytes(model, b, s, tp, sp, e.sp_keeps_gathered_inputs,
+                                            width)
+        held = loss.held(width, kept) * logits
+        return HeadMemory(norm_input=norm_in, held=norm_in + proj_in + held,
+                          working=loss.peak(width, kept) * logits - held)
 
     def optimizer_time(self, params):
         return optimizer_time(self.gpu, params)
@@ -149,8 +162,11 @@ class MeasuredFacts(CatalogFacts):
     def head_time(self, model, b, s, tp):
         return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp)
 
-    def head_bytes(self, model, b, s, tp, sp=False, pp=1):
-        return self.measured.logits_bytes(super().head_bytes(model, b, s, tp, sp, pp), b, s, tp)
+    def head_memory(self, model, b, s, tp, sp=False, pp=1) -> HeadMemory:
+        # the profile measures what the head saves (runtime/memory.py saved-tensor hooks)
+        head = super().head_memory(model, b, s, tp, sp, pp)
+        return dataclasses.replace(
+            head, held=self.measured.logits_bytes(head.held, b, s, tp))
 
     def optimizer_time(self, params):
         return self.measured.optimizer_time(params)

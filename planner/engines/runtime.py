@@ -31,7 +31,9 @@ bf16 cast of every weight a matmul uses until the step's autocast region ends: 2
 parameter beside the fp32 weights (`autocast_copy_bytes`; counted for all parameters, so the
 fp32-only embedding lookup and norms make it an upper bound by 2 bytes per embedding parameter
 on the first stage when the embedding is untied). ZeRO 2 keeps FSDP2's gathered bf16 copy
-(`compute_copy_bytes`), ZeRO 3 the gathered layers (counted under `other`).
+(`compute_copy_bytes`), ZeRO 3 the gathered layers (counted under `other`). The loss: eager
+cross entropy at tp 1, runtime/pipeline.py's vocabulary-parallel one under tp (planner.engines.
+spec LossMemory, measured); the pipeline's last stage keeps its logits to its backward.
 Precision: bf16 only (runtime/ has no FP8 path).
 No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
 backends and the runtime does not wire it; the search never chooses cp > 1 here and the

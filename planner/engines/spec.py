@@ -33,12 +33,14 @@ ALLOCATOR_RESERVE = 0.05
 
 @dataclass(frozen=True)
 class LossMemory:
-    """Bytes per logit live while the cross entropy runs over a rank's logits: the peak of its
-    forward and the peak of its backward (the logits included where the loss holds them), with
-    the logits themselves dropped before the backward (torchtitan's train step `del pred`; our
-    runtime never names them), for bf16 logits and for fp32 ones (our runtime on CPUs). A
-    pipeline stage that keeps its output until its backward (torch.distributed.pipelining)
-    adds the logits' own bytes to the backward's."""
+    """Bytes per logit the cross entropy over a rank's logits holds: what it saves for its
+    backward, the peak of its forward and the peak of its backward (the logits included where
+    the loss holds them), with the logits themselves dropped before the backward (torchtitan's
+    train step `del pred`; our runtime never names them), for bf16 logits and for fp32 ones
+    (our runtime on CPUs). A pipeline stage that keeps its output until its backward
+    (torch.distributed.pipelining) adds the logits' own bytes to what is held and to the
+    backward's peak."""
+    saved: float
     forward: float
     backward: float
     forward_fp32: float
@@ -49,26 +51,31 @@ class LossMemory:
                     else (self.forward, self.backward))
         return max(fwd, bwd + (logit_bytes if logits_kept else 0.0))
 
+    def held(self, logit_bytes: float, logits_kept: bool = False) -> float:
+        """Held from the loss's forward to its backward: its saved tensors and kept logits."""
+        return self.saved + (logit_bytes if logits_kept else 0.0)
 
-# Measured on CPU with torch's MemTracker (torch.distributed._tools.mem_tracker; tests/
-# test_loss_memory.py measures every figure again on the installed torch): forward, backward
-# for bf16 logits, then for fp32 ones. Eager PyTorch's F.cross_entropy(logits.float()):
+
+# Measured on CPU (tests/test_loss_memory.py measures every figure again on the installed
+# torch: saved with saved-tensor hooks, peaks with torch's MemTracker, torch.distributed._tools.
+# mem_tracker): saved; forward, backward for bf16 logits; then for fp32 ones. Each saves one
+# fp32 tensor as large as the logits (4). Eager PyTorch's F.cross_entropy(logits.float()):
 # forward the logits, their fp32 copy and the saved log-softmax (10; fp32: 8); backward the
 # saved log-softmax, nll_loss's fp32 gradient and log_softmax's (12).
-EAGER_LOSS = LossMemory(10.0, 12.0, 8.0, 12.0)
+EAGER_LOSS = LossMemory(4.0, 10.0, 12.0, 8.0, 12.0)
 # The same under DTensor's loss_parallel over vocabulary-sharded logits (torch.distributed.
 # tensor.parallel.loss_parallel, which torchtitan enables under tensor parallelism): its
 # log-softmax and nll backward keep more fp32 temporaries (forward 14 / 12, backward 16).
-LOSS_PARALLEL_LOSS = LossMemory(14.0, 16.0, 12.0, 16.0)
+LOSS_PARALLEL_LOSS = LossMemory(4.0, 14.0, 16.0, 12.0, 16.0)
 # Our runtime's vocabulary-parallel cross entropy (runtime/pipeline.py
 # _VocabParallelCrossEntropy): forward the logits, their fp32 copy, the shifted logits and
 # their exponentials (14; fp32: 12), backward the saved softmax and its gradient (8).
-RUNTIME_VOCAB_PARALLEL_LOSS = LossMemory(14.0, 8.0, 12.0, 8.0)
+RUNTIME_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 14.0, 8.0, 12.0, 8.0)
 # A fused cross entropy (Megatron's vocabulary-parallel one, megatron/core/tensor_parallel/
 # cross_entropy.py; flash-attn's flash_attn.losses.cross_entropy, llm-foundry's default
 # `loss_fn: fused_crossentropy`) keeps one fp32 softmax-sized buffer: 4 bytes per logit (from
 # the source, not measured).
-FUSED_LOSS = LossMemory(4.0, 4.0, 4.0, 4.0)
+FUSED_LOSS = LossMemory(4.0, 4.0, 4.0, 4.0, 4.0)
 
 
 @dataclass(frozen=True)

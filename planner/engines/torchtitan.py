@@ -33,7 +33,9 @@ master (4 B), Adam's m and v (8 B), fp32 sharded gradients (4 B); bf16 unsharded
 (2 B) while a layer computes, for every layer between forward and backward under ZeRO-2.
 Under pipelining (pp > 1) torch's PipelineStage holds each rank's unsharded parameters and
 its unsharded gradients in an fp32 accumulator through the step, under ZeRO-2 and ZeRO-3
-(planner.engines.spec pp_keeps_unsharded_grads).
+(planner.engines.spec pp_keeps_unsharded_grads). The loss: eager cross entropy over the bf16
+logits, DTensor's loss_parallel under tp (12 and 16 bytes per logit at their backward peaks,
+planner.engines.spec LossMemory); the pipeline's last stage keeps its logits to its backward.
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS, LOSS_PARALLEL_LOSS, Engine)
