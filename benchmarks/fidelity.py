@@ -303,21 +303,28 @@ MOE_NOTES = """Notes.
   DeepSeek-V3 ep32 / ep64 rows needed full recompute of 16 / 32 layers, which rules out the
   EP overlap their recipes ran, and were predicted +121% / +93%.
 - Host stall: the two fitted figures, the Megatron engine's host time exposed by dropless
-  routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the device-to-host
-  sync of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S = 4.33 ms), and the
-  host's issuing of the grouped GEMMs after it, per local expert (MOE_EXPERT_OVERHEAD_S =
-  0.213 ms: Transformer Engine's grouped linear does host work per GEMM, one per local
-  expert), exposed where the layer's forward work on the GPU (compute, TP and EP
-  communication) does not cover it, since the sync left the GPU's queue empty. Fitted together
-  on the 13 rows of the 26.04 and 26.04.01 releases (`python -m benchmarks.fidelity --fit-moe`;
-  4 to 32 local experts among them; a grid over both confirms the minimum); the other 29 rows
-  are held out. The per-layer figure alone fitted 4.67 ms, at a 34% higher loss on the fit
-  rows and a 16.6% held-out median (now 9.0%). Evidence it is host time, not GPU work: the
-  same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration CUDA graph
-  (25.09) and 27-28 s dropless (25.11, 26.02); the unexplained time per MoE layer and
-  micro-batch shrank as the micro-batch grew (6 ms at 1 sequence in 26.02, 3 ms at 4 in
-  26.04), where GPU work would grow: a longer layer forward hides more of the host's issuing.
-  Those mbs 1 rows went from -20% / -23% to +6% / +1.5%.
+  routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
+  device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
+  4.33 ms), and the host's issuing of the grouped GEMMs, per local expert
+  (MOE_EXPERT_OVERHEAD_S = 0.213 ms: Transformer Engine's grouped linear does host work per
+  GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
+  and EP communication) does not cover it: between two syncs the GPU runs only what the host
+  has issued. Fitted together on the 13 rows of the 26.04 and 26.04.01 releases (`python -m
+  benchmarks.fidelity --fit-moe`; 4 to 32 local experts among them; a coarse grid over both,
+  run once on 2026-12-01, found the same minimum); the other 29 rows are held out. The
+  per-layer figure alone fitted 4.67 ms, at a 34% higher loss on the fit rows and a 16.6%
+  held-out median (now 9.0%). The window that hides the issue time is one whole layer forward
+  (the MoE side of a layer and the next layer's attention run between two syncs); the MoE side
+  alone, dispatch to combine, fitted worse (loss 0.0080 against 0.0070, held-out median 10.0%),
+  and so did counting the issue time in the backward too. Evidence it is host time, not GPU
+  work: the same Qwen3-30B layout on 8 B200 ran 14.5 s with drop-and-pad and a full-iteration
+  CUDA graph (25.09) and 27-28 s dropless (25.11, 26.02); the unexplained time per MoE layer
+  and micro-batch shrank as the micro-batch grew (6 ms at 1 sequence in 26.02, 3 ms at 4 in
+  26.04: two releases, so this is suggestive, not clean), where GPU work would grow: a longer
+  layer forward hides more of the host's issuing. Those mbs 1 B200 rows went from -20% / -23%
+  to +6% / +1.5%. The rows still missed most: the 25.09 token-drop rows (18-49% slower than
+  predicted) and the 25.11 and 26.02 H100 Qwen3-30B pp2 rows (-46%, -27%; the 26.02.01 run of
+  the same layout is +29%), all release drift the figures cannot follow.
 - The two TFLOP/s columns count differently (NVIDIA's "Model TFLOP" vs the planner's FLOPs per
   step, recompute included); compare the step times.
 

@@ -491,11 +491,12 @@ class Measured:
             lambda spec, bb, ss, t: activation_bytes(spec, bb, ss, t, False, mode, flash),
             b, s, tp, sp)
 
-    def logits_bytes(self, modelled: float, b, s, tp) -> float:
-        """Saved bytes of final norm, LM head and loss for one micro-batch."""
-        from planner.cost.memory import logits_bytes
+    def head_saved_bytes(self, modelled: float, b, s, tp, reference) -> float:
+        """Saved bytes of final norm, LM head and loss for one micro-batch: measured, or
+        `modelled` scaled by measured / `reference(spec, mbs, seq, tp)` at the profiled shape
+        (the catalog's figure for what the profile measured)."""
         return self._calibrate(modelled, lambda t, bb: self._part("head", "saved_bytes", t, bb),
-                               lambda spec, bb, ss, t: logits_bytes(spec, bb, ss, t), b, s, tp)
+                               reference, b, s, tp)
 
 
 # ---- applying a profile ---------------------------------------------------------------------

@@ -179,10 +179,15 @@ def test_drop_and_pad_removes_exactly_the_host_stall():
                                     engine=eng)[0]
         stall = dropless.compute_layer - padded.compute_layer
         issue = per_expert * (experts // ep)
-        assert stall == pytest.approx(sync + max(0.0, issue - padded.fwd_layer))
+        # the sync always; of the issue time at most all, and at least what one layer's
+        # forward on the GPU (the padded layer's, the same work) cannot cover
+        assert sync * (1 - 1e-9) <= stall <= (sync + issue) * (1 + 1e-9)
+        assert stall >= sync + issue - padded.fwd_layer - 1e-12
         assert dropless.ep_layer == pytest.approx(padded.ep_layer)
         seen.add("exposed" if stall > sync + issue / 2 else
                  "hidden" if stall == pytest.approx(sync) else "partly")
+    # a short sequence over 64 local experts leaves most of the issue time exposed; one local
+    # expert under a 4096-token layer hides it all
     assert {"exposed", "hidden"} <= seen
 
 

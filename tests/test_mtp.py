@@ -2,7 +2,7 @@
 them there (megatron/core/transformer/multi_token_prediction.py): per module one more layer of
 the last layer's kind, eh_proj (2h -> h, column-parallel), three norms, the embedding copy the
 MTP stage keeps (GPTModel: `if self.pre_process or self.mtp_process`), the output head and
-its fp32 logits once more. Expected figures come from the Model's own parameter counts and
+its head once more (the projection's input and the loss's saved logits). Expected figures come from the Model's own parameter counts and
 Megatron's bytes per parameter (bf16 weight 2, fp32 gradient 4, Adam + master 12 sharded by
 the distributed optimizer), not from the cost code."""
 import dataclasses

@@ -458,7 +458,7 @@ def test_autocast_keeps_the_residual_stream_and_activations_bf16():
     copies autocast makes of the linear weights (2 bytes per weight; before the embedding output
     was cast, the fp32 residual stream made it 1.7x per layer)."""
     from planner.catalog import get_model
-    from planner.cost.memory import activation_bytes, logits_bytes
+    from planner.cost.memory import activation_bytes, head_input_bytes, logits_bytes
     from runtime.model import Transformer
     spec = get_model(str(ROOT / "examples/tiny-llama.json"))
     b, s = 2, 128
@@ -477,6 +477,9 @@ def test_autocast_keeps_the_residual_stream_and_activations_bf16():
         torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
     weight_copies = 2 * sum(m.weight.numel() for m in model.modules()
                             if isinstance(m, torch.nn.Linear))
+    # the head: the final norm's and output projection's inputs (bf16 under autocast) and the
+    # loss's saved fp32 log-softmax
     planned = (spec.num_layers * activation_bytes(spec, b, s, 1, False, "none", True)
+               + sum(head_input_bytes(spec, b, s, 1, False, True, 2.0))
                + logits_bytes(spec, b, s, 1))
     assert abs(sum(saved.values()) - weight_copies - planned) <= 0.10 * planned

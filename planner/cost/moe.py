@@ -52,7 +52,7 @@ the all-to-all (token_dispatcher.py, _maybe_dtoh_and_synchronize at cuda_sync_po
 grouped GEMM needs them too), once per MoE layer forward: the GPU drains and then waits on
 the host for the kernels launched after, the grouped GEMMs among them, whose host work is per
 local expert. Added to every MoE layer forward and recomputed forward (`dropless_host_stall`):
-the engine's `moe_layer_overhead_s`, and of `moe_expert_overhead_s` x local experts what the
+the engine's `moe_layer_overhead_s`, and of `moe_expert_overhead_s` x local experts what one
 layer's forward work on the GPU does not hide (Megatron: both fitted, planner.engines.megatron);
 with drop-and-pad the counts are known on the host and neither is.
 
@@ -498,11 +498,13 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
 
 def dropless_host_stall(engine, c, local_experts: int, layer_fwd_s: float) -> float:
     """Seconds one MoE layer forward waits on the host under dropless routing: the sync on the
-    token counts (engine.moe_layer_overhead_s) and then what of the host's issuing of the
-    grouped GEMMs (engine.moe_expert_overhead_s per local expert) the layer's own forward work
-    on the GPU (`layer_fwd_s`: compute, TP and EP communication) does not cover: the sync left
-    the GPU's queue empty, so it runs each kernel as the host issues it. 0 with a capacity
-    factor (no sync)."""
+    token counts (engine.moe_layer_overhead_s), and what of the host's issuing of the grouped
+    GEMMs (engine.moe_expert_overhead_s per local expert) one layer's forward work on the GPU
+    (`layer_fwd_s`: compute, TP and EP communication) does not cover: between two syncs the
+    GPU runs only what the host has issued, so it waits when the host falls behind. The window
+    is the whole layer forward (the MoE side of one layer and the attention of the next run
+    between two syncs); the MoE side alone, dispatch to combine, fitted the published rows
+    worse (benchmarks/fidelity.py MoE notes). 0 with a capacity factor (no sync)."""
     if c.moe_capacity_factor is not None:
         return 0.0
     issue = engine.moe_expert_overhead_s * local_experts

@@ -530,7 +530,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         coeffs = [_with_mtp_modules(model, c, engine, facts, k, states=states, act=act,
                                     tp_link=tp_link, dp_link=dp_link, extra_emb=extra_emb,
                                     emb=(emb_f, emb_b), head=(head_f, head_b),
-                                    logits=(head.held - head.norm_input) * head_in_flight,
+                                    head_held=(head.held - head.norm_input) * head_in_flight,
                                     infl=in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap))
                   if k.rank == p - 1 else k for k in coeffs]
     return coeffs
@@ -546,7 +546,7 @@ MTP_SAVED_HIDDENS = 2 + 2 + 1
 
 def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: StageCoeffs,
                       states: dict, act: float, tp_link, dp_link, extra_emb: float,
-                      emb: tuple, head: tuple, logits: float, infl: int) -> StageCoeffs:
+                      emb: tuple, head: tuple, head_held: float, infl: int) -> StageCoeffs:
     """The last pipeline rank's coefficients with the model's MTP modules added to its fixed
     parts, as Megatron-Core builds them there (multi_token_prediction.py: without a custom
     layout mtp_on_this_rank is the last pipeline stage, its last virtual chunk). Each module
@@ -603,7 +603,7 @@ def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: Stag
     for key, add in (("params", we), ("grads", ge), ("optimizer", oe)):
         mem_fixed[key] = mem_fixed.get(key, 0.0) + L * (per_layer_mem(key) + add)
     mem_fixed["activations"] = mem_fixed.get("activations", 0.0) + L * (
-        per_layer_mem("activations") + saved * infl + logits)
+        per_layer_mem("activations") + saved * infl + head_held)
     if c.zero == 3 and dp > 1:   # the gathered eh_proj and embedding copy, as the head's
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + L * (
             facts.compute_elem_bytes + states["grad_bytes"]) * extra

@@ -163,10 +163,15 @@ class MeasuredFacts(CatalogFacts):
         return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp)
 
     def head_memory(self, model, b, s, tp, sp=False, pp=1) -> HeadMemory:
-        # the profile measures what the head saves (runtime/memory.py saved-tensor hooks)
+        # the profile measures what the final norm, the LM head and the loss save (profiler/
+        # compute.py head_point, no sequence parallelism), scaled from the catalog's figure at
+        # the profiled shape; the logits a pipeline stage keeps come on top
         head = super().head_memory(model, b, s, tp, sp, pp)
-        return dataclasses.replace(
-            head, held=self.measured.logits_bytes(head.held, b, s, tp))
+        kept = head.held - super().head_memory(model, b, s, tp, sp, 1).held
+        saved = self.measured.head_saved_bytes(
+            head.held - kept, b, s, tp,
+            lambda spec, bb, ss, t: CatalogFacts.head_memory(self, spec, bb, ss, t).held)
+        return dataclasses.replace(head, held=saved + kept)
 
     def optimizer_time(self, params):
         return self.measured.optimizer_time(params)

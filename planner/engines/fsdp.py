@@ -20,7 +20,7 @@ precision.py) -- the published llm-foundry H100 FP8 table. No MXFP8/NVFP4 row or
 Memory: FSDP mixed precision with fp32 sharded master parameters, as torchtitan.
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
-                                  FUSED_LOSS, Engine)
+                                  FLASH_ATTN_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
 from planner.engines.validation import validation_of
@@ -37,7 +37,7 @@ FSDP = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
-    loss_memory=FUSED_LOSS, context_gib=CONTEXT_GIB,
+    loss_memory=FLASH_ATTN_LOSS, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
     precisions=(("bf16", ()), ("fp8", ("delayed",))),
     lowp_library="te",

@@ -71,11 +71,16 @@ LOSS_PARALLEL_LOSS = LossMemory(4.0, 14.0, 16.0, 12.0, 16.0)
 # _VocabParallelCrossEntropy): forward the logits, their fp32 copy, the shifted logits and
 # their exponentials (14; fp32: 12), backward the saved softmax and its gradient (8).
 RUNTIME_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 14.0, 8.0, 12.0, 8.0)
-# A fused cross entropy (Megatron's vocabulary-parallel one, megatron/core/tensor_parallel/
-# cross_entropy.py; flash-attn's flash_attn.losses.cross_entropy, llm-foundry's default
-# `loss_fn: fused_crossentropy`) keeps one fp32 softmax-sized buffer: 4 bytes per logit (from
-# the source, not measured).
-FUSED_LOSS = LossMemory(4.0, 4.0, 4.0, 4.0, 4.0)
+# Megatron's vocabulary-parallel cross entropy (megatron/core/tensor_parallel/cross_entropy.py,
+# from the source, not measured): it computes on an fp32 copy of the logits in place (exp,
+# divide) and saves that softmax (4); forward the bf16 logits and the copy (6), backward the
+# softmax turned into the gradient in place and its bf16 cast (6); fp32 logits: 4 throughout.
+FUSED_LOSS = LossMemory(4.0, 6.0, 6.0, 4.0, 4.0)
+# flash-attn's fused cross entropy (flash_attn/losses/cross_entropy.py, llm-foundry's default
+# `loss_fn: fused_crossentropy`; from the source, not measured): its kernel reads the bf16
+# logits and saves them with the rows' log-sum-exp (2); backward writes a new bf16 gradient
+# beside them (4, no inplace_backward); fp32 logits: 4 and 8.
+FLASH_ATTN_LOSS = LossMemory(2.0, 2.0, 4.0, 4.0, 8.0)
 
 
 @dataclass(frozen=True)
@@ -184,19 +189,21 @@ class Engine:
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
     elementwise_traffic: float = 1.0  # x the fused element-wise HBM traffic (eager: > 1)
     layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
-    # per MoE layer and forward run (a full recompute runs it again): the host time exposed by
-    # dropless routing's device-to-host copy of the token counts, which the dispatcher waits
-    # for before its all-to-all (megatron/core/transformer/moe/token_dispatcher.py,
-    # _maybe_dtoh_and_synchronize at cuda_sync_point "before_ep_alltoall"): the GPU drains
-    # and then waits on the host for every kernel launched after the sync
+    # per MoE layer and forward run (a full recompute runs it again): the sync of dropless
+    # routing, whose dispatcher waits for the device-to-host copy of the token counts before
+    # its all-to-all (megatron/core/transformer/moe/token_dispatcher.py,
+    # _maybe_dtoh_and_synchronize at cuda_sync_point "before_ep_alltoall"): the round trip
+    # with the GPU drained
     moe_layer_overhead_s: float = 0.0
     # host time per local expert to issue an MoE layer's forward (dropless only): a grouped
     # linear's host work is per GEMM, one per local expert (Transformer Engine transformer_
     # engine/pytorch/module/grouped_linear.py, _GroupedLinear.forward: the host list m_splits,
-    # a quantizer per GEMM, general_grouped_gemm over num_gemms). After the sync the GPU's
-    # queue is empty, so what of it the layer's forward GPU work does not cover is exposed
-    # (planner.cost.moe.dropless_host_stall); in the backward no sync drains the queue, the
-    # host runs ahead and it is hidden
+    # a quantizer per GEMM, general_grouped_gemm over num_gemms). Between two syncs the GPU
+    # runs only what the host has issued, so what of it one layer's forward GPU work does not
+    # cover is exposed (planner.cost.moe.dropless_host_stall); in the backward no sync drains
+    # the queue and the host runs ahead (counting it there too fitted the published rows
+    # worse: a --fit-moe trial before the hiding was priced, loss 0.0082 against 0.0074
+    # for the forward alone)
     moe_expert_overhead_s: float = 0.0
     overlap_slowdown: float | None = None   # None: the GPU's figure
     # ---- what memory it keeps ----------------------------------------------------------
