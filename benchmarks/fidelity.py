@@ -269,7 +269,7 @@ MOE_HEADERS = ["run", "fit", "model", "precision", "GPU", "GPUs", "published con
                "fits"]
 
 # What the MoE table shows beyond its numbers (written with it by --moe); the figures quoted
-# are those of the table generated with it (benchmarks/results/fidelity_moe_2026-12-01.md).
+# are those of the table generated with it (benchmarks/results/fidelity_moe_2026-12-02.md).
 MOE_NOTES = """Notes.
 
 - Models: the catalog models (planner/catalog/models.py, from each repository's config.json):

@@ -64,7 +64,7 @@ ELEMENT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
 # `mbridge-*-h100-llama370b-*`, 6 rows: benchmarks.fidelity.is_lowp_fit_row), priced with the
 # TP communication overlap those runs had (Megatron-Core --tp-comm-overlap: the rows'
 # fixed.tp_comm_overlap); every other FP8/MXFP8 row (Megatron 8B H100 and B200, the 405B CP
-# rows, llm-foundry) is held out (benchmarks/results/fidelity_2026-12-01.md). Before the
+# rows, llm-foundry) is held out (benchmarks/results/fidelity_2026-12-02.md). Before the
 # overlap was modelled the same grid chose 1.10 (2.2x bf16: it absorbed the TP communication
 # priced exposed). Applied to MXFP8 and NVFP4 too, an assumption (B200 held-out rows).
 TE_GEMM_SCALE = 0.85

@@ -13,7 +13,7 @@ from planner.catalog import get_model
 # unpermute keeping no expert outputs, each row's pipeline layout and selective recompute
 # modules as its recipe ran them, and the dropless host stall (per MoE layer, and per local
 # expert where the layer's GPU work does not hide it) fitted on that table's 26.04 / 26.04.01
-# rows (benchmarks/results/fidelity_moe_2026-12-01.md: 10.5% over the 10 BF16 rows, 8.9% over
+# rows (benchmarks/results/fidelity_moe_2026-12-02.md: 10.5% over the 10 BF16 rows, 8.9% over
 # all 42, 9.0% over the 29 rows held out of the fit), rounded up. Lowering these needs physics,
 # never a constant chosen on the held-out rows.
 BF16_MEDIAN_GUARD_PCT = 11.0
