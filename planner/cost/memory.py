@@ -145,12 +145,11 @@ def logits_bytes(model: Model, b: int, s: int, tp: int) -> float:
 def head_input_bytes(model: Model, b: int, s: int, tp: int, sp: bool, gathered: bool,
                      elem_bytes: float) -> tuple:
     """(norm, projection): what the last stage's final norm and output projection save for
-    backward, one
-    micro-batch: the norm's input (the last layer's output, which no layer's activations
-    count; sequence-split under sequence parallelism) and the projection's input (under
-    sequence parallelism sequence-split where the engine all-gathers it again in backward,
-    Megatron's ColumnParallelLinear; whole where it keeps the all-gathered input, `gathered`:
-    PyTorch's DTensor ColwiseParallel)."""
+    backward, one micro-batch: the norm's input (the last layer's output, which no layer's
+    activations count; sequence-split under sequence parallelism) and the projection's input
+    (under sequence parallelism sequence-split where the engine all-gathers it again in
+    backward, Megatron's ColumnParallelLinear; whole where it keeps the all-gathered input,
+    `gathered`: PyTorch's DTensor ColwiseParallel)."""
     tokens = elem_bytes * b * s * model.hidden
     return tokens / (tp if sp else 1), tokens / (tp if sp and not gathered else 1)
 

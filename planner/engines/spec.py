@@ -75,7 +75,7 @@ RUNTIME_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 14.0, 8.0, 12.0, 8.0)
 # from the source, not measured): it computes on an fp32 copy of the logits in place (exp,
 # divide) and saves that softmax (4); forward the bf16 logits and the copy (6), backward the
 # softmax turned into the gradient in place and its bf16 cast (6); fp32 logits: 4 throughout.
-FUSED_LOSS = LossMemory(4.0, 6.0, 6.0, 4.0, 4.0)
+MEGATRON_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 6.0, 6.0, 4.0, 4.0)
 # flash-attn's fused cross entropy (flash_attn/losses/cross_entropy.py, llm-foundry's default
 # `loss_fn: fused_crossentropy`; from the source, not measured): its kernel reads the bf16
 # logits and saves them with the rows' log-sum-exp (2); backward writes a new bf16 gradient
@@ -234,7 +234,7 @@ class Engine:
     # parallelism (None: the same); and whether its pipeline schedule keeps the last stage's
     # output, the logits, until that micro-batch's backward (torch.distributed.pipelining's
     # PipelineStage keeps every stage's forward outputs for stage_backward)
-    loss_memory: LossMemory = FUSED_LOSS
+    loss_memory: LossMemory = MEGATRON_VOCAB_PARALLEL_LOSS
     tp_loss_memory: LossMemory | None = None
     pipeline_keeps_logits: bool = False
     context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
