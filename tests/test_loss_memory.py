@@ -129,3 +129,47 @@ def test_final_norm_and_output_save_what_the_formula_counts(tied):
     # the norm keeps one fp32 statistic per token beside its input
     assert sum(saved.values()) == pytest.approx(
         sum(head_input_bytes(spec, b, s, 1, False, True, 4.0)), rel=0.05)
+
+
+def test_head_memory_takes_the_loss_of_its_layout():
+    """torchtitan's head on Llama 3 8B: eager cross entropy at tp 1, loss_parallel under tp 8
+    (its vocabulary split), the logits a pipeline stage keeps added to what is held under
+    pp > 1, and sequence parallelism splitting the norm's input but not the projection's
+    (DTensor keeps the all-gathered one): the figures of the table above, by hand."""
+    from planner.catalog import get_gpu, get_model
+    from planner.engines import get_engine
+    from planner.engines.facts import facts_for
+    m, facts = get_model("llama3-8b"), facts_for(get_engine("torchtitan"), get_gpu("h100"))
+    b, s = 2, 4096
+    tokens, logits = b * s * m.hidden * 2, b * s * m.vocab_size      # bf16 hidden states
+    one = facts.head_memory(m, b, s, 1, False, 1)
+    assert one.held == pytest.approx(2 * tokens + 4 * logits)
+    assert one.working == pytest.approx((12 - 4) * logits)
+    tp8 = facts.head_memory(m, b, s, 8, True, 1)
+    assert tp8.norm_input == pytest.approx(tokens / 8)
+    assert tp8.held == pytest.approx(tokens / 8 + tokens + 4 * logits / 8)
+    assert tp8.working == pytest.approx((16 - 4) * logits / 8)
+    piped = facts.head_memory(m, b, s, 8, True, 4)
+    assert piped.held - tp8.held == pytest.approx(2 * logits / 8)
+    assert piped.held + piped.working == pytest.approx(tp8.held + tp8.working + 2 * logits / 8)
+
+
+def test_gpipe_holds_every_micro_batch_head_and_one_loss_peak():
+    """Under GPipe the last stage holds the head's saved tensors of all m micro-batches (their
+    backwards run after every forward) but the loss's peak beyond them once; under 1F1B one of
+    each."""
+    import dataclasses
+    from planner.catalog import get_cluster, get_model
+    from planner.cost.stage import Candidate, stage_coefficients
+    from planner.engines import get_engine
+    from planner.engines.facts import facts_for
+    m, cl, eng = get_model("llama3-8b"), get_cluster("h100x8"), get_engine("torchtitan")
+    c = Candidate(tp=1, pp=2, dp=4, zero=2, sp=False, mbs=1, seq_len=4096, global_batch=16,
+                  schedule="1f1b")
+    head = facts_for(eng, cl.gpu).head_memory(m, 1, 4096, 1, False, 2)
+    f1 = stage_coefficients(m, cl, c, eng)[-1].mem_fixed
+    fg = stage_coefficients(m, cl, dataclasses.replace(c, schedule="gpipe"), eng)[-1].mem_fixed
+    assert c.m == 4
+    assert fg["activations"] - f1["activations"] == pytest.approx(3 * head.held)
+    assert fg["other"] == pytest.approx(f1["other"])
+    assert head.working > 0
