@@ -345,10 +345,9 @@ What is still missing (evidence from the per-row table):
 1. The published step time moves with the software release by more than the planner's
    error: the same Qwen3-30B-A3B layout on 16 H100 (tp1 pp2 ep8 vpp12 mbs1 gbs1024) took
    51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 33-49%
-   slower than predicted with no host stall at all, the 25.11 B200 GPT-OSS-120B and DeepSeek-V3
-   rows 23-25%. No static
-   model of the configuration sees kernel versions; the held-out rows' misses are mostly
-   these. (An earlier trial, a fixed host floor per MoE layer, was not constrained by the fit
+   slower than predicted with no host stall at all, the 25.11 B200 GPT-OSS-120B and
+   DeepSeek-V3 rows 23-25%. No static model of the configuration sees kernel versions; the
+   held-out rows' misses are mostly these. (An earlier trial, a fixed host floor per MoE layer, was not constrained by the fit
    rows and was not adopted; the per-local-expert issue time that the layer's GPU work hides
    is constrained by them.)
 2. Megatron's fine-grained recompute is priced from the tensors each module saves, not
