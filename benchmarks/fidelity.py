@@ -336,8 +336,9 @@ MOE_NOTES = """Notes.
 - Selective recompute modules: the rows whose recipe sets Megatron's --recompute-modules
   (`recompute_source`) are priced with them (planner.cost.recompute): DeepSeek-V3 B200 pp16
   mla_up_proj, B200 pp8 and H100 mla_up_proj + mlp, GPT-OSS-120B H100 (26.x) and B200 ep64
-  layernorm + moe_act. Before they were priced (and before MLA's per-head Q/K/V and latents were counted
-  in the saved activations, which had been counted hidden wide), the DeepSeek-V3 B200 pp8 row
+  layernorm + moe_act. Before they were priced (and before MLA's per-head Q/K/V and latents
+  were counted in the saved activations, which had been counted hidden wide), the DeepSeek-V3
+  B200 pp8 row
   only fitted with full recompute of 16 layers and was predicted +75%; it is now +0.9%.
 
 What is still missing (evidence from the per-row table):
@@ -347,9 +348,9 @@ What is still missing (evidence from the per-row table):
    51.3 s in 26.02 and 28.9 s in 26.02.01; the 25.09 token-drop rows on B200 run 33-49%
    slower than predicted with no host stall at all, the 25.11 B200 GPT-OSS-120B and
    DeepSeek-V3 rows 23-25%. No static model of the configuration sees kernel versions; the
-   held-out rows' misses are mostly these. (An earlier trial, a fixed host floor per MoE layer, was not constrained by the fit
-   rows and was not adopted; the per-local-expert issue time that the layer's GPU work hides
-   is constrained by them.)
+   held-out rows' misses are mostly these. (An earlier trial, a fixed host floor per MoE
+   layer, was not constrained by the fit rows and was not adopted; the per-local-expert
+   issue time that the layer's GPU work hides is constrained by them.)
 2. Megatron's fine-grained recompute is priced from the tensors each module saves, not
    measured; the ep8 GPT-OSS B200 rows and the 25.11 GPT-OSS H100 row, whose recipe versions
    were not found, are priced with the planner's choice (full recompute of 17 / 28 layers)
