@@ -51,16 +51,14 @@ from planner import schema as S
 from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.errors import BadInput
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
-from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model, read_json_object
-from planner.cost.moe import DISPATCHERS
-from planner.cost.recompute import DEFAULT_MODULES, MODULES as RECOMPUTE_MODULES
+from planner.layout import Stage, even_split, make_stages  # noqa: F401 (the plan's stages)
+from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model
 from planner.validity import plan_problems
+from planner.vocab import (CP_COMM_TYPES, DISPATCHERS, RANK_ORDER, RECOMPUTE, RECOMPUTE_MODULES,
+                           SCHEDULES)
+from planner.vocab import DEFAULT_RECOMPUTE_MODULES as DEFAULT_MODULES
 
 SCHEMA_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full", "op")
-RANK_ORDER = ("pp", "dp", "cp", "tp")
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a")   # planner.cost.context
 
 
 @dataclass(frozen=True)
@@ -118,20 +116,6 @@ class Batch:
     global_batch_size: int
     micro_batch_size: int
     num_microbatches: int
-
-
-@dataclass
-class Stage:
-    index: int
-    pp_rank: int
-    chunk: int
-    layers: tuple          # [first, end)
-    recompute_layers: int
-    memory_gib: dict = field(default_factory=dict)
-
-    @property
-    def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
 
 
 @dataclass
@@ -231,7 +215,7 @@ class Plan:
         """Read and check a plan file. `whole_cluster`: refuse a plan whose tp*pp*dp*cp is not
         its cluster's GPU count (show, launch, export: the estimate and the launch lines are
         for the whole cluster); the runtime runs such plans on fewer processes."""
-        d = read_json_object(path, "plan")
+        d = S.read_json_object(path, "plan")
         try:
             return cls.from_dict(d, whole_cluster=whole_cluster)
         except BadInput as e:
@@ -368,32 +352,3 @@ PLAN_SCHEMA = S.Obj({
     "precision": (S.Enum(*PRECISIONS), DEFAULT_PRECISION),
     "recipe": (S.Nullable(S.Enum(*RECIPES)), None)})
 
-
-def even_split(total: int, parts: int) -> list:
-    """`total` items over `parts` as evenly as possible, the larger shares last."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
-
-
-def make_stages(num_layers: int, pp: int, vpp: int = 1, layers_per_rank=None,
-                recompute_per_rank=None) -> list:
-    """Stages in model order from per-rank layer and recompute counts.
-
-    Each rank's layers are split evenly over its `vpp` chunks (virtual stage i = chunk * pp + rank),
-    and so are its recomputed layers.
-    """
-    counts = list(layers_per_rank) if layers_per_rank is not None else even_split(num_layers, pp)
-    recompute = list(recompute_per_rank) if recompute_per_rank is not None else [0] * pp
-    if len(counts) != pp or sum(counts) != num_layers:
-        raise BadInput(f"layer counts {counts} do not split {num_layers} layers over {pp} stages")
-    chunk_layers = [even_split(c, vpp) for c in counts]
-    chunk_recompute = [even_split(r, vpp) for r in recompute]
-    stages, first = [], 0
-    for i in range(pp * vpp):
-        rank, chunk = i % pp, i // pp
-        n = chunk_layers[rank][chunk]
-        r = min(chunk_recompute[rank][chunk], n)
-        stages.append(Stage(index=i, pp_rank=rank, chunk=chunk, layers=(first, first + n),
-                            recompute_layers=r))
-        first += n
-    return stages

@@ -26,7 +26,7 @@ How measured figures replace catalog ones (`apply_profile`):
   bandwidth, memory per device, and per link class the bus bandwidth, point-to-point bandwidth
   and per-hop latency fitted to `planner.cost.comm`'s own formulas;
 * the `runtime` engine it returns carries a `Measured`, through which the cost model
-  (planner.engines.facts.MeasuredFacts) reads the measured per-layer forward, backward and
+  (planner.cost.facts.MeasuredFacts) reads the measured per-layer forward, backward and
   recompute seconds, saved-activation bytes per layer, embedding and LM head (+ loss) seconds and
   saved bytes, and optimizer seconds per parameter.
 
@@ -536,7 +536,7 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     notes naming each measured figure used).
 
     The profile measures our runtime on that machine: the engine returned is `runtime` whose
-    facts are the measurements (planner.engines.facts.MeasuredFacts); its catalog speed
+    facts are the measurements (planner.cost.facts.MeasuredFacts); its catalog speed
     figures are dropped, the measured GPU figures replace them.
 
     `statistic`: "median" or "min" of the repeated timings; default: the profile's

@@ -40,13 +40,13 @@ from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.moe import (PADDED_DISPATCHERS, candidate_dispatcher, expert_dp, layer_kinds,
                               moe_counts, plan_dispatcher)
 from planner.cost.compute import BF16
+from planner.cost.facts import facts_for
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import in_flight
 from planner.cost.stage import (Candidate, capacity_bytes, evaluate, memory_budget,
                                 stage_coefficients)
 from planner.engines import get_engine
-from planner.engines.facts import facts_for
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages

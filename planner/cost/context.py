@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 from planner.cost import comm
 from planner.cost.compute import ATTN_BWD_FACTOR, BF16
-
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+from planner.vocab import CP_COMM_TYPES
 
 
 @dataclass(frozen=True)

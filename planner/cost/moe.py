@@ -72,11 +72,15 @@ import math
 from dataclasses import dataclass
 
 from planner.cost import comm
-from planner.cost.compute import BF16, gemm_time
+from planner.cost.compute import BF16, ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR, gemm_time
+from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded
+from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
+from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
+from planner.layout import make_stages
 from planner.specs import Cluster, Model
 from planner.validity import flex_ok
+from planner.vocab import DISPATCHERS
 
-DISPATCHERS = ("alltoall", "allgather", "flex")
 # the dispatchers that Megatron-Core's EP communication overlap runs with
 # (megatron/core/transformer/transformer_config.py: overlap_moe_expert_parallel_comm "is
 # supported with alltoall/flex token dispatcher")
@@ -259,7 +263,7 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
               allowed=DISPATCHERS, imbalance: float = BALANCED,
               capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
               lp=None, act_bytes: float = BF16, saves_expert_outputs: bool = True) -> MoeLayer:
-    """`gpu`: the GPU as the engine drives it (planner.engines.facts.engine_gpu);
+    """`gpu`: the GPU as the engine drives it (planner.cost.facts.engine_gpu);
     `act_bytes`: the width of a saved activation element (the engine facts'
     compute_elem_bytes: fp32 where the engine computes in fp32, as our runtime on CPUs);
     `saves_expert_outputs`: the combine weighs the experts' outputs by the routing
@@ -365,9 +369,6 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
     with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs). `reruns`: the
     dense layer's planner.cost.stage.selective_reruns."""
-    from planner.cost.compute import ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR
-    from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
-    from planner.cost.stage import StageCoeffs, dp_collectives, pipelined_fsdp_unsharded
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
@@ -480,12 +481,13 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         if all_moe:
             out.append(_replace(k, mem_fixed=mem_fixed, **changes))
             continue
-        delta = StageCoeffs(rank=k.rank, compute_fixed=0.0, compute_layer=0.0, compute_rec=0.0,
-                            tp_layer=0.0, tp_rec=0.0, pp_fixed=0.0, fwd_layer=0.0,
-                            fwd_fixed=0.0, bwd_layer=0.0, bwd_fixed=0.0,
-                            grad_overlapped=k.grad_overlapped,
-                            gather_overlapped=k.gather_overlapped,
-                            overlap_slowdown=k.overlap_slowdown)
+        # a StageCoeffs (planner.cost.stage, the class of `k`) of what an MoE layer adds
+        delta = type(k)(rank=k.rank, compute_fixed=0.0, compute_layer=0.0, compute_rec=0.0,
+                        tp_layer=0.0, tp_rec=0.0, pp_fixed=0.0, fwd_layer=0.0,
+                        fwd_fixed=0.0, bwd_layer=0.0, bwd_fixed=0.0,
+                        grad_overlapped=k.grad_overlapped,
+                        gather_overlapped=k.gather_overlapped,
+                        overlap_slowdown=k.overlap_slowdown)
         for f in LAYER_FIELDS:   # what an MoE layer changes (the fields it leaves: 0)
             if f in changes:
                 setattr(delta, f, changes[f] - getattr(k, f))
@@ -516,7 +518,6 @@ def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int,
     """The MoE side's recomputed modules of one MoE layer (planner.cost.recompute):
     `layer_fwd_s` the MoE layer's forward compute (router, experts, shared expert, element-wise
     work, the host stall)."""
-    from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
     if c.recompute != "selective":
         return Rerun()
     mods = applying(model, c.recompute_modules)
@@ -550,9 +551,8 @@ def _replace(k, **changes):
 
 def moe_counts(model: Model, pp: int, vpp: int, layers: list, recompute: list) -> tuple:
     """(MoE layers, recomputed MoE layers) per pipeline rank for per-rank layer and recompute
-    counts, laid out as planner.plan.make_stages lays them (contiguous stages in model order,
+    counts, laid out as planner.layout.make_stages lays them (contiguous stages in model order,
     a stage recomputing its first `recompute_layers`)."""
-    from planner.plan import make_stages
     P = layer_kinds(model) or list(range(model.num_layers + 1)) if model.is_moe else None
     q, rq = [0] * pp, [0] * pp
     if P is None:

@@ -13,12 +13,13 @@ from planner.cost import comm
 from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
                                    mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
+from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded
+from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
 from planner.cost.schedule import in_flight, pipeline_time
 from planner.engines import get_engine
-from planner.engines.facts import facts_for
 from planner.engines.spec import Engine
 from planner.precision import low_precision
 from planner.specs import Cluster, Model
@@ -286,59 +287,12 @@ def capacity_bytes(cluster: Cluster, engine: Engine | None = None,
     return memory_budget(cluster, engine, margin_gib).allocatable_bytes
 
 
-def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, g_fixed: float,
-                   w_layer: float, w_fixed: float) -> dict:
-    """Seconds of the data-parallel collectives over `dp` ranks for gradients of g_* bytes and
-    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields)."""
-    z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
-             grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
-    if dp > 1:
-        ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
-        rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
-        ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
-        if zero == 0:
-            z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
-        elif zero == 1:
-            z.update(grad_layer=rs(g_layer), grad_fixed=rs(g_fixed),
-                     gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
-        elif zero == 2:
-            # gradients reduce-scattered every micro-batch (sharded gradients cannot
-            # accumulate unsharded); parameters gathered once after the step, or (FSDP's
-            # SHARD_GRAD_OP) again in every micro-batch's forward
-            z.update(zb_layer=rs(g_layer), zb_fixed=rs(g_fixed))
-            if engine.zero2_gathers_every_microbatch:
-                z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed))
-            else:
-                z.update(gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
-        else:
-            # ZeRO-3: all-gather for forward and again for backward, reduce-scatter grads,
-            # every micro-batch (Rajbhandari et al. 2020, Sec. 5.3)
-            z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed),
-                     zb_layer=ag(w_layer) + rs(g_layer), zb_fixed=ag(w_fixed) + rs(g_fixed))
-    return z
-
-
 def _head_in_flight(schedule: str, p: int, c) -> int:
     """Micro-batches whose logits the last pipeline rank holds at once (planner.cost.schedule
     in_flight for the layers)."""
     if schedule == "gpipe" and p > 1:
         return c.m
     return min(2, c.m) if c.ep_comm_overlap else 1
-
-
-def pipelined_fsdp_unsharded(engine: Engine, c: Candidate, params: float, states: dict,
-                             shards: int) -> tuple:
-    """(weight, gradient) bytes beyond the ZeRO accounting of `params` parameters where the
-    engine's pipeline stage keeps FSDP unsharded through the step (planner.engines.spec
-    pp_keeps_unsharded_grads): an accumulator of every unsharded gradient in the gradient
-    dtype in place of the sharded gradients (those appear only at the step's one reduce,
-    after the optimizer's zero_grad freed the last ones), and under ZeRO-3 the unsharded
-    compute copy of every parameter, as ZeRO-2 keeps it. `shards`: the group FSDP shards
-    them over (dp x cp; expert-dp for routed experts)."""
-    if not (engine.pp_keeps_unsharded_grads and c.pp > 1 and c.zero >= 2 and shards > 1):
-        return 0.0, 0.0
-    w = states["compute_copy_bytes"] * params if c.zero >= 3 else 0.0
-    return w, states["grad_bytes"] * params * (1 - 1 / shards)
 
 
 def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: int) -> tuple:

@@ -44,6 +44,8 @@ the distributed optimizer (Megatron-LM docs, distributed optimizer).
 from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   PER_CHUNK, Engine)
 from planner.engines.validation import validation_of
+# --recompute-modules choices, default ["core_attn"] (planner.vocab)
+from planner.vocab import RECOMPUTE_MODULES
 
 # Dropless routing's host stall (planner.engines.spec Engine moe_layer_overhead_s,
 # moe_expert_overhead_s; planner.cost.moe.dropless_host_stall): per MoE layer forward the
@@ -58,10 +60,6 @@ from planner.engines.validation import validation_of
 MOE_LAYER_OVERHEAD_S = 4.33e-3
 MOE_EXPERT_OVERHEAD_S = 0.213e-3
 
-# --recompute-modules choices, default ["core_attn"] (megatron/core/transformer/
-# transformer_config.py recompute_modules); planner.cost.recompute prices each
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
-                     "shared_experts")
 
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",

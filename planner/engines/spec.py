@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# what selective recompute recomputes where nothing else is asked for (planner.vocab)
+from planner.vocab import DEFAULT_RECOMPUTE_MODULES
+
 # How many layers a pipeline rank may recompute (`Engine.recompute_count`):
 PER_STAGE = "per_stage"   # any count per rank (our runtime)
 PER_CHUNK = "per_chunk"   # one count for every model chunk (Megatron's --recompute-num-layers)
@@ -93,12 +96,6 @@ class Validation:
     def describe(self, engine: str) -> str:
         return (f"+/-{self.median_abs_error_pct:.0f}% (median over {self.runs} published "
                 f"{engine} runs)")
-
-
-# what selective recompute recomputes of every layer where nothing else is asked for: the
-# attention core (Korthikanti et al. 2022; Megatron's --recompute-modules default,
-# megatron/core/transformer/transformer_config.py)
-DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,58 @@
+"""Data parallelism: the collectives over the data-parallel group and the FSDP states a
+pipeline keeps unsharded, per pipeline rank (the StageCoeffs fields of planner.cost.stage).
+
+ZeRO stages as Rajbhandari et al. 2020 (Sec. 5) run them: 0 all-reduces the gradients once per
+step, 1 reduce-scatters them and all-gathers the updated weights, 2 reduce-scatters every
+micro-batch, 3 all-gathers the weights for forward and again for backward.
+"""
+from __future__ import annotations
+
+from planner.cost import comm
+from planner.engines.spec import Engine
+
+
+def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, g_fixed: float,
+                   w_layer: float, w_fixed: float) -> dict:
+    """Seconds of the data-parallel collectives over `dp` ranks for gradients of g_* bytes and
+    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields)."""
+    z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
+             grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
+    if dp > 1:
+        ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
+        rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
+        ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
+        if zero == 0:
+            z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
+        elif zero == 1:
+            z.update(grad_layer=rs(g_layer), grad_fixed=rs(g_fixed),
+                     gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
+        elif zero == 2:
+            # gradients reduce-scattered every micro-batch (sharded gradients cannot
+            # accumulate unsharded); parameters gathered once after the step, or (FSDP's
+            # SHARD_GRAD_OP) again in every micro-batch's forward
+            z.update(zb_layer=rs(g_layer), zb_fixed=rs(g_fixed))
+            if engine.zero2_gathers_every_microbatch:
+                z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed))
+            else:
+                z.update(gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
+        else:
+            # ZeRO-3: all-gather for forward and again for backward, reduce-scatter grads,
+            # every micro-batch (Rajbhandari et al. 2020, Sec. 5.3)
+            z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed),
+                     zb_layer=ag(w_layer) + rs(g_layer), zb_fixed=ag(w_fixed) + rs(g_fixed))
+    return z
+
+
+def pipelined_fsdp_unsharded(engine: Engine, c, params: float, states: dict,
+                             shards: int) -> tuple:
+    """(weight, gradient) bytes beyond the ZeRO accounting of `params` parameters where the
+    engine's pipeline stage keeps FSDP unsharded through the step (planner.engines.spec
+    pp_keeps_unsharded_grads): an accumulator of every unsharded gradient in the gradient
+    dtype in place of the sharded gradients (those appear only at the step's one reduce,
+    after the optimizer's zero_grad freed the last ones), and under ZeRO-3 the unsharded
+    compute copy of every parameter, as ZeRO-2 keeps it. `shards`: the group FSDP shards
+    them over (dp x cp; expert-dp for routed experts)."""
+    if not (engine.pp_keeps_unsharded_grads and c.pp > 1 and c.zero >= 2 and shards > 1):
+        return 0.0, 0.0
+    w = states["compute_copy_bytes"] * params if c.zero >= 3 else 0.0
+    return w, states["grad_bytes"] * params * (1 - 1 / shards)

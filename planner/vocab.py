@@ -1,0 +1,35 @@
+"""The plan's vocabularies: the names a plan's knobs may take.
+
+One home for each list of choices the plan, the CLI, the cost model and the engine specs
+share; this module imports nothing of the planner's, so any of them may read it. What a name
+costs is the cost model's (planner.cost.*); which names an engine runs is its spec's
+(planner.engines.*).
+"""
+
+# pipeline schedules (planner.cost.schedule prices them; an engine's `schedules` names those
+# it runs)
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# activation recompute modes: none, "selective" (the modules of RECOMPUTE_MODULES asked for),
+# "full" (every layer's forward again), "op" (planner.cost.compute.op_recomputed_gemms)
+RECOMPUTE = ("none", "selective", "full", "op")
+# rank order, outermost first: tp innermost, so a tensor-parallel group sits inside one node,
+# then cp, dp and pp (Megatron-Core's "tp-cp-ep-dp-pp", megatron/core/parallel_state.py)
+RANK_ORDER = ("pp", "dp", "cp", "tp")
+
+# how a context-parallel group exchanges K/V (planner.cost.context prices each): Megatron-Core
+# --cp-comm-type p2p | all_gather | a2a
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+
+# MoE token dispatchers (planner.cost.moe prices each): Megatron-Core
+# --moe-token-dispatcher-type alltoall | allgather | flex
+DISPATCHERS = ("alltoall", "allgather", "flex")
+
+# what "selective" recompute may recompute of every layer: Megatron's --recompute-modules
+# choices (megatron/core/transformer/transformer_config.py recompute_modules);
+# planner.cost.recompute prices each
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
+# what selective recompute recomputes of every layer where nothing else is asked for: the
+# attention core (Korthikanti et al. 2022; Megatron's --recompute-modules default,
+# megatron/core/transformer/transformer_config.py)
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
