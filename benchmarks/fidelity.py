@@ -31,7 +31,8 @@ from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.search import Fixed, search
-from planner.specs import Cluster, model_from_hf_config
+from planner.catalog.hf import model_from_hf_config
+from planner.specs import Cluster
 
 DATA = Path(__file__).parent / "data" / "published_runs.json"
 DATA_2 = Path(__file__).parent / "data" / "published_runs_2.json"

@@ -28,7 +28,7 @@ from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
 from planner.bounds import divisors
 from planner.search import Fixed, default_global_batch, default_seq_len, search
-from planner.specs import model_from_hf_config
+from planner.catalog.hf import model_from_hf_config
 from planner.validity import tp_ok
 
 # Catalog models on clusters a user would typically give them.

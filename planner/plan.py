@@ -49,6 +49,7 @@ from pathlib import Path
 from planner import bounds as B
 from planner import schema as S
 from planner.engines import DEFAULT_ENGINE, ENGINES
+from planner.catalog.files import cluster_from_dict
 from planner.errors import BadInput
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.layout import Stage, even_split, make_stages  # noqa: F401 (the plan's stages)
@@ -195,7 +196,7 @@ class Plan:
             raise BadInput(f"not a valid plan: model.name / model.num_layers "
                            f"({S.show(d['model']['name'])}, {d['model']['num_layers']}) differ "
                            f"from model.spec's ({S.show(model.name)}, {model.num_layers})")
-        cluster = Cluster.from_dict(d["cluster"], "not a valid plan: cluster")
+        cluster = cluster_from_dict(d["cluster"], "not a valid plan: cluster")
         par = dict(d["parallelism"])
         par["rank_order"] = with_cp(tuple(par.get("rank_order", RANK_ORDER)))
         parallelism = Parallelism(**par)

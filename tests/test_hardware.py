@@ -12,6 +12,7 @@ import pytest
 from planner.catalog import SYSTEMS, get_cluster, get_gpu, get_model, gpus
 from planner.catalog.gpus import GPUS
 from planner.cost import comm
+from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.plan import Plan
 from planner.search import Fixed, enumerate_candidates
@@ -99,7 +100,7 @@ def test_every_catalog_gpu_is_cited():
 def test_catalog_cluster_layout(name, layout):
     c = get_cluster(name)
     assert (c.gpus_per_node, c.nvlink_domain) == layout
-    assert c.tp_domain == c.nvlink_domain
+    assert get_engine("megatron").tp_domain(c) == c.nvlink_domain   # TP over the NVLink domain
     assert c.num_nodes == c.num_gpus // c.gpus_per_node
 
 

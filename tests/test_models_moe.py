@@ -8,7 +8,8 @@ import pytest
 from planner.catalog import get_model
 from planner.catalog.models import MODELS
 from planner.errors import BadInput
-from planner.specs import Model, model_from_hf_config
+from planner.catalog.hf import model_from_hf_config
+from planner.specs import Model
 
 # The config.json files below are copied (the fields that matter, values as published) from
 # the Hugging Face repositories named.

@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 
 from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
-from planner.specs import Cluster, load_model_file  # noqa: E402
+from planner.catalog.files import load_model_file  # noqa: E402
+from planner.specs import Cluster  # noqa: E402
 from test_runtime_dist import assert_same_curve, launch, steps_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from planner.catalog import get_cluster, get_gpu, get_model
 from planner.catalog.gpus import GPUS
 from planner.catalog.models import ALIASES, MODELS
 from planner.errors import BadInput
-from planner.specs import model_from_hf_config
+from planner.catalog.hf import model_from_hf_config
 
 
 @pytest.mark.parametrize("name, billions", [

@@ -1,13 +1,21 @@
-"""Look up models, GPUs and clusters by name (or by file path)."""
+"""Look up models, GPUs and clusters by name (or by file path).
+
+gpus.py     catalog GPUs (figures cited) and `get_gpu`     models.py  catalog models
+systems.py  how a catalog GPU's hosts and NVLink domains are built
+files.py    model, cluster and GPU files (and a plan's cluster) read into planner.specs types
+hf/         Hugging Face config.json readers, one module per model family
+"""
 import os
 import re
 
 from planner.bounds import MAX_GPUS
-from planner.catalog.gpus import GPU_ALIASES, GPUS
+from planner.catalog.files import load_cluster_file, load_model_file
+from planner.catalog.gpus import GPUS, get_gpu
 from planner.catalog.models import ALIASES, MODELS
+from planner.catalog.systems import HOST_GPUS, SYSTEMS, host_size, system_layout  # noqa: F401
 from planner.errors import BadInput
 from planner.schema import MAX_NAME, bad_name_reason, show
-from planner.specs import Cluster, Gpu, Model, load_cluster_file, load_model_file
+from planner.specs import Cluster, Model
 
 
 def _is_path(s: str) -> bool:
@@ -61,47 +69,6 @@ def model_table() -> str:
     lines.append("total and active (what one token runs through) count the embedding and "
                  "the head, not the MTP modules (shown beside the layers)")
     return "\n".join(lines) + "\n"
-
-
-def get_gpu(name: str) -> Gpu:
-    if not isinstance(name, str):
-        raise BadInput(f"a GPU name must be a string, got {show(name)}")
-    key = GPU_ALIASES.get(name.lower(), name.lower())
-    if key not in GPUS:
-        raise BadInput(f"unknown GPU {name[:60]!r}; known: {', '.join(GPUS)}")
-    return GPUS[key]
-
-
-# How a catalog GPU's systems are built: (GPUs per host, GPUs per NVLink domain). Not listed:
-# 8-GPU hosts (HGX / DGX boards, the MI300X platform), each its own NVLink/xGMI domain.
-# GB200 / GB300 NVL72: 18 compute trays of 2 Grace CPUs and 4 GPUs, joined by 9 NVLink switch
-# trays into one 72-GPU domain (NVIDIA GB200 NVL72 and GB300 NVL72 product pages and
-# datasheets).
-SYSTEMS = {"gb200": (4, 72), "gb300": (4, 72)}
-HOST_GPUS = 8
-
-
-def host_size(gpu_name: str, count: int) -> int:
-    """GPUs per host of a `count`-GPU cluster of a catalog GPU (8 for GPUs not in SYSTEMS)."""
-    return min(SYSTEMS.get(gpu_name, (HOST_GPUS, HOST_GPUS))[0], count)
-
-
-def system_layout(gpu_name: str, count: int) -> tuple:
-    """(gpus_per_node, nvlink_domain) of `count` GPUs of a catalog GPU built as its system:
-    8-GPU hosts (fewer GPUs: one host); NVL72 racks, or up to 72 GPUs of one rack in whole
-    trays. BadInput when no such system holds `count`."""
-    if gpu_name not in SYSTEMS:
-        g = min(HOST_GPUS, count)
-        return g, g
-    host, rack = SYSTEMS[gpu_name]
-    if count <= host:
-        return count, count
-    if count <= rack and count % host == 0:
-        return host, count
-    if count % rack == 0:
-        return host, rack
-    raise BadInput(f"{count} {gpu_name} GPUs are neither whole NVL{rack} racks ({rack}, "
-                   f"{2 * rack}, ...) nor whole {host}-GPU trays of one rack (at most {rack})")
 
 
 def get_cluster(name: str) -> Cluster:

@@ -13,6 +13,8 @@ large messages, i.e. roughly 15-25% of H100's 132 SMs (NCCL docs, NCCL_MIN/MAX_N
 take the low end. The profiler measures it. They are the defaults a profile replaces
 (`plan --profile`); how they were chosen is in benchmarks/README.md (fidelity section).
 """
+from planner.errors import BadInput
+from planner.schema import show
 from planner.specs import Gpu
 
 GPUS = {
@@ -128,3 +130,12 @@ GPUS = {
 # "mi300": what `mi300x16` names (catalog cluster names split at the last x before the count)
 GPU_ALIASES = {"a100-80g": "a100", "h100-80g": "h100", "h100-sxm": "h100", "a100-sxm": "a100",
                "h200-sxm": "h200", "b300-sxm": "b300", "mi300": "mi300x"}
+
+
+def get_gpu(name: str) -> Gpu:
+    if not isinstance(name, str):
+        raise BadInput(f"a GPU name must be a string, got {show(name)}")
+    key = GPU_ALIASES.get(name.lower(), name.lower())
+    if key not in GPUS:
+        raise BadInput(f"unknown GPU {name[:60]!r}; known: {', '.join(GPUS)}")
+    return GPUS[key]

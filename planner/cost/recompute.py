@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.specs import Model
-from planner.vocab import DEFAULT_RECOMPUTE_MODULES as DEFAULT_MODULES
-from planner.vocab import RECOMPUTE_MODULES as MODULES
+from planner.vocab import DEFAULT_RECOMPUTE_MODULES as DEFAULT_MODULES  # noqa: F401
+from planner.vocab import RECOMPUTE_MODULES as MODULES  # noqa: F401 (re-exported)
 # discard their output and recompute it just before the backward that needs it: nearly free
 # memory for a short re-run (transformer_config.py); what the search offers beside the default
 CHEAP_MODULES = ("moe_act", "layernorm", "mla_up_proj")
