@@ -103,3 +103,50 @@ def test_cluster_file(tmp_path):
     p.write_text(json.dumps({"gpu": "h100"}))
     with pytest.raises(BadInput, match="missing field"):
         get_cluster(str(p))
+
+
+# ---- the base modules import nothing above them ----------------------------------------------
+
+# a module: the planner modules it may import, at the top or inside a function (an import in a
+# function hides a loop, it does not remove it)
+BASE_IMPORTS = {
+    "planner/vocab.py": set(),
+    "planner/layout.py": {"planner.errors"},
+    "planner/specs.py": {"planner.bounds", "planner.schema", "planner.errors"},
+    "planner/cost/__init__.py": set(),
+}
+
+
+@pytest.mark.parametrize("path", sorted(BASE_IMPORTS))
+def test_base_modules_import_nothing_that_imports_them(path):
+    """specs (the types), vocab (the plan's vocabularies), layout (stages) and the cost package
+    import no catalog, plan or cost module: nothing that imports them back."""
+    import ast
+    from pathlib import Path
+    tree = ast.parse((Path(__file__).parent.parent / path).read_text())
+    named = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: a relative import"
+            named |= ({f"{node.module}.{a.name}" for a in node.names} if node.module == "planner"
+                      else {node.module})
+    assert {m for m in named if m.split(".")[0] == "planner"} == BASE_IMPORTS[path]
+
+
+def test_a_cost_module_loads_without_the_stage_model():
+    """`planner.cost.comm` loads the types it prices, not cost.stage and the whole model."""
+    import subprocess
+    import sys
+    code = ("import sys, planner.cost.comm; "
+            "print(' '.join(m for m in sys.modules if m.startswith('planner.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert set(out.stdout.split()) == {"planner.cost", "planner.cost.comm", "planner.specs",
+                                       "planner.schema", "planner.bounds", "planner.errors"}
+
+
+def test_every_hf_model_type_has_one_family_reader():
+    from planner.catalog.hf import FAMILIES, HF_MODEL_TYPES
+    types = [t for family in FAMILIES for t in family.MODEL_TYPES]
+    assert sorted(types) == sorted(HF_MODEL_TYPES) and len(set(types)) == len(types)
