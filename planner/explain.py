@@ -1,8 +1,11 @@
 """Human-readable reports of a plan: the choice, per-stage memory, time breakdown, alternatives.
 
-`render` prints a plan (rich tables, plain text); `alternatives` explains why the runners-up
-lost: slower (and by which part of the step), out of memory (on which stage, by how much), or
-not divisible (a degree the model or the batch cannot be split by).
+`render` prints a plan (rich tables, plain text); `alternatives` words why the runners-up of a
+search lost, from what the search reported (planner.search.SearchReport): slower (and by which
+part of the step), out of memory (its rejected layouts: on which stage, by how much, how fast
+if it fit), or not divisible (a degree the model or the batch cannot be split by). Nothing
+here searches or places layers: a saved plan's times and memory are its price
+(planner.cost.price); `no_configuration` words planner.suggest's NoConfiguration.
 """
 from __future__ import annotations
 

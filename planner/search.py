@@ -43,8 +43,9 @@ from planner.cost.compute import BF16
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import in_flight
-from planner.cost.stage import (Candidate, capacity_bytes, evaluate, memory_budget,
-                                stage_coefficients)
+from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
+# the one price of a placement; candidate_of (a saved plan's candidate) kept importable here
+from planner.cost.price import candidate_of, price  # noqa: F401
 from planner.engines import get_engine
 from planner.engines.facts import facts_for
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
@@ -819,7 +820,7 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
         per_chunk = max(math.ceil(r / c.vpp) for r in rec)
         rec = [chunk_recompute(per_chunk, n, c.vpp) for n in split]
-    est = evaluate(model, cluster, c, split, rec, coeffs, engine, margin_gib)
+    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return Result(c, split, rec, est)
 
 
@@ -1048,7 +1049,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     gap = (obj - bound) / obj if obj > 0 else 0.0
     layers = [solver.Value(x) for x in n_vars]
     rec = [solver.Value(x) for x in r_vars]
-    est = evaluate(model, cluster, c, layers, rec, coeffs, engine, margin_gib)
+    est = price(model, cluster, c, layers, rec, engine, margin_gib, coeffs).estimate
     # the objective is v x the step in units; rounding moves it by < one unit per term
     bound_s = max(0.0, (bound - v * (m + len(coeffs) + 1)) / (v * unit))
     return (Result(c, layers, rec, est, status=status, gap=gap, bound_s=bound_s), status,
@@ -1520,8 +1521,6 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
 
 # ---- the rejected layouts a report shows ------------------------------------
 
-from planner.cost.price import price  # noqa: E402  (the one price of a placement)
-
 REJECTED_LAYOUTS_SHOWN = 3
 
 
@@ -1656,6 +1655,3 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                 attention="flash" if c.flash else "eager", precision=c.precision,
                 recipe=c.recipe or default_recipe(engine, c.precision))
 
-
-# the candidate a saved plan is priced as: planner.cost.price (imported here for old callers)
-from planner.cost.price import candidate_of  # noqa: E402,F401
