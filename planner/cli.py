@@ -19,7 +19,8 @@ from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import DISPATCHERS
 from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
-from planner.explain import alternatives, describe_candidate, ensure_estimate, render
+from planner.explain import (alternatives, describe_candidate, ensure_estimate,
+                             no_configuration_message, render)
 from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
@@ -223,11 +224,10 @@ def _isatty(stream) -> bool:
 
 def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine) -> None:
     """Raise a precise BadInput when no configuration matches the fixed choices."""
-    from planner.explain import no_configuration
     from planner.suggest import diagnose_no_configuration
     nc = diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine)
     if nc is not None:
-        raise BadInput(no_configuration(model, nc)) from None
+        raise BadInput(no_configuration_message(model, nc)) from None
 
 
 def _load_profile(path):

@@ -5,7 +5,7 @@ search lost, from what the search reported (planner.search.SearchReport): slower
 part of the step), out of memory (its rejected layouts: on which stage, by how much, how fast
 if it fit), or not divisible (a degree the model or the batch cannot be split by). Nothing
 here searches or places layers: a saved plan's times and memory are its price
-(planner.cost.price); `no_configuration` words planner.suggest's NoConfiguration.
+(planner.cost.price); `no_configuration_message` words planner.suggest's NoConfiguration.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ _FLAG = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "mbs": "--micro-batch", "vpp"
          "zero": "--zero", "sp": "--sp", "schedule": "--schedule", "recompute": "--recompute"}
 
 
-def no_configuration(model, nc) -> str:
+def no_configuration_message(model, nc) -> str:
     """Why no configuration matches the fixed choices (planner.suggest.NoConfiguration): the
     choices that, set free, would give some configuration, and the divisibility each one
     breaks."""
