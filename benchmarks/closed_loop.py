@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from planner.catalog import get_cluster, get_model
-from planner.cost.stage import evaluate
+from planner.cost.price import candidate_of, price
 from planner.profile import apply_profile, load_profile
-from planner.search import Fixed, candidate_of, search, to_plan
+from planner.search import Fixed, search, to_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -73,13 +73,13 @@ def describe(plan) -> str:
 
 def choose_plans(model, cluster, seq, gbs, n_alt: int, engine):
     """The best plan, then the best of each other family, in predicted order."""
-    best = search(model, cluster, Fixed(), seq, gbs, top=5, engine=engine)
+    best = search(model, cluster, Fixed(), seq, gbs, top=5, engine=engine, rejected=False)
     plans = [to_plan(model, cluster, best.best, best)]
     seen = {describe(plans[0])}
     for fam in FAMILIES:
         f = Fixed(**fam)
         try:
-            rep = search(model, cluster, f, seq, gbs, top=1, engine=engine)
+            rep = search(model, cluster, f, seq, gbs, top=1, engine=engine, rejected=False)
         except Exception:     # noqa: BLE001 - a family that cannot be laid out is skipped
             continue
         if rep.best is None:
@@ -221,11 +221,11 @@ def main(argv=None) -> int:
         c = candidate_of(plan)
         layers = [sum(s.num_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
         rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
-        cat_est = evaluate(model, catalog, c, layers, rec, engine="runtime")
+        cat_est = price(model, catalog, c, layers, rec, engine="runtime").estimate
         cat = cat_est.step_time_s
-        est = evaluate(model, cluster, c, layers, rec, engine=engine)
-        pred_other = evaluate(model, cluster_other, c, layers, rec,
-                              engine=engine_other).step_time_s
+        est = price(model, cluster, c, layers, rec, engine=engine).estimate
+        pred_other = price(model, cluster_other, c, layers, rec,
+                           engine=engine_other).estimate.step_time_s
         pred = plan.estimate["step_time_s"]
         rows.append({"plan": describe(plan), "predicted": pred, "catalog": cat,
                      "measured": measured, "spread": (min(steps), max(steps)),

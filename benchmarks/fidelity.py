@@ -199,7 +199,7 @@ def _best_over_zero_stages(model, cluster, run, zero_stages, engine):
             fixed = dataclasses.replace(fixed, zero=z)
         try:
             rep = search(model, cluster, fixed, f["seq_len"], f["global_batch"], top=1,
-                         engine=engine, margin_gib=FIDELITY_MARGIN_GIB)
+                         engine=engine, margin_gib=FIDELITY_MARGIN_GIB, rejected=False)
         except BadInput:          # e.g. ZeRO-1 with dp = 1: no such configuration
             continue
         if rep.best is not None:

@@ -72,7 +72,7 @@ def _oom_reason(result) -> str:
 
 def run_search(model, cluster, fixed, seq, gbs) -> Outcome:
     try:
-        rep = search(model, cluster, fixed, seq, gbs, top=1)
+        rep = search(model, cluster, fixed, seq, gbs, top=1, rejected=False)
     except BadInput as e:
         return Outcome(why=f"not divisible: {e}")
     if rep.best is not None:

@@ -19,7 +19,8 @@ from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import DISPATCHERS
 from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
-from planner.explain import alternatives, describe_candidate, ensure_estimate, render
+from planner.explain import (alternatives, describe_candidate, ensure_estimate,
+                             no_configuration_message, render)
 from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
@@ -223,10 +224,10 @@ def _isatty(stream) -> bool:
 
 def _diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine) -> None:
     """Raise a precise BadInput when no configuration matches the fixed choices."""
-    from planner.explain import diagnose_no_configuration
-    msg = diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine)
-    if msg:
-        raise BadInput(msg) from None
+    from planner.suggest import diagnose_no_configuration
+    nc = diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine)
+    if nc is not None:
+        raise BadInput(no_configuration_message(model, nc)) from None
 
 
 def _load_profile(path):
@@ -234,6 +235,18 @@ def _load_profile(path):
         return None
     from planner.profile import load_profile
     return load_profile(path)
+
+
+def suggestion_text(s) -> str:
+    """A would-fit tip in words (planner.suggest.Suggestion)."""
+    plan = describe_candidate(s.best.candidate)
+    if s.change == "recompute":
+        return f"--recompute full ({plan})"
+    if s.change == "zero":
+        return f"ZeRO-{s.best.candidate.zero} ({plan})"
+    if s.change == "layout":
+        return f"another layout: {plan}"
+    return f"{s.num_gpus} GPUs ({plan}, global batch {s.global_batch})"
 
 
 def _nothing_fits_message(model, cluster, fixed, report) -> str:
@@ -249,7 +262,7 @@ def _nothing_fits_message(model, cluster, fixed, report) -> str:
     tips = suggestions(model, cluster, fixed, report.seq_len, report.global_batch,
                        report.engine, report.margin_gib)
     if tips:
-        msg += "; would fit: " + "; ".join(tips)
+        msg += "; would fit: " + "; ".join(suggestion_text(t) for t in tips)
     return msg
 
 

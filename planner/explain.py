@@ -1,19 +1,23 @@
 """Human-readable reports of a plan: the choice, per-stage memory, time breakdown, alternatives.
 
-`render` prints a plan (rich tables, plain text); `alternatives` explains why the runners-up
-lost: slower (and by which part of the step), out of memory (on which stage, by how much), or
-not divisible (a degree the model or the batch cannot be split by).
+`render` prints a plan (rich tables, plain text); `alternatives` words why the runners-up of a
+search lost, from what the search reported (planner.search.SearchReport): slower (and by which
+part of the step), out of memory (its rejected layouts: on which stage, by how much, how fast
+if it fit), or not divisible (a degree the model or the batch cannot be split by). Nothing
+here searches or places layers: a saved plan's times and memory are its price
+(planner.cost.price); `no_configuration_message` words planner.suggest's NoConfiguration.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
-import math
 
 from rich.console import Console
 from rich.table import Table
 
 from planner import validity as V
 from planner.bounds import divisors
+from planner.cost.price import price_plan
 from planner.errors import BadInput
 from planner.plan import Plan
 
@@ -22,7 +26,6 @@ PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
          "ep_comm": "EP dispatch+combine"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
-REJECTED_SHOWN = 3
 NOT_DIVISIBLE_SHOWN = 3
 
 
@@ -104,26 +107,9 @@ def describe_result(r, num_layers: int) -> str:
 def rank_timing(plan: Plan) -> list:
     """Per pipeline rank, one micro-batch through all its chunks: forward, backward (with
     recompute) and total seconds, plus the once-per-step tail (exposed gradient reduction,
-    parameter gather, optimizer). Recomputed from the plan with the cost model's coefficients
-    (planner.cost.stage), so it works for saved plans too."""
-    from planner.cost.stage import stage_coefficients
-    from planner.search import candidate_of
-
-    c = candidate_of(plan)
-    coeffs = stage_coefficients(plan.model, plan.cluster, c, plan.engine)
-    layers = plan.layer_counts()
-    rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
-    out = []
-    for k, n, r in zip(coeffs, layers, rec):
-        total = k.time(n, r)
-        # forward: the non-backward part of the compute and TP comm, half the p2p, a third of
-        # the ZeRO exposure; backward: the rest (its compute, TP comm and all recompute)
-        fwd = ((k.compute_fixed - k.bwd_fixed) + k.pp_fixed / 2
-               + n * (k.t_layer - k.bwd_layer) + k.exposed_comm(*k.exposures()[0], n))
-        fwd = min(max(fwd, 0.0), total)
-        out.append({"rank": k.rank, "layers": n, "recompute": r, "fwd": fwd,
-                    "bwd": total - fwd, "total": total, "tail": k.tail(n)})
-    return out
+    parameter gather, optimizer), as dicts. The plan's price (planner.cost.price), so it works
+    for saved plans too."""
+    return [dataclasses.asdict(t) for t in price_plan(plan).rank_times()]
 
 
 def ensure_estimate(plan: Plan) -> Plan:
@@ -131,14 +117,8 @@ def ensure_estimate(plan: Plan) -> Plan:
     them (a hand-written plan); a plan that has them is left as saved."""
     if plan.estimate.get("step_time_s") and all(s.memory_gib for s in plan.stages):
         return plan
-    from planner.cost.stage import evaluate
-    from planner.search import candidate_of
-
-    c = candidate_of(plan)
-    rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
     try:
-        est = evaluate(plan.model, plan.cluster, c, plan.layer_counts(), rec,
-                       engine=plan.engine, margin_gib=plan.estimate.get("memory_margin_gib"))
+        est = price_plan(plan).estimate
     except (ValueError, ZeroDivisionError) as e:
         raise BadInput(f"cannot estimate this plan: {e}") from None
     if not plan.estimate.get("step_time_s"):
@@ -164,41 +144,18 @@ def _slower_because(est, best_est) -> str:
     return why
 
 
-def _even_split(L: int, p: int, v: int) -> list:
-    base, extra = divmod(L // v, p)
-    split = [(base + (1 if i >= p - extra else 0)) * v for i in range(p)]
-    split[-1] += L - sum(split)
-    return split
-
-
-def _ideal(model, cluster, c, rules, engine, margin_gib):
-    """(estimate with an even split and no more recompute than fixed, coefficients): the
-    candidate's speed if memory allowed."""
-    from planner.cost.stage import evaluate, stage_coefficients
-
-    coeffs = stage_coefficients(model, cluster, c, engine)
-    split = _even_split(model.num_layers, c.pp, c.vpp)
-    rec0 = list(split) if rules.all_layers_recomputed else [0] * c.pp
-    ideal = evaluate(model, cluster, c, split, rec0, coeffs, engine, margin_gib)
-    return ideal, coeffs
-
-
-def _oom(model, cluster, c, coeffs, rules, engine, margin_gib) -> tuple:
-    """(GiB over, why) for a candidate that fits on no placement: the worst stage of an even
-    split with the least recompute that could help."""
-    from planner.cost.stage import capacity_bytes
-    from planner.search import heuristic
-
-    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster, engine, margin_gib), rules,
-                  engine=engine, margin_gib=margin_gib)
-    over = h.estimate.overflow_gib()
-    k = max(range(len(over)), key=lambda i: over[i])
-    where = "" if c.pp == 1 else (f" on stage {k}" if c.vpp == 1 else f" on pipeline rank {k}")
-    mem = h.estimate.stage_memory_gib[k]
-    how = ("recomputing all its layers" if h.recompute[k] == h.layers[k] and h.layers[k]
-           and c.recompute != "none" else "")
-    return over[k], (f"out of memory{where} by {over[k]:.1f} GiB ({mem['reserved']:.1f} of "
-                     f"{h.estimate.capacity_gib:.1f} GiB{', ' + how if how else ''})")
+def _rejected_because(r, base) -> str:
+    """Why a rejected layout (planner.search.RejectedLayout) lost: the stage that overflows on
+    its heuristic placement, and how fast it would be if it fit."""
+    c = r.candidate
+    where = "" if c.pp == 1 else (f" on stage {r.rank}" if c.vpp == 1
+                                  else f" on pipeline rank {r.rank}")
+    how = ", recomputing all its layers" if r.recomputes_all else ""
+    why = (f"out of memory{where} by {r.overflow_gib:.1f} GiB ({r.reserved_gib:.1f} of "
+           f"{r.capacity_gib:.1f} GiB{how})")
+    pct = (r.ideal_step_s / base - 1) * 100
+    return why + (f"; would be {-pct:.1f}% faster if it fit" if pct < 0 else
+                  f"; {pct:.1f}% slower even if it fit")
 
 
 def not_divisible(model, cluster, fixed, global_batch: int) -> list:
@@ -228,44 +185,15 @@ _FLAG = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "mbs": "--micro-batch", "vpp"
          "zero": "--zero", "sp": "--sp", "schedule": "--schedule", "recompute": "--recompute"}
 
 
-def diagnose_no_configuration(model, cluster, fixed, seq_len, global_batch, engine=None):
-    """The no_configuration message when the fixed choices pass the search's own checks
-    (planner.search.check_fixed, whose messages are precise) but match no configuration;
-    else None."""
-    from planner.errors import PlannerError
-    from planner.search import (check_fixed, default_global_batch, default_seq_len,
-                                enumerate_candidates)
-    s = seq_len or default_seq_len(model)
-    g = global_batch or default_global_batch(s, cluster.num_gpus)
-    try:
-        check_fixed(model, cluster, fixed, s, g, engine)
-        if enumerate_candidates(model, cluster, fixed, s, g, engine):
-            return None
-    except PlannerError:
-        return None
-    return no_configuration(model, cluster, fixed, s, g, engine)
-
-
-def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int,
-                     engine=None) -> str:
-    """Why no configuration matches the fixed choices: the choices that, set free, would
-    give some configuration, and the divisibility each one breaks."""
-    from dataclasses import replace
-
-    from planner.search import enumerate_candidates
-
-    n = cluster.num_gpus
+def no_configuration_message(model, nc) -> str:
+    """Why no configuration matches the fixed choices (planner.suggest.NoConfiguration): the
+    choices that, set free, would give some configuration, and the divisibility each one
+    breaks."""
+    fixed, n, global_batch = nc.fixed, nc.num_gpus, nc.global_batch
     msg = (f"no configuration of {n} GPUs matches the fixed choices with global batch "
            f"{global_batch}")
-    culprits = []
-    for name in _FLAG:
-        if getattr(fixed, name) is None:
-            continue
-        if enumerate_candidates(model, cluster, replace(fixed, **{name: None}), seq_len,
-                                global_batch, engine):
-            culprits.append(name)
     reasons = []
-    for name in culprits:
+    for name in nc.culprits:
         v = getattr(fixed, name)
         if name == "mbs":
             rest = n // ((fixed.tp or 1) * (fixed.pp or 1))      # GPUs left for dp (x free)
@@ -292,73 +220,23 @@ def no_configuration(model, cluster, fixed, seq_len: int, global_batch: int,
                   "and the interleaved schedule needs micro-batches divisible by pp)")
 
 
-def alternatives(model, cluster, report, best, fixed=None, rejected_shown: int = REJECTED_SHOWN):
+def alternatives(model, cluster, report, best, fixed=None) -> list:
     """[(configuration, step seconds or None, why it lost)] for the report's runners-up.
 
     The fitting runners-up (report.ranked) lost on time: by how much, and the part of the step
-    that grew most. Of the candidates that fit on no placement, the few that would be fastest
-    if memory allowed (evaluated with an even split and no recompute) are shown with the stage
-    that overflows and by how much (even split, the least recompute that could help); ones
-    that would be slower anyway are not shown. Then degrees that are not divisible.
+    that grew most. The layouts that fit on no placement but would be faster if memory allowed
+    (report.rejected_layouts, priced by the search with an even split and no recompute) are
+    shown with the stage that overflows and by how much (even split, the least recompute that
+    could help). Then degrees that are not divisible.
     """
-    from planner.search import rules_for
-    engine, margin = report.engine, report.margin_gib
     out = []
-    base = best.estimate.step_time_s if best is not None else None
     for r in report.ranked[1:]:
         out.append((describe_result(r, model.num_layers), r.estimate.step_time_s,
                     _slower_because(r.estimate, best.estimate)))
-    if rejected_shown and report.rejected:
-        from planner.cost.stage import stage_coefficients
-        from planner.search import quick_lower_bound
-        # Ideals (a placement's step time) are at least the quick bound, here from pipeline
-        # rank 0's coefficients (every rank's per-layer time is the same, other ranks' fixed
-        # times are >= 0). In bound order, once a bound exceeds the plan's step and the
-        # rejected_shown-th smallest layout minimum so far, no later candidate can enter or
-        # reorder the layouts shown: those are left unpriced (step inf).
-        bounded = []
-        known = getattr(report, "rejected_bounds", {})
-        for c, _ in report.rejected:
-            lb = known.get(c)
-            if lb is None:
-                first = stage_coefficients(model, cluster, c, engine, ranks=[0])
-                lb = quick_lower_bound(first, c, model.num_layers)
-            bounded.append((lb, c))
-        bounded.sort(key=lambda x: x[0])
-        groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
-        mins = {}     # each layout's least ideal so far
-        for i, (lb, c) in enumerate(bounded):
-            least = sorted(mins.values())
-            cut = min(base if base else math.inf,
-                      least[rejected_shown - 1] if len(least) >= rejected_shown else math.inf)
-            if lb > cut:
-                break
-            rules = rules_for(engine, c, fixed)
-            ideal, coeffs = _ideal(model, cluster, c, rules, engine, margin)
-            key = (c.tp, c.cp, c.pp, c.dp)
-            groups.setdefault(key, []).append((ideal.step_time_s, c, coeffs, rules))
-            mins[key] = min(mins.get(key, math.inf), ideal.step_time_s)
-        for lb, c in bounded[i:] if bounded and lb > cut else []:
-            key = (c.tp, c.cp, c.pp, c.dp)   # the shown layouts' other variants, unpriced
-            if key in groups:
-                groups[key].append((math.inf, c, None, rules_for(engine, c, fixed)))
-        ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
-        faster = [g for g in ordered if base and min(x[0] for x in g) < base]
-        for group in faster[:rejected_shown]:
-            # the variant of the layout that misses by the least
-            rows = [(_oom(model, cluster, c, coeffs or stage_coefficients(model, cluster, c,
-                                                                          engine),
-                          rules, engine, margin), step, c)
-                    for step, c, coeffs, rules in group]
-            (over, why), step, c = min(rows, key=lambda x: x[0][0])
-            if not math.isfinite(step):   # a variant the quick bound skipped: price it now
-                step = _ideal(model, cluster, c, rules_for(engine, c, fixed), engine,
-                              margin)[0].step_time_s
-            if base:
-                pct = (step / base - 1) * 100
-                why += (f"; would be {-pct:.1f}% faster if it fit" if pct < 0 else
-                        f"; {pct:.1f}% slower even if it fit")
-            out.append((describe_candidate(c), None, why))
+    if best is not None:
+        for r in report.rejected_layouts:
+            out.append((describe_candidate(r.candidate), None,
+                        _rejected_because(r, best.estimate.step_time_s)))
     if report.global_batch:
         for desc, why in not_divisible(model, cluster, fixed, report.global_batch):
             out.append((desc, None, why))

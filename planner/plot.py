@@ -4,8 +4,8 @@ matplotlib is imported here only, when a picture is asked for (it costs ~0.3 s t
 `plan` must start fast). No pyplot: a bare Figure with the Agg canvas, so no display and no
 global state.
 
-The timeline is simulated from the plan's per-rank forward and backward times
-(planner.explain.rank_timing): each rank runs its operations in its schedule's order (GPipe:
+The timeline is simulated from the plan's per-rank forward and backward times (its price,
+planner.cost.price): each rank runs its operations in its schedule's order (GPipe:
 all forwards, then all backwards; 1F1B: p - rank - 1 warm-up forwards, then one forward one
 backward; interleaved: Megatron-LM's order over chunks), an operation starting when its rank is
 free and its input is ready (the previous virtual stage's forward, the next one's backward).
@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from planner.cost.price import price_plan
+from planner.cost.schedule import in_flight
 from planner.errors import BadInput
-from planner.explain import MEMORY_PARTS, rank_timing, summary_line
+from planner.explain import MEMORY_PARTS, summary_line
 from planner.plan import Plan
 
 MAX_DRAWN = 16
@@ -40,7 +42,7 @@ def schedule_order(schedule: str, p: int, m: int, v: int, rank: int) -> list:
             return [op for i in range(m) for op in (("F", i, 0), ("B", i, 0))]
         return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
     if schedule == "1f1b" or v == 1:
-        warm = min(p - rank - 1, m)
+        warm = _warmup("1f1b", p, m, 1, rank)
         ops = [("F", i, 0) for i in range(warm)]
         for i in range(m - warm):
             ops += [("F", warm + i, 0), ("B", i, 0)]
@@ -51,7 +53,7 @@ def schedule_order(schedule: str, p: int, m: int, v: int, rank: int) -> list:
     # (current Megatron-core; releases before 2024 ran every forward first when m == p), with
     # microbatch_group_size_per_vp_stage = p, as planner.cost.schedule.in_flight assumes
     total = m * v
-    warm = min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warm = _warmup("interleaved", p, m, v, rank)
 
     def which(k, backward):
         chunk = (k % (p * v)) // p
@@ -65,6 +67,14 @@ def schedule_order(schedule: str, p: int, m: int, v: int, rank: int) -> list:
     for i in range(total - warm):
         ops += [op("F", warm + i), op("B", i)]
     return ops + [op("B", k) for k in range(total - warm, total)]
+
+
+def _warmup(schedule: str, p: int, m: int, v: int, rank: int) -> int:
+    """Warm-up forwards of pipeline rank `rank` (in chunk-micro-batches): the cost model's
+    micro-batches in flight at the peak (planner.cost.schedule.in_flight) less the one of the
+    steady state. Where every forward is a warm-up one this is one short of all of them: the
+    last forward then opens the steady state, which gives the same order of operations."""
+    return round(in_flight(schedule, p, rank, m, v) * v) - 1
 
 
 def simulate(schedule: str, fwd: list, bwd: list, m: int, v: int = 1) -> list:
@@ -122,8 +132,8 @@ def _chunk_times(plan: Plan, timing: list) -> tuple:
         stages = plan.stages_of_rank(r)
         n = sum(s.num_layers for s in stages)
         shares = [s.num_layers / n if n else 1 / v for s in stages]
-        fwd.append([t["fwd"] * f for f in shares])
-        bwd.append([t["bwd"] * f for f in shares])
+        fwd.append([t.fwd * f for f in shares])
+        bwd.append([t.bwd * f for f in shares])
     return fwd, bwd
 
 
@@ -165,12 +175,12 @@ def plan_figure(plan: Plan):
 
     par, b = plan.parallelism, plan.batch
     p, v, m = par.pp, par.vpp, b.num_microbatches
-    timing = rank_timing(plan)
+    timing = price_plan(plan).rank_times()
     fwd, bwd = _chunk_times(plan, timing)
     md = drawn_microbatches(par.schedule, p, m)
     ops = simulate(par.schedule if p > 1 else "1f1b", fwd, bwd, md, v)
     ends = [max(e for rr, *_, e in ops if rr == r) for r in range(p)]
-    span = max(ends[r] + timing[r]["tail"] for r in range(p))
+    span = max(ends[r] + timing[r].tail for r in range(p))
     scale, unit = _unit(span)
 
     rows = min(p, 64)
@@ -190,8 +200,8 @@ def plan_figure(plan: Plan):
                                                           else BWD_COLORS)[c % 4],
                        edgecolors="white", linewidth=0.4)
     for r in range(p):
-        if timing[r]["tail"] > 0:
-            ax.broken_barh([(ends[r] * scale, timing[r]["tail"] * scale)], (r - 0.4, 0.8),
+        if timing[r].tail > 0:
+            ax.broken_barh([(ends[r] * scale, timing[r].tail * scale)], (r - 0.4, 0.8),
                            facecolors="#6b6b6b", edgecolors="white", linewidth=0.4)
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_yticks(range(p) if p <= 32 else range(0, p, max(1, p // 16)))

@@ -44,8 +44,9 @@ from planner.cost.facts import facts_for
 from planner.cost.context import CP_COMM_TYPES, cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import in_flight
-from planner.cost.stage import (Candidate, capacity_bytes, evaluate, memory_budget,
-                                stage_coefficients)
+from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
+# the one price of a placement; candidate_of (a saved plan's candidate) kept importable here
+from planner.cost.price import candidate_of, price  # noqa: F401
 from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
@@ -147,6 +148,9 @@ class SearchReport:
     solver_limit_hit: int = 0
     # quick_lower_bound of rejected candidates whose coefficients the search computed
     rejected_bounds: dict = field(default_factory=dict)
+    # the rejected layouts explain shows beside the plan (RejectedLayout, fastest ideal first;
+    # filled by search(rejected=True) when a plan fits)
+    rejected_layouts: list = field(default_factory=list)
 
 
 def default_seq_len(model: Model) -> int:
@@ -816,7 +820,7 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
         per_chunk = max(math.ceil(r / c.vpp) for r in rec)
         rec = [chunk_recompute(per_chunk, n, c.vpp) for n in split]
-    est = evaluate(model, cluster, c, split, rec, coeffs, engine, margin_gib)
+    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return Result(c, split, rec, est)
 
 
@@ -1045,7 +1049,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     gap = (obj - bound) / obj if obj > 0 else 0.0
     layers = [solver.Value(x) for x in n_vars]
     rec = [solver.Value(x) for x in r_vars]
-    est = evaluate(model, cluster, c, layers, rec, coeffs, engine, margin_gib)
+    est = price(model, cluster, c, layers, rec, engine, margin_gib, coeffs).estimate
     # the objective is v x the step in units; rounding moves it by < one unit per term
     bound_s = max(0.0, (bound - v * (m + len(coeffs) + 1)) / (v * unit))
     return (Result(c, layers, rec, est, status=status, gap=gap, bound_s=bound_s), status,
@@ -1504,12 +1508,110 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     if ranked:
         best_s = ranked[0].estimate.step_time_s
         gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
+    shown_rejected = (rejected_layouts(model, cluster, engine, margin_gib, f, out_of_memory,
+                                       rejected_bounds, ranked[0].estimate.step_time_s)
+                      if rejected and ranked else [])
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
                         seconds=time.perf_counter() - t0, closest=closest, rejected=out_of_memory,
                         seq_len=seq_len, global_batch=gbs, engine=engine,
                         margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit,
-                        rejected_bounds=rejected_bounds)
+                        rejected_bounds=rejected_bounds, rejected_layouts=shown_rejected)
+
+
+# ---- the rejected layouts a report shows ------------------------------------
+
+REJECTED_LAYOUTS_SHOWN = 3
+
+
+@dataclass
+class RejectedLayout:
+    """A layout (tp, cp, pp, dp) none of whose candidates fits, that would beat the plan if
+    memory allowed: `candidate`, its variant that misses by the least; `ideal_step_s`, its
+    step on an even split with no more recompute than fixed (planner.cost.price); and its
+    heuristic placement's worst overflow: `overflow_gib` on pipeline rank `rank`
+    (`reserved_gib` of `capacity_gib`), `recomputes_all` when that rank recomputes all its
+    layers."""
+    candidate: Candidate
+    ideal_step_s: float
+    overflow_gib: float
+    rank: int
+    reserved_gib: float
+    capacity_gib: float
+    recomputes_all: bool
+
+
+def _ideal_price(model, cluster, c, rules: Rules, engine, margin_gib):
+    """The candidate's price on an even split (planner.plan.even_split, as the heuristic
+    places it) with no more recompute than fixed: its speed if memory allowed."""
+    split = even_split(model.num_layers, c.pp)
+    rec0 = list(split) if rules.all_layers_recomputed else [0] * c.pp
+    return price(model, cluster, c, split, rec0, engine, margin_gib)
+
+
+def _overflow(model, cluster, c, coeffs, rules: Rules, engine, margin_gib) -> tuple:
+    """(GiB over, rank, reserved GiB, capacity GiB, recomputes all) of a candidate that fits
+    on no placement: the worst rank of the heuristic placement (even split, the least
+    recompute that could help)."""
+    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster, engine, margin_gib), rules,
+                  engine=engine, margin_gib=margin_gib)
+    over = h.estimate.overflow_gib()
+    k = max(range(len(over)), key=lambda i: over[i])
+    return (over[k], k, h.estimate.stage_memory_gib[k]["reserved"], h.estimate.capacity_gib,
+            bool(h.recompute[k] == h.layers[k] and h.layers[k] and c.recompute != "none"))
+
+
+def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: list,
+                     known_bounds: dict, base: float,
+                     shown: int = REJECTED_LAYOUTS_SHOWN) -> list:
+    """[RejectedLayout] of the `shown` layouts among the `rejected` (Candidate, reason) whose
+    ideal beats the plan's step `base`, fastest ideal first.
+
+    Ideals (a placement's step time) are at least the quick bound, here from pipeline rank
+    0's coefficients (every rank's per-layer time is the same, other ranks' fixed times are
+    >= 0) unless the search computed it (`known_bounds`). In bound order, once a bound exceeds
+    the plan's step and the shown-th smallest layout minimum so far, no later candidate can
+    enter or reorder the layouts shown: those are left unpriced."""
+    engine = get_engine(engine)
+    bounded = []
+    for c, _ in rejected:
+        lb = known_bounds.get(c)
+        if lb is None:
+            first = stage_coefficients(model, cluster, c, engine, ranks=[0])
+            lb = quick_lower_bound(first, c, model.num_layers)
+        bounded.append((lb, c))
+    bounded.sort(key=lambda x: x[0])
+    layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
+    groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
+    mins = {}     # each layout's least ideal so far
+    for i, (lb, c) in enumerate(bounded):
+        least = sorted(mins.values())
+        cut = min(base, least[shown - 1] if len(least) >= shown else math.inf)
+        if lb > cut:
+            break
+        rules = rules_for(engine, c, f)
+        ideal = _ideal_price(model, cluster, c, rules, engine, margin_gib)
+        groups.setdefault(layout(c), []).append((ideal.estimate.step_time_s, c, ideal.coeffs,
+                                                 rules))
+        mins[layout(c)] = min(mins.get(layout(c), math.inf), ideal.estimate.step_time_s)
+    for lb, c in bounded[i:] if bounded and lb > cut else []:
+        if layout(c) in groups:   # the shown layouts' other variants, unpriced
+            groups[layout(c)].append((math.inf, c, None, rules_for(engine, c, f)))
+    ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
+    out = []
+    for group in [g for g in ordered if min(x[0] for x in g) < base][:shown]:
+        rows = [(_overflow(model, cluster, c, coeffs or stage_coefficients(model, cluster, c,
+                                                                           engine),
+                           rules, engine, margin_gib), step, c)
+                for step, c, coeffs, rules in group]
+        (over, k, reserved, capacity, recomputes_all), step, c = min(rows, key=lambda x: x[0][0])
+        if not math.isfinite(step):   # a variant the quick bound skipped: price it now
+            step = _ideal_price(model, cluster, c, rules_for(engine, c, f), engine,
+                                margin_gib).estimate.step_time_s
+        out.append(RejectedLayout(candidate=c, ideal_step_s=step, overflow_gib=over, rank=k,
+                                  reserved_gib=reserved, capacity_gib=capacity,
+                                  recomputes_all=recomputes_all))
+    return out
 
 
 def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
@@ -1553,16 +1655,3 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                 attention="flash" if c.flash else "eager", precision=c.precision,
                 recipe=c.recipe or default_recipe(engine, c.precision))
 
-
-def candidate_of(plan: Plan) -> Candidate:
-    p, b = plan.parallelism, plan.batch
-    return Candidate(tp=p.tp, pp=p.pp, dp=p.dp, zero=p.zero_stage, sp=p.sequence_parallel,
-                     mbs=b.micro_batch_size, seq_len=b.seq_len, global_batch=b.global_batch_size,
-                     schedule=p.schedule, vpp=p.vpp, recompute=p.recompute,
-                     recompute_modules=p.recompute_modules,
-                     flash=plan.attention == "flash", precision=plan.precision,
-                     recipe=plan.recipe, ep=p.ep, etp=p.etp, cp=p.cp, cp_comm=p.cp_comm_type,
-                     tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=plan_dispatcher(plan),
-                     ep_comm_overlap=p.ep_comm_overlap,
-                     moe_capacity_factor=p.moe_capacity_factor,
-                     moe_imbalance=p.moe_imbalance)

@@ -1,14 +1,20 @@
-"""What would fit when nothing does: relax one choice at a time and search again."""
+"""What would fit when nothing does, and which fixed choices match no configuration: constraint
+changes, as data (planner.cli words them).
+
+`suggestions` relaxes one choice at a time and searches again: [Suggestion]. `no_configuration`
+frees one fixed choice at a time and enumerates again: NoConfiguration.
+"""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from planner.bounds import MAX_GPUS
-from planner.errors import BadInput
-from planner.explain import describe_candidate
+from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
 from planner.engines import get_engine
-from planner.search import Fixed, search, states_per_gpu_bound
+from planner.search import (Fixed, Result, check_fixed, default_global_batch, default_seq_len,
+                            enumerate_candidates, search, states_per_gpu_bound)
 from planner.specs import Cluster
 
 MAX_DOUBLINGS = 8
@@ -52,9 +58,43 @@ def _layout_free(fixed: Fixed, **keep) -> Fixed:
     return dataclasses.replace(fixed, **{**{k: None for k in LAYOUT_FIELDS}, **keep})
 
 
+@dataclass
+class Suggestion:
+    """A change of the constraints under which the model fits: `change` says which ("recompute":
+    full recompute; "zero": the ZeRO stage searched; "layout": the layout searched again;
+    "gpus": a larger cluster), `fixed` the constraints searched (`delta`: the fields changed
+    from the user's), `best` the best plan found under them on `num_gpus` GPUs with global
+    batch `global_batch`."""
+    change: str
+    fixed: Fixed
+    delta: dict
+    best: Result
+    num_gpus: int
+    global_batch: int
+
+    @property
+    def step_time_s(self) -> float:
+        return self.best.estimate.step_time_s
+
+    @property
+    def peak_reserved_gib(self) -> float:
+        return self.best.estimate.peak_reserved_gib
+
+
+def _delta(before: Fixed, after: Fixed) -> dict:
+    return {f.name: getattr(after, f.name) for f in dataclasses.fields(Fixed)
+            if getattr(after, f.name) != getattr(before, f.name)}
+
+
 def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 engine=None, margin_gib=None) -> list:
+    """[Suggestion]: a fixed recompute made full, a fixed ZeRO stage searched, a fixed layout
+    searched again; when none of those fits, the fewest doublings of the GPUs that fit."""
     tips = []
+
+    def tip(change, f, best, n=cluster.num_gpus, g=gbs):
+        tips.append(Suggestion(change=change, fixed=f, delta=_delta(fixed, f), best=best,
+                               num_gpus=n, global_batch=g))
 
     def fits(cl, f, s, g):
         if _hopeless(model, cl, engine, margin_gib):
@@ -64,18 +104,21 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
     # with recompute free the search has tried "full" already: searching again finds nothing new
     if fixed.recompute not in ("full", None) and (engine is None
                                                   or "full" in engine.recompute_modes):
-        best = fits(cluster, dataclasses.replace(fixed, recompute=None if
-                    fixed.recompute is None else "full", recompute_modules=None), seq_len, gbs)
+        f = dataclasses.replace(fixed, recompute=None if fixed.recompute is None else "full",
+                                recompute_modules=None)
+        best = fits(cluster, f, seq_len, gbs)
         if best is not None:
-            tips.append(f"--recompute full ({describe_candidate(best.candidate)})")
+            tip("recompute", f, best)
     if fixed.zero is not None and fixed.zero < 3:
-        best = fits(cluster, dataclasses.replace(fixed, zero=None), seq_len, gbs)
+        f = dataclasses.replace(fixed, zero=None)
+        best = fits(cluster, f, seq_len, gbs)
         if best is not None:
-            tips.append(f"ZeRO-{best.candidate.zero} ({describe_candidate(best.candidate)})")
+            tip("zero", f, best)
     if any(getattr(fixed, k) is not None for k in ("tp", "pp", "dp", "mbs", "sp", "schedule", "vpp")):
-        best = fits(cluster, _layout_free(fixed), seq_len, gbs)
+        f = _layout_free(fixed)
+        best = fits(cluster, f, seq_len, gbs)
         if best is not None:
-            tips.append(f"another layout: {describe_candidate(best.candidate)}")
+            tip("layout", f, best)
     if not tips:
         n = cluster.num_gpus
         for _ in range(MAX_DOUBLINGS):
@@ -84,10 +127,53 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 break
             bigger = _more_gpus(cluster, n)
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
-            best = fits(bigger, _layout_free(fixed, recompute=fixed.recompute,
-                                             recompute_modules=fixed.recompute_modules),
-                        seq_len, g)
+            f = _layout_free(fixed, recompute=fixed.recompute,
+                             recompute_modules=fixed.recompute_modules)
+            best = fits(bigger, f, seq_len, g)
             if best is not None:
-                tips.append(f"{n} GPUs ({describe_candidate(best.candidate)}, global batch {g})")
+                tip("gpus", f, best, n, g)
                 break
     return tips
+
+
+# ---- fixed choices that match no configuration -------------------------------------------
+
+# the fixed choices a NoConfiguration may name, in the order it names them
+CHOICES = ("tp", "pp", "dp", "mbs", "vpp", "zero", "sp", "schedule", "recompute")
+
+
+@dataclass
+class NoConfiguration:
+    """No configuration of `num_gpus` GPUs matches `fixed` with `global_batch`; `culprits`: the
+    fixed choices (fields of Fixed, in CHOICES order) that, set free, would give some."""
+    num_gpus: int
+    global_batch: int
+    fixed: Fixed
+    culprits: tuple
+
+
+def no_configuration(model, cluster: Cluster, fixed: Fixed, seq_len: int, global_batch: int,
+                     engine=None) -> NoConfiguration:
+    """The fixed choices whose freeing gives some configuration."""
+    culprits = tuple(
+        name for name in CHOICES if getattr(fixed, name) is not None
+        and enumerate_candidates(model, cluster, dataclasses.replace(fixed, **{name: None}),
+                                 seq_len, global_batch, engine))
+    return NoConfiguration(num_gpus=cluster.num_gpus, global_batch=global_batch, fixed=fixed,
+                           culprits=culprits)
+
+
+def diagnose_no_configuration(model, cluster: Cluster, fixed: Fixed, seq_len, global_batch,
+                              engine=None) -> NoConfiguration | None:
+    """no_configuration when the fixed choices pass the search's own checks
+    (planner.search.check_fixed, whose messages are precise) but match no configuration;
+    else None. Default sequence length and global batch as the search takes them."""
+    s = seq_len or default_seq_len(model)
+    g = global_batch or default_global_batch(s, cluster.num_gpus)
+    try:
+        check_fixed(model, cluster, fixed, s, g, engine)
+        if enumerate_candidates(model, cluster, fixed, s, g, engine):
+            return None
+    except PlannerError:
+        return None
+    return no_configuration(model, cluster, fixed, s, g, engine)

@@ -20,9 +20,9 @@ from pathlib import Path
 from planner.bounds import MAX_INT_ARG, MAX_SWEEP_POINTS
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, PlannerError
-from planner.explain import (describe_candidate, describe_result,
-                             diagnose_no_configuration)
+from planner.explain import describe_candidate, describe_result, no_configuration_message
 from planner.search import Fixed, default_global_batch, default_seq_len, search
+from planner.suggest import diagnose_no_configuration
 
 COLUMNS = ["model", "cluster", "gpus", "seq_len", "global_batch", "fits", "config", "tp", "pp",
            "dp", "zero", "sp", "micro_batch", "num_microbatches", "schedule", "vpp",
@@ -93,9 +93,11 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
         if progress:
             progress(i, len(points), f"{cluster.name} seq {s_} batch {g_}")
         try:
-            report = search(model, cluster, fixed, s_, g_, top=1)
+            # no alternatives are shown: the rejected layouts need not be found
+            report = search(model, cluster, fixed, s_, g_, top=1, rejected=False)
         except PlannerError as e:       # e.g. a batch these GPUs cannot split
-            row["note"] = diagnose_no_configuration(model, cluster, fixed, s_, g_) or str(e)
+            nc = diagnose_no_configuration(model, cluster, fixed, s_, g_)
+            row["note"] = no_configuration_message(model, nc) if nc is not None else str(e)
             rows.append(row)
             continue
         r = report.best

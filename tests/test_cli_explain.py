@@ -280,3 +280,75 @@ def test_error_bad_plot_paths(capsys, saved, tmp_path):
     _one_line_error(code, out, err)
     assert "no such directory" in err
     assert not (tmp_path / "p.txt").exists()
+
+
+# ---- one price per plan; explain renders, suggest returns data ---------------------------
+
+def _imports(path) -> set:
+    """Modules a source file imports (at top level or inside functions)."""
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_explain_and_the_plot_never_import_the_search_nor_the_search_presentation():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "planner"
+    for name in ("explain.py", "plot.py"):
+        assert not {m for m in _imports(root / name) if m.startswith("planner.search")}, name
+    presentation = {"planner.explain", "planner.plot", "planner.cli", "rich"}
+    below = [root / "search.py", root / "suggest.py", *sorted((root / "cost").glob("*.py"))]
+    for path in below:
+        got = {m for m in _imports(path) if m in presentation or m.startswith("rich.")}
+        assert not got, (path.name, got)
+
+
+def test_a_saved_plan_is_priced_as_the_search_priced_it(saved):
+    """plan show's times and memory (planner.cost.price.price_plan) are the search's own."""
+    from planner.cost.price import price_plan
+    plan = Plan.load(saved)
+    again = price_plan(plan)
+    assert again.estimate.step_time_s == pytest.approx(plan.estimate["step_time_s"], rel=1e-12)
+    for s in plan.stages:
+        for k, v in s.memory_gib.items():
+            assert again.estimate.stage_memory_gib[s.pp_rank][k] == pytest.approx(v, abs=1e-3)
+    # the per-rank times the stage table and the plot show add up to the ranks' stage times
+    for t, want in zip(again.rank_times(), again.estimate.stage_time_s):
+        assert t.fwd + t.bwd == pytest.approx(want, rel=1e-12) and 0 < t.fwd < t.total
+
+
+def test_rejected_layouts_are_the_search_reports_and_explain_words_them(big):
+    m, c, report = big
+    assert 1 <= len(report.rejected_layouts) <= 3
+    alts = alternatives(m, c, report, report.best, Fixed())
+    oom = [(desc, why) for desc, _, why in alts if why.startswith("out of memory")]
+    assert [d for d, _ in oom] == [describe_candidate(r.candidate)
+                                   for r in report.rejected_layouts]
+    base = report.best.estimate.step_time_s
+    for r, (_, why) in zip(report.rejected_layouts, oom):
+        assert f"by {r.overflow_gib:.1f} GiB" in why and r.overflow_gib > 0
+        pct = (r.ideal_step_s / base - 1) * 100
+        assert (f"would be {-pct:.1f}% faster" if pct < 0 else f"{pct:.1f}% slower") in why
+
+
+def test_suggestions_are_constraint_changes_the_cli_words(capsys):
+    from planner.suggest import suggestions
+    m, c = get_model("llama70b"), get_cluster("h100x32")
+    fixed = Fixed(recompute="none", tp=8, pp=4, mbs=4, zero=0)
+    tips = suggestions(m, c, fixed, 8192, 64)
+    full = [t for t in tips if t.change == "recompute"]
+    assert full and full[0].delta == {"recompute": "full"}
+    assert full[0].best.estimate.fits and full[0].num_gpus == 32
+    # the search under the suggested constraints finds that plan
+    again = search(m, c, full[0].fixed, 8192, 64, top=1, rejected=False).best
+    assert again.estimate.step_time_s == pytest.approx(full[0].step_time_s, rel=1e-12)
+    code, _, err = run(capsys, "--model", "llama70b", "--cluster", "h100x32", "--recompute",
+                       "none", "--tp", "8", "--pp", "4", "--micro-batch", "4", "--seq-len",
+                       "8192", "--global-batch", "64", "--zero", "0")
+    assert code == 3
+    assert f"--recompute full ({describe_candidate(full[0].best.candidate)})" in err

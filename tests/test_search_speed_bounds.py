@@ -199,4 +199,4 @@ def test_suggestions_skip_hopeless_gpu_counts_with_the_same_answer(monkeypatch):
     fast = sg.suggestions(model, cluster, Fixed(), s, gbs, eng)
     monkeypatch.setattr(sg, "_hopeless", lambda *a: False)
     assert sg.suggestions(model, cluster, Fixed(), s, gbs, eng) == fast
-    assert fast and fast[0].startswith("32 GPUs")
+    assert fast and fast[0].change == "gpus" and fast[0].num_gpus == 32

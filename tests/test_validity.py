@@ -16,7 +16,8 @@ from planner.bounds import divisors  # noqa: E402
 from planner.catalog import get_cluster, get_gpu  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.errors import BadInput  # noqa: E402
-from planner.explain import no_configuration, not_divisible  # noqa: E402
+from planner.explain import not_divisible  # noqa: E402
+from planner.suggest import no_configuration  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
 from planner.search import Fixed, enumerate_candidates, search, to_plan  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
