@@ -15,6 +15,7 @@ from rich.table import Table
 from planner import validity as V
 from planner.bounds import divisors
 from planner.errors import BadInput
+from planner.engines import get_engine
 from planner.plan import Plan
 
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
@@ -201,14 +202,14 @@ def _oom(model, cluster, c, coeffs, rules, engine, margin_gib) -> tuple:
                      f"{h.estimate.capacity_gib:.1f} GiB{', ' + how if how else ''})")
 
 
-def not_divisible(model, cluster, fixed, global_batch: int) -> list:
+def not_divisible(model, cluster, fixed, global_batch: int, engine=None) -> list:
     """[(configuration, reason)] for natural degrees the model or batch cannot be split by
-    (the rules of planner.validity)."""
-    n, gpn = cluster.num_gpus, cluster.nvlink_domain
+    (the rules of planner.validity; a TP group where the engine lets it live, Engine.tp_fits)."""
+    n, eng = cluster.num_gpus, get_engine(engine)
     rows = []
     if fixed is None or fixed.tp is None:
         by_reason = {}
-        for tp in (t for t in divisors(n) if 2 <= t <= gpn and V.tp_in_node(t, gpn)):
+        for tp in (t for t in divisors(n) if 2 <= t and eng.tp_fits(cluster, t)):
             blockers = V.tp_blockers(model, tp)
             if blockers:
                 by_reason.setdefault(", ".join(blockers), []).append(tp)
@@ -360,7 +361,7 @@ def alternatives(model, cluster, report, best, fixed=None, rejected_shown: int =
                         f"; {pct:.1f}% slower even if it fit")
             out.append((describe_candidate(c), None, why))
     if report.global_batch:
-        for desc, why in not_divisible(model, cluster, fixed, report.global_batch):
+        for desc, why in not_divisible(model, cluster, fixed, report.global_batch, report.engine):
             out.append((desc, None, why))
     return out
 
