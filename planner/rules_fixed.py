@@ -138,7 +138,10 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         yield problem
     problem = V.model_part_problem(eng, model)
     if problem:
-        yield problem
+        mtp = model.mtp_layers and "mtp" in eng.model_lacks
+        yield _p(problem.rule, problem.knobs, problem.message, problem.source,
+                 "plan it with --engine megatron, which builds it" if mtp else
+                 f"plan it with another --engine than {eng.name}")
     n = cluster.num_gpus
     if f.cp is not None and f.cp > 1 and not eng.cp_comm_types:
         yield _p("engine_cp", ("cp",), f"engine {eng.name} has no context parallelism (--cp {f.cp})",

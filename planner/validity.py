@@ -270,8 +270,7 @@ def model_part_problem(engine, model) -> Problem | None:
                            f"model {model.name}: {phrase(model)} is not built by the "
                            f"{engine.name} yet" if engine.name != "runtime" else
                            f"model {model.name}: {phrase(model)} is not built by the runtime "
-                           f"yet", source=engine.source_of("model_parts"),
-                           fix=_other_engine_fix(engine, "megatron"))
+                           f"yet", source=engine.source_of("model_parts"))
     return None
 
 
@@ -283,10 +282,6 @@ def mla_tp_problem(engine, model, tp: int) -> Problem | None:
                        f"supported by {who} yet (tp 1 only)",
                        source=engine.source_of("mla_with_tp"))
     return None
-
-
-def _other_engine_fix(engine, other: str) -> str:
-    return f"plan it with --engine {other}" if engine.name != other else ""
 
 
 def zero_problem(engine, zero: int, tp: int, pp: int, dp: int, cp: int = 1) -> Problem | None:
@@ -376,7 +371,7 @@ def engine_problems(plan, engine) -> list:
             "moe_tp_needs_sp", ("tp", "sequence_parallel"),
             f"MoE model {m.name} with tp {p.tp} needs sequence parallel (as Megatron: "
             f"\"sequence parallel must be used with MoE and tensor parallel\")",
-            source=engine.source_of("moe_tp_needs_sp"), fix="plan it with --sp"))
+            source=engine.source_of("moe_tp_needs_sp")))
     precision = precision_problem(engine, plan.cluster.gpu, plan.precision, plan.recipe)
     if precision:
         out.append(precision)
