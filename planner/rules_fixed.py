@@ -144,7 +144,8 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
                  f"plan it with another --engine than {eng.name}")
     n = cluster.num_gpus
     if f.cp is not None and f.cp > 1 and not eng.cp_comm_types:
-        yield _p("engine_cp", ("cp",), f"engine {eng.name} has no context parallelism (--cp {f.cp})",
+        yield _p("engine_cp", ("cp",),
+                 f"engine {eng.name} has no context parallelism (--cp {f.cp})",
                  eng.source_of("cp"))
     if f.cp_comm_type is not None:
         if f.cp_comm_type not in CP_COMM_TYPES:

@@ -1,5 +1,19 @@
-"""The validity rules of a parallel configuration: one home, shared by the search, plan
-validation, explain and the runtime.
+"""The rules layer: the one home of every rule a plan must keep, asked by the search (per
+candidate, and through planner.rules_fixed for the values fixed on the command line),
+Plan.validate, the exporters, explain, `plan launch` and the runtime's pre-flight
+(runtime.parallelize.check_layout). A broken rule is a planner.problem.Problem: its name, the
+knobs involved, one line, the engine source that states it and a fix; a refusal shows the
+first, never a list of rules that might have failed.
+
+Two kinds of rules:
+* what no engine can run (below): the model, the batch and the cluster split by the degrees,
+  and the precision on the GPU (planner.precision) -- `rule_problems`, held by Plan.validate
+  (a loaded plan is held to every rule as a planned one is);
+* what one engine can run, read from its spec's data (planner.engines: ZeRO stages with and
+  without pipelining, schedules, stage splits, recompute counts, dispatchers, precisions, and
+  for our runtime what its model code does not build, MLA under tp, MoE with tp needing sp,
+  etp = tp, no CP) -- `engine_problems`; `runner_problems` puts first that the plan was priced
+  for that engine. Where a TP group may live is the engine's (Engine.tp_domain / tp_fits).
 
 A configuration is valid when the model, the batch and the cluster can be split by its degrees
 the way every consumer of a plan lays them out:
@@ -7,8 +21,9 @@ the way every consumer of a plan lays them out:
 * tensor parallelism splits the attention heads, the FFN and the vocabulary; the KV heads are
   split too, or (the runtime's grouped-query layout) replicated when they divide tp. The
   search keeps to splitting them (`tp_ok`), which every engine runs;
-* a tp group sits inside one node (ranks are laid out tp innermost): tp divides the GPUs of a
-  node whenever the job spans more than one;
+* a tp group sits inside the engine's TP domain (ranks are laid out tp innermost; the NVLink
+  domain, or the host for engines that place TP per host: Engine.tp_domain): tp divides it
+  whenever the job spans more than one;
 * sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0
   (with context parallelism, each cp rank's s/cp tokens over tp);
 * context parallelism (cp > 1) splits each sequence into 2*cp chunks for the causal load
@@ -25,10 +40,10 @@ the way every consumer of a plan lays them out:
   max(1, m // pp), so m is a multiple of the rounds (`torch_interleaved_ok`); the search offers
   only m % pp == 0 (Megatron's rule, `interleaved_ok`), which implies it.
 
-The predicates are cheap (the search calls them per candidate); `plan_problems` lists every
-problem of a Plan in one line each (Plan.validate raises the first; the runtime refuses with it
-before any work); `launch_problems` adds what depends on how the runtime was launched. Pure
-Python: no torch, no numpy.
+The predicates are cheap (the search calls them per candidate); `plan_problems` renders the
+problems of a Plan one line each (Plan.validate raises the first; with runner="runtime" the
+runtime refuses with it before any work); `launch_problems` adds what depends on how the
+runtime was launched. Pure Python: no torch, no numpy.
 """
 from __future__ import annotations
 

@@ -35,6 +35,10 @@ on the first stage when the embedding is untied). ZeRO 2 keeps FSDP2's gathered 
 cross entropy at tp 1, runtime/pipeline.py's vocabulary-parallel one under tp (planner.engines.
 spec LossMemory, measured); the pipeline's last stage keeps its logits to its backward.
 Precision: bf16 only (runtime/ has no FP8 path).
+What it refuses (read by planner.validity, so the search never emits it and the pre-flight
+refuses it in one line): multi-token prediction and ALiBi (`model_lacks`: runtime/model.py
+builds neither), MLA with tp > 1 (`mla_with_tp`), an MoE model under tp without sequence
+parallelism (`moe_tp_needs_sp`), etp != tp (`moe_etp`), and a plan priced for another engine.
 No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
 backends and the runtime does not wire it; the search never chooses cp > 1 here and the
 runtime's preflight refuses a cp > 1 plan in one line (planner.validity, cp_comm_types).
