@@ -290,7 +290,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
         capacity = f.moe_capacity_factor if model.is_moe else None
         imbalance = f.moe_imbalance if model.is_moe else 1.0
         if model.is_moe:
-            if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
+            if tp > 1 and engine.moe_tp_needs_sp:   # planner.validity's rule, engine data
                 sps = [x for x in sps if x]
             if layer_kinds(model) and pp > 1 and not f.vpp:
                 # dense and MoE layers mixed: interleaving only where asked for (--vpp; then

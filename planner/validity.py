@@ -523,7 +523,7 @@ def runner_problems(plan, engine) -> list:
 def rule_problems(plan, whole_cluster: bool = False) -> list:
     """Every rule a plan whose fields have the right types (Plan.validate checks those first)
     breaks, as Problems, whatever engine runs it: the splits, the batch, the stages, the
-    precision on its GPU by its engine. `whole_cluster`: its tp*pp*dp*cp must be its
+    precision on its GPU (the TP domain is its engine's). `whole_cluster`: its tp*pp*dp*cp must be its
     cluster's GPU count."""
     p, m, b, c = plan.parallelism, plan.model, plan.batch, plan.cluster
     engine = ENGINES.get(plan.engine)
@@ -535,9 +535,6 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     problem = gpu_precision_problem(c.gpu, plan.precision, plan.recipe)
     if problem:
         out.append(problem)
-    if engine is not None:
-        if p.cp > 1 and not engine.cp_comm_types and engine.name == "runtime":
-            out.append(cp_engine_problem(engine, p.cp, None))
     for why in cp_problems(m, b.seq_len, p.tp, p.cp, p.cp_comm_type, plan.attention == "flash"):
         add("cp_split", ("cp", "seq_len"), why, "megatron/core/utils.py get_batch_on_this_cp_rank")
     for why in ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp):

@@ -190,8 +190,9 @@ class Engine:
     # multi-head latent attention under tensor parallelism (False: MLA at tp 1 only)
     mla_with_tp: bool = True
     # an MoE model under tensor parallelism needs sequence parallelism (Megatron-Core asserts
-    # "sequence parallel must be used with MoE and tensor parallel")
-    moe_tp_needs_sp: bool = False
+    # "sequence parallel must be used with MoE and tensor parallel"; torchtitan always shards
+    # the sequence under tp; our runtime's experts take the tp rank's share of the tokens)
+    moe_tp_needs_sp: bool = True
     # where it states its limits, as ((rule, file or document), ...): the `source` of the
     # planner.validity Problem for that rule
     sources: tuple = ()
