@@ -19,6 +19,7 @@ from planner import validity as V
 from planner.bounds import divisors
 from planner.cost.price import price_plan
 from planner.errors import BadInput
+from planner.engines import get_engine
 from planner.plan import Plan
 
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
@@ -158,14 +159,14 @@ def _rejected_because(r, base) -> str:
                   f"; {pct:.1f}% slower even if it fit")
 
 
-def not_divisible(model, cluster, fixed, global_batch: int) -> list:
+def not_divisible(model, cluster, fixed, global_batch: int, engine=None) -> list:
     """[(configuration, reason)] for natural degrees the model or batch cannot be split by
-    (the rules of planner.validity)."""
-    n, gpn = cluster.num_gpus, cluster.nvlink_domain
+    (the rules of planner.validity; a TP group where the engine lets it live, Engine.tp_fits)."""
+    n, eng = cluster.num_gpus, get_engine(engine)
     rows = []
     if fixed is None or fixed.tp is None:
         by_reason = {}
-        for tp in (t for t in divisors(n) if 2 <= t <= gpn and V.tp_in_node(t, gpn)):
+        for tp in (t for t in divisors(n) if 2 <= t and eng.tp_fits(cluster, t)):
             blockers = V.tp_blockers(model, tp)
             if blockers:
                 by_reason.setdefault(", ".join(blockers), []).append(tp)
@@ -238,7 +239,7 @@ def alternatives(model, cluster, report, best, fixed=None) -> list:
             out.append((describe_candidate(r.candidate), None,
                         _rejected_because(r, best.estimate.step_time_s)))
     if report.global_batch:
-        for desc, why in not_divisible(model, cluster, fixed, report.global_batch):
+        for desc, why in not_divisible(model, cluster, fixed, report.global_batch, report.engine):
             out.append((desc, None, why))
     return out
 

@@ -17,6 +17,7 @@ import shlex
 from planner.errors import BadInput
 from planner.plan import Plan
 from planner.schema import MAX_PATH, check_name
+from planner.validity import runner_problems
 
 RDZV_PORT = 29500
 
@@ -71,13 +72,12 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     (one task per node, each running torchrun for all that node's GPUs).
     """
     plan.validate(whole_cluster=True)
-    if plan.engine != "runtime":
+    refused = runner_problems(plan, "runtime")     # the rules the runtime's pre-flight asks
+    if refused and refused[0].rule == "priced_for_engine":
         raise BadInput(f"plan launch starts our runtime, but the plan was priced for "
-                       f"{plan.engine}: plan it with --engine runtime, or run it on {plan.engine} "
-                       f"(plan show PLAN --export {plan.engine})"
-                       if plan.engine in ("megatron", "deepspeed", "torchtitan") else
-                       f"plan launch starts our runtime, but the plan was priced for "
-                       f"{plan.engine}: plan it with --engine runtime")
+                       f"{plan.engine}: {refused[0].fix}")
+    if refused:
+        raise BadInput(f"plan launch: the runtime cannot run this plan: {refused[0].line}")
     check_name(str(plan_path), "the plan path", MAX_PATH)
     for what, v in (("model name", plan.model.name), ("cluster name", plan.cluster.name)):
         check_name(v, f"the plan's {what}")

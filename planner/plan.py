@@ -225,8 +225,10 @@ class Plan:
     # ---- validation -----------------------------------------------------
     def validate(self, whole_cluster: bool = False) -> None:
         """Raise BadInput unless the plan is internally consistent and valid
-        (planner.validity.plan_problems: the rules the search and the runtime share; with
-        `whole_cluster`, it also uses every GPU of its cluster)."""
+        (planner.validity.plan_problems: the rules the search and the runtime share, its
+        precision on its GPU included; with `whole_cluster`, it also uses every GPU of its
+        cluster). What one engine runs of it is asked where it runs (the exporters, `plan
+        launch`, the runtime's pre-flight: planner.validity.runner_problems)."""
         p, b = self.parallelism, self.batch
 
         def bad(msg):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import BadInput
+from planner.problem import Problem
 
 PRECISIONS = ("bf16", "fp8", "mxfp8", "nvfp4")
 DEFAULT_PRECISION = "bf16"
@@ -157,27 +158,65 @@ def low_precision_peak(gpu, precision: str) -> float | None:
     return LOW_PRECISION_PEAK_TFLOPS.get(gpu.name, {}).get(precision)
 
 
-def check_precision(engine, gpu, precision: str, recipe: str | None = None) -> None:
-    """BadInput (exit 2, one line) unless `engine` runs `precision` (and `recipe`) on `gpu`."""
+def gpu_precision_problem(gpu, precision: str, recipe: str | None = None,
+                          flags: bool = False) -> Problem | None:
+    """`gpu`'s tensor cores run `precision` (a known one; a recipe only with a low one), or the
+    Problem saying why not, whatever the engine. `flags`: worded for --precision / --recipe."""
+    dash = "--" if flags else ""
     if precision not in PRECISIONS:
-        raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        return Problem("precision_known", ("precision",),
+                       f"{dash}precision must be one of {', '.join(PRECISIONS)}, got "
+                       f"{precision!r}")
     if precision == "bf16":
         if recipe is not None:
-            raise BadInput(f"--recipe {recipe} needs a low --precision (fp8, mxfp8, nvfp4)")
-        return
+            return Problem("recipe_needs_low_precision", ("recipe", "precision"),
+                           f"{dash}recipe {recipe} needs a low {dash}precision (fp8, mxfp8, "
+                           f"nvfp4)")
+        return None
     arch = arch_of(gpu)
     if arch not in ARCHS[precision] or low_precision_peak(gpu, precision) is None:
-        raise BadInput(f"--precision {precision} needs a GPU with {precision.upper()} tensor "
-                       f"cores ({' or '.join(ARCHS[precision])}); {gpu.name} has none in the "
-                       f"catalog")
+        return Problem("precision_on_gpu", ("precision", "cluster"),
+                       f"{dash}precision {precision} needs a GPU with {precision.upper()} "
+                       f"tensor cores ({' or '.join(ARCHS[precision])}); {gpu.name} has none "
+                       f"in the catalog",
+                       source="Transformer Engine docs, \"Using FP8 and FP4 with Transformer "
+                              "Engine\"; NVIDIA datasheets (planner.precision ARCHS)",
+                       fix="" if flags else "plan it again with --precision bf16 (or on a "
+                                            f"{' or '.join(ARCHS[precision])} cluster)")
+    return None
+
+
+def precision_problem(engine, gpu, precision: str, recipe: str | None = None,
+                      flags: bool = False) -> Problem | None:
+    """The one home of the precision rules: `engine` runs `precision` (and `recipe`) on `gpu`
+    (`gpu_precision_problem`, then what the engine offers), or the Problem saying why not."""
+    problem = gpu_precision_problem(gpu, precision, recipe, flags)
+    if problem or precision == "bf16":
+        return problem
+    dash = "--" if flags else ""
     offered = dict(engine.precisions)
     if precision not in offered:
         runs = ", ".join(p for p, _ in engine.precisions)
-        raise BadInput(f"engine {engine.name} does not run --precision {precision} (it runs: "
-                       f"{runs})")
+        return Problem("engine_precision", ("precision", "engine"),
+                       f"engine {engine.name} does not run {dash}precision {precision} (it "
+                       f"runs: {runs})",
+                       source=f"planner.engines.{engine.name} (precisions)",
+                       fix="" if flags else f"plan it with --engine {engine.name} "
+                                            f"--precision {engine.precisions[0][0]}")
     if recipe is not None and recipe not in offered[precision]:
-        raise BadInput(f"engine {engine.name} has no {recipe} recipe for {precision} (it has: "
-                       f"{', '.join(offered[precision])})")
+        return Problem("engine_recipe", ("recipe", "engine"),
+                       f"engine {engine.name} has no {recipe} recipe for {precision} (it has: "
+                       f"{', '.join(offered[precision])})",
+                       source=f"planner.engines.{engine.name} (precisions)")
+    return None
+
+
+def check_precision(engine, gpu, precision: str, recipe: str | None = None) -> None:
+    """BadInput (exit 2, one line) unless `engine` runs `precision` (and `recipe`) on `gpu`
+    (`precision_problem`, worded for the CLI's flags)."""
+    problem = precision_problem(engine, gpu, precision, recipe, flags=True)
+    if problem:
+        raise BadInput(problem.line)
 
 
 def default_recipe(engine, precision: str) -> str | None:

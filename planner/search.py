@@ -37,11 +37,10 @@ from ortools.sat.python import cp_model
 from planner import validity as V
 from planner.bounds import divisors
 from planner.cost.memory import GIB, model_state_bytes
-from planner.cost.moe import (PADDED_DISPATCHERS, candidate_dispatcher, expert_dp, layer_kinds,
-                              moe_counts, plan_dispatcher)
+from planner.cost.moe import candidate_dispatcher, expert_dp, layer_kinds, moe_counts
 from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
-from planner.cost.context import CP_COMM_TYPES, cp_exchange
+from planner.cost.context import cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import in_flight
 from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
@@ -51,7 +50,8 @@ from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT, PER_CHUNK, Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, even_split, make_stages
-from planner.precision import check_precision, default_recipe
+from planner.precision import default_recipe
+from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed CLI values
 from planner.specs import Cluster, Model
 
 # Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
@@ -164,160 +164,6 @@ def default_global_batch(seq_len: int, num_gpus: int) -> int:
     return max(1, tokens, 2 ** math.ceil(math.log2(max(1, num_gpus // 8))))
 
 
-def check_engine(engine: Engine, f: Fixed) -> None:
-    """Exit-2 errors for fixed values the engine cannot run."""
-    e = engine.name
-    if f.tp and f.tp > 1 and engine.max_tp == 1:
-        raise BadInput(f"engine {e} has no tensor parallelism (--tp {f.tp})")
-    if f.pp and f.pp > 1 and not engine.pipelines:
-        raise BadInput(f"engine {e} has no pipeline parallelism (--pp {f.pp})")
-    if f.schedule and f.schedule not in engine.schedules and (f.pp or 2) > 1:
-        raise BadInput(f"engine {e} has no {f.schedule} schedule (it has: "
-                       f"{', '.join(engine.schedules) or 'no pipelining'})")
-    if f.zero is not None and f.zero not in engine.zero_stages + engine.zero_stages_with_pp:
-        raise BadInput(f"engine {e} has no ZeRO-{f.zero} (it has: "
-                       f"{', '.join(map(str, sorted(set(engine.zero_stages))))})")
-    if f.recompute not in (None, "none") and f.recompute not in engine.recompute_modes:
-        raise BadInput(f"engine {e} has no {f.recompute} recompute (it has: "
-                       f"{', '.join(engine.recompute_modes)})")
-    if f.recompute_modules:
-        if f.recompute != "selective":
-            raise BadInput(f"--recompute-modules needs --recompute selective, not "
-                           f"{f.recompute or 'a searched one'}")
-        unknown = [x for x in f.recompute_modules if x not in engine.recompute_modules]
-        if unknown:
-            raise BadInput(f"engine {e} does not recompute {', '.join(unknown)} selectively "
-                           f"(it recomputes: {', '.join(engine.recompute_modules)})")
-    if f.sp is not None and (f.tp or 2) > 1 and f.sp not in engine.sp_choices:
-        raise BadInput(f"engine {e} {'always' if engine.sp_choices == (True,) else 'never'} "
-                       f"uses sequence parallelism with tp > 1")
-
-
-def check_fixed(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
-                engine: Engine | None = None) -> None:
-    """Exit-2 errors for fixed values that can never work."""
-    eng = get_engine(engine)
-    if f.moe_imbalance != 1.0:
-        if not (f.moe_imbalance >= 1.0 and math.isfinite(f.moe_imbalance)):
-            raise BadInput(f"--moe-imbalance must be at least 1 (the busiest expert rank's "
-                           f"tokens over its balanced share), got {f.moe_imbalance}")
-        if not model.is_moe:
-            raise BadInput(f"model {model.name} has no experts (--moe-imbalance needs an MoE "
-                           f"model)")
-    if f.moe_capacity_factor is not None:
-        if not (f.moe_capacity_factor > 0 and math.isfinite(f.moe_capacity_factor)):
-            raise BadInput(f"--moe-capacity-factor must be positive, got {f.moe_capacity_factor}")
-        if not model.is_moe:
-            raise BadInput(f"model {model.name} has no experts (--moe-capacity-factor needs an "
-                           f"MoE model)")
-        if not eng.moe_capacity_factor:
-            raise BadInput(f"engine {eng.name} runs MoE layers dropless only "
-                           f"(--moe-capacity-factor)")
-        if f.moe_dispatcher and f.moe_dispatcher not in PADDED_DISPATCHERS:
-            raise BadInput(f"token dropping pads experts on the {', '.join(PADDED_DISPATCHERS)} "
-                           f"dispatcher only, not {f.moe_dispatcher}")
-    if f.moe_dispatcher == "flex" and f.ep == 1 and (f.etp or 1) == 1:
-        raise BadInput("the flex dispatcher needs ep x etp > 1 (Megatron's "
-                       "MoEFlexTokenDispatcher); drop --ep 1 or --moe-dispatcher flex")
-    if f.moe_dispatcher and model.is_moe and f.moe_dispatcher not in eng.moe_dispatchers:
-        raise BadInput(f"engine {eng.name} has no {f.moe_dispatcher} token dispatcher (it has: "
-                       f"{', '.join(eng.moe_dispatchers) or 'none'})")
-    if model.is_moe and not eng.moe_dispatchers:
-        raise BadInput(f"engine {eng.name} runs no mixture-of-experts layers as the planner "
-                       f"prices them (model {model.name}: {model.num_experts} experts); "
-                       f"use --engine megatron or torchtitan")
-    if not model.is_moe and ((f.ep or 1) > 1 or (f.etp or 1) > 1):
-        raise BadInput(f"--ep/--etp need a mixture-of-experts model ({model.name} is dense)")
-    if model.is_moe:
-        for name in ("ep", "etp"):
-            v = getattr(f, name)
-            if v is not None and v < 1:
-                raise BadInput(f"--{name} must be positive, got {v}")
-        if f.ep is not None and model.num_experts % f.ep:
-            raise BadInput(f"--ep {f.ep} does not divide the model's {model.num_experts} experts")
-        if f.etp is not None and model.moe_ffn_hidden % f.etp:
-            raise BadInput(f"--etp {f.etp} does not divide the expert FFN "
-                           f"({model.moe_ffn_hidden})")
-    check_engine(eng, f)
-    check_precision(get_engine(engine), cluster.gpu, f.precision, f.recipe)
-    n = cluster.num_gpus
-    eng = get_engine(engine)
-    if f.cp is not None and f.cp > 1 and not eng.cp_comm_types:
-        raise BadInput(f"engine {eng.name} has no context parallelism (--cp {f.cp})")
-    if f.cp_comm_type is not None:
-        if f.cp_comm_type not in CP_COMM_TYPES:
-            raise BadInput(f"--cp-comm-type must be one of {', '.join(CP_COMM_TYPES)}, "
-                           f"got {f.cp_comm_type}")
-        if f.cp_comm_type not in eng.cp_comm_types:
-            raise BadInput(f"engine {eng.name} has no {f.cp_comm_type} context-parallel "
-                           f"exchange (it has: {', '.join(eng.cp_comm_types) or 'no CP'})")
-    for name in ("tp", "pp", "dp", "mbs", "vpp", "cp"):
-        v = getattr(f, name)
-        if v is not None and v < 1:
-            raise BadInput(f"--{name.replace('mbs', 'micro-batch')} must be positive, got {v}")
-    if seq_len < 1 or gbs < 1:
-        raise BadInput("--seq-len and --global-batch must be positive")
-    if f.zero is not None and f.zero not in (0, 1, 2, 3):
-        raise BadInput(f"--zero must be 0, 1, 2 or 3, got {f.zero}")
-    if f.cp is not None and f.cp > 1:
-        problems = V.cp_problems(model, seq_len, f.tp or 1, f.cp, f.cp_comm_type or "p2p",
-                                 f.flash)
-        if problems:
-            raise BadInput(f"--cp {f.cp}: {problems[0]}")
-    for name in ("tp", "pp", "dp", "cp"):
-        v = getattr(f, name)
-        if v is not None and n % v:
-            raise BadInput(f"--{name} {v} does not divide the cluster's {n} GPUs")
-    if f.tp is not None and not V.tp_ok(model, f.tp):
-        raise BadInput(f"--tp {f.tp} does not divide the model's "
-                       f"{V.and_list(V.tp_blockers(model, f.tp))}")
-    domain = get_engine(engine).tp_domain(cluster)
-    if f.tp is not None and not V.tp_in_node(f.tp, domain):
-        raise BadInput(f"--tp {f.tp} would split tensor-parallel groups over nodes of "
-                       f"{domain} GPUs (tp must divide the GPUs per node)")
-    if f.pp is not None and not V.pp_ok(model, f.pp):
-        raise BadInput(f"--pp {f.pp} exceeds the model's {model.num_layers} layers")
-    prod = 1
-    for v in (f.tp, f.pp, f.dp, f.cp):
-        prod *= v or 1
-    name = "tp*cp*pp*dp" if (f.cp or 1) > 1 else "tp*pp*dp"
-    if n % prod:
-        raise BadInput(f"{name} = {prod} does not divide the cluster's {n} GPUs")
-    if None not in (f.tp, f.pp, f.dp) and prod != n:
-        rest = f.tp * f.pp * (f.cp or 1)
-        raise BadInput(f"{name} = {prod} but the cluster has {n} GPUs; use them all "
-                       f"(e.g. --dp {n // rest})" if n % rest == 0 else
-                       f"{name} = {prod} but the cluster has {n} GPUs")
-    if f.dp is not None and not V.batch_ok(gbs, f.dp):
-        raise BadInput(f"--global-batch {gbs} is not divisible by --dp {f.dp}")
-    if f.mbs is not None and f.dp is not None and not V.batch_ok(gbs, f.dp, f.mbs):
-        raise BadInput(f"--global-batch {gbs} is not divisible by dp*micro-batch = {f.dp * f.mbs}")
-    if f.vpp is not None and f.vpp > 1:
-        if f.schedule not in (None, "interleaved"):
-            raise BadInput("--vpp > 1 needs --schedule interleaved")
-        if f.pp is not None and not V.pp_ok(model, f.pp, f.vpp):
-            raise BadInput(f"pp*vpp = {f.pp * f.vpp} exceeds the model's {model.num_layers} layers")
-    if f.schedule == "interleaved" and f.pp == 1:
-        raise BadInput("--schedule interleaved needs --pp > 1")
-    if f.stage_layers is not None:
-        if f.pp is None:
-            raise BadInput("--stage-layers needs --pp (one count per pipeline rank)")
-        problems = V.split_blockers(model.num_layers, f.pp, f.vpp or 1, f.stage_layers,
-                                    eng.stage_layers == EQUAL_SPLIT)
-        if problems:
-            raise BadInput(f"--stage-layers {','.join(map(str, f.stage_layers))}: "
-                           f"{V.and_list(problems)}")
-    if f.sp and f.tp == 1:
-        raise BadInput("--sp needs --tp > 1")
-    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len, f.cp or 1):
-        k = f.tp * (f.cp or 1)
-        raise BadInput(f"--sp shards the sequence over --tp {f.tp}: --seq-len {seq_len} is not "
-                       f"divisible by {k}")
-    if not V.has_positions(model, seq_len):
-        raise BadInput(f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} "
-                       f"{model.position} positions (max_seq_len)")
-
-
 def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
     """(granularity, selective modules) pairs to try. A count-based granularity (any number of
     a rank's layers, 0 included) covers "none"; an every-layer-or-none one needs "none" beside
@@ -363,10 +209,7 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
     n = cluster.num_gpus
-    tps = [f.tp] if f.tp else [t for t in divisors(n)
-                                if t <= engine.tp_limit(cluster)
-                                and V.tp_in_node(t, engine.tp_domain(cluster))
-                                and V.tp_ok(model, t)]
+    tps = [f.tp] if f.tp else [t for t in divisors(n) if V.tp_allowed(engine, cluster, model, t)]
     out = []
     for tp in tps:
         for cp, cp_comm in searched_cp(model, cluster, f, seq_len, tp, engine):
@@ -450,7 +293,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
         capacity = f.moe_capacity_factor if model.is_moe else None
         imbalance = f.moe_imbalance if model.is_moe else 1.0
         if model.is_moe:
-            if tp > 1:   # Megatron asserts sequence parallelism for MoE with tp
+            if tp > 1 and engine.moe_tp_needs_sp:   # planner.validity's rule, engine data
                 sps = [x for x in sps if x]
             if layer_kinds(model) and pp > 1 and not f.vpp:
                 # dense and MoE layers mixed: interleaving only where asked for (--vpp; then

@@ -1,5 +1,19 @@
-"""The validity rules of a parallel configuration: one home, shared by the search, plan
-validation, explain and the runtime.
+"""The rules layer: the one home of every rule a plan must keep, asked by the search (per
+candidate, and through planner.rules_fixed for the values fixed on the command line),
+Plan.validate, the exporters, explain, `plan launch` and the runtime's pre-flight
+(runtime.parallelize.check_layout). A broken rule is a planner.problem.Problem: its name, the
+knobs involved, one line, the engine source that states it and a fix; a refusal shows the
+first, never a list of rules that might have failed.
+
+Two kinds of rules:
+* what no engine can run (below): the model, the batch and the cluster split by the degrees,
+  and the precision on the GPU (planner.precision) -- `rule_problems`, held by Plan.validate
+  (a loaded plan is held to every rule as a planned one is);
+* what one engine can run, read from its spec's data (planner.engines: ZeRO stages with and
+  without pipelining, schedules, stage splits, recompute counts, dispatchers, precisions, and
+  for our runtime what its model code does not build, MLA under tp, MoE with tp needing sp,
+  etp = tp, no CP) -- `engine_problems`; `runner_problems` puts first that the plan was priced
+  for that engine. Where a TP group may live is the engine's (Engine.tp_domain / tp_fits).
 
 A configuration is valid when the model, the batch and the cluster can be split by its degrees
 the way every consumer of a plan lays them out:
@@ -7,8 +21,9 @@ the way every consumer of a plan lays them out:
 * tensor parallelism splits the attention heads, the FFN and the vocabulary; the KV heads are
   split too, or (the runtime's grouped-query layout) replicated when they divide tp. The
   search keeps to splitting them (`tp_ok`), which every engine runs;
-* a tp group sits inside one node (ranks are laid out tp innermost): tp divides the GPUs of a
-  node whenever the job spans more than one;
+* a tp group sits inside the engine's TP domain (ranks are laid out tp innermost; the NVLink
+  domain, or the host for engines that place TP per host: Engine.tp_domain): tp divides it
+  whenever the job spans more than one;
 * sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0
   (with context parallelism, each cp rank's s/cp tokens over tp);
 * context parallelism (cp > 1) splits each sequence into 2*cp chunks for the causal load
@@ -25,12 +40,17 @@ the way every consumer of a plan lays them out:
   max(1, m // pp), so m is a multiple of the rounds (`torch_interleaved_ok`); the search offers
   only m % pp == 0 (Megatron's rule, `interleaved_ok`), which implies it.
 
-The predicates are cheap (the search calls them per candidate); `plan_problems` lists every
-problem of a Plan in one line each (Plan.validate raises the first; the runtime refuses with it
-before any work); `launch_problems` adds what depends on how the runtime was launched. Pure
-Python: no torch, no numpy.
+The predicates are cheap (the search calls them per candidate); `plan_problems` renders the
+problems of a Plan one line each (Plan.validate raises the first; with runner="runtime" the
+runtime refuses with it before any work); `launch_problems` adds what depends on how the
+runtime was launched. Pure Python: no torch, no numpy.
 """
 from __future__ import annotations
+
+from planner.engines import ENGINES, get_engine
+from planner.engines.spec import ALL_OR_NONE, EQUAL_SPLIT, PER_CHUNK
+from planner.precision import gpu_precision_problem, precision_problem
+from planner.problem import Problem
 
 # ---- predicates (called per candidate by the search) --------------------------------------
 
@@ -65,11 +85,6 @@ def tp_ok(model, tp: int, replicate_kv: bool = False) -> bool:
             and model.vocab_size % tp == 0)
 
 
-def tp_in_node(tp: int, gpus_per_node: int) -> bool:
-    """A tp group of a whole-cluster job sits inside one node: tp divides the node's GPUs."""
-    return gpus_per_node % tp == 0
-
-
 def sp_ok(tp: int, seq_len: int, cp: int = 1) -> bool:
     """Sequence parallelism shards the sequence (a cp rank's s/cp tokens) over the tp group."""
     return tp > 1 and seq_len % (tp * cp) == 0
@@ -100,12 +115,6 @@ def cp_problems(model, seq_len: int, tp: int, cp: int, comm_type: str, flash: bo
         out.append(f"cp comm a2a (Ulysses) needs the KV heads per tp rank "
                    f"({model.num_kv_heads} / tp {tp}) divisible by cp {cp}")
     return out
-
-
-# The runtime (runtime/) has no context parallelism: PyTorch's context_parallel needs the
-# CUDA SDPA flash / efficient backends, and the runtime does not wire it (planner.engines.runtime).
-RUNTIME_NO_CP = ("the runtime has no context parallelism (cp {cp}); plan with "
-                 "--engine runtime, which never chooses cp > 1")
 
 
 def has_positions(model, seq_len: int) -> bool:
@@ -228,13 +237,22 @@ def tp_problem(model, tp: int, replicate_kv: bool = True) -> str | None:
     return f"tp {tp} does not divide the model's {and_list(blockers)}"
 
 
-def node_problem(tp: int, world_size: int, gpus_per_node: int,
+def node_problem(tp: int, world_size: int, domain: int,
                  rank_order=("pp", "dp", "tp")) -> str | None:
-    """tp groups that would span nodes when the job runs on nodes of gpus_per_node GPUs."""
-    if rank_order[-1] == "tp" and world_size > gpus_per_node and gpus_per_node % tp:
-        return (f"tp {tp} groups would span nodes of {gpus_per_node} GPUs "
+    """tp groups that would span TP domains (Engine.tp_domain: the GPUs a TP group may span)
+    when the job spans more than one."""
+    if rank_order[-1] == "tp" and world_size > domain and domain % tp:
+        return (f"tp {tp} groups would span nodes of {domain} GPUs "
                 f"(tp must divide the GPUs per node)")
     return None
+
+
+def tp_allowed(engine, cluster, model, tp: int) -> bool:
+    """A searched tp the engine runs for this model on this cluster: within its limit and its
+    TP domain (Engine.tp_fits, the one answer to where a TP group may live), splitting the
+    model, and MLA only where the engine splits it."""
+    return (tp <= engine.tp_limit(cluster) and engine.tp_fits(cluster, tp)
+            and tp_ok(model, tp) and not mla_tp_problem(engine, model, tp))
 
 
 def world_product(p) -> str:
@@ -247,75 +265,359 @@ def and_list(items: list) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-# ---- a whole plan -------------------------------------------------------------------------
+# ---- what an engine can run: the rules that read the engine spec's data -------------------
 
-def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) -> list:
-    """Every validity problem of a plan whose fields have the right types (Plan.validate checks
-    those first), one line each; empty: the search, the exporters and the runtime can all lay
-    it out. `whole_cluster`: its tp*pp*dp*cp must be its cluster's GPU count. `runner`
-    "runtime": the plan is about to run on our runtime (runtime.parallelize.check_layout),
-    which refuses what it cannot run, first."""
-    p, m, b, c = plan.parallelism, plan.model, plan.batch, plan.cluster
-    out = []
-    if p.cp > 1 and "runtime" in (runner, plan.engine):
-        out.append(RUNTIME_NO_CP.format(cp=p.cp))
-    out += cp_problems(m, b.seq_len, p.tp, p.cp, p.cp_comm_type, plan.attention == "flash")
-    out += ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp)
-    if p.ep_comm_overlap:
-        out += [f"ep_comm_overlap {why}" for why in ep_comm_overlap_blockers(
-            p.ep, p.pp, p.schedule, p.recompute, p.moe_dispatcher, m.mtp_layers,
-            p.recompute_modules)]
-    if p.moe_dispatcher == "flex" and not flex_ok(p.ep, p.etp):
-        out.append("the flex dispatcher needs ep x etp > 1 (Megatron's MoEFlexTokenDispatcher)")
-    if p.moe_capacity_factor is not None and not m.is_moe:
-        out.append("moe_capacity_factor on a model without experts")
-    elif p.moe_capacity_factor is not None and p.moe_dispatcher not in ("", "alltoall"):
-        out.append(f"moe_capacity_factor pads experts on the alltoall dispatcher only, not "
-                   f"{p.moe_dispatcher}")
-    if p.moe_dispatcher and not m.is_moe:
-        out.append(f"moe_dispatcher {p.moe_dispatcher} on a model without experts")
-    if p.vpp > 1 and p.schedule != "interleaved":
-        out.append("vpp > 1 needs the interleaved schedule")
-    if p.vpp > 1 and p.pp == 1:
-        out.append(f"{p.vpp} model chunks on a single pipeline rank (vpp > 1 needs pp > 1)")
-    if p.world_size > c.num_gpus:
-        out.append(f"{world_product(p)} = {p.world_size} exceeds the cluster's {c.num_gpus} GPUs")
-    if whole_cluster and p.world_size != c.num_gpus:
-        out.append(f"{world_product(p)} = {p.world_size} GPUs but the plan's cluster {c.name} has "
-                   f"{c.num_gpus}; plan for this cluster again (plan --cluster ...)")
-    problem = tp_problem(m, p.tp, replicate_kv=True)
+# parts of a model an engine's model code may not build (Engine.model_lacks): the predicate
+# on the model and how a message names it
+MODEL_PARTS = {
+    "mtp": (lambda m: m.mtp_layers > 0,
+            lambda m: f"multi-token prediction ({m.mtp_layers} mtp_layers)"),
+    "alibi": (lambda m: m.position == "alibi", lambda m: "ALiBi position embeddings"),
+}
+
+
+def model_part_problem(engine, model) -> Problem | None:
+    """A part of the model the engine's model code does not build."""
+    for key in engine.model_lacks:
+        has, phrase = MODEL_PARTS[key]
+        if has(model):
+            return Problem("model_parts", ("model",),
+                           f"model {model.name}: {phrase(model)} is not built by the "
+                           f"{engine.name} yet" if engine.name != "runtime" else
+                           f"model {model.name}: {phrase(model)} is not built by the runtime "
+                           f"yet", source=engine.source_of("model_parts"))
+    return None
+
+
+def mla_tp_problem(engine, model, tp: int) -> Problem | None:
+    if model.is_mla and tp > 1 and not engine.mla_with_tp:
+        who = "the runtime" if engine.name == "runtime" else engine.name
+        return Problem("mla_with_tp", ("tp", "model"),
+                       f"model {model.name}: multi-head latent attention with tp {tp} is not "
+                       f"supported by {who} yet (tp 1 only)",
+                       source=engine.source_of("mla_with_tp"))
+    return None
+
+
+def zero_problem(engine, zero: int, tp: int, pp: int, dp: int, cp: int = 1) -> Problem | None:
+    """Why the engine has no ZeRO-`zero` on this grid (Engine.zero_ok), naming the one rule:
+    ZeRO needs data parallelism, DDP only as 1-D data parallelism, the stages it runs under
+    pipelining, the stages it runs at all."""
+    if engine.zero_ok(zero, tp, pp, dp, cp):
+        return None
+    e = engine.name
+    grid = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
+    head = f"{e} has no ZeRO-{zero} with {grid}"
+    if dp * cp == 1:
+        return Problem("zero_needs_dp", ("zero", "dp"),
+                       f"{head}: ZeRO shards over data parallelism and dp*cp is 1",
+                       fix="use --zero 0")
+    if zero == 0 and not engine.zero0_with_tp_pp and (tp > 1 or pp > 1 or cp > 1):
+        return Problem("zero0_without_tp_pp", ("zero", "tp", "pp", "cp"),
+                       f"{head}: it runs ZeRO-0 (DDP) only as 1-D data parallelism",
+                       source=engine.source_of("zero0_with_tp_pp"),
+                       fix=f"use --zero {min(engine.zero_stages_with_pp or (2,))}")
+    if pp > 1:
+        return zero_under_pp_problem(engine, zero, head)
+    return Problem("zero_stage", ("zero",), f"{head}: it runs ZeRO {_stages(engine.zero_stages)}",
+                   fix=f"use --zero {max(engine.zero_stages)}")
+
+
+def zero_under_pp_problem(engine, zero: int, head: str) -> Problem | None:
+    """The ZeRO stages the engine runs under pipelining (pp > 1); `head` opens the message."""
+    e, stages = engine.name, engine.zero_stages_with_pp
+    if zero in stages:
+        return None
+    if not stages:
+        return Problem("zero_under_pp", ("zero", "pp"),
+                       f"{head}: {e} has no pipeline parallelism", fix="use --pp 1")
+    return Problem("zero_under_pp", ("zero", "pp"),
+                   f"{head}: {e} runs ZeRO {_stages(stages)} under pipelining (pp > 1)",
+                   source=engine.source_of("zero_with_pp"),
+                   fix=f"use --zero {max(stages)}, or --pp 1 for ZeRO-{zero}"
+                   if zero in engine.zero_stages else f"use --zero {max(stages)}")
+
+
+def _stages(stages) -> str:
+    s = sorted(stages)
+    return f"{s[0]}-{s[-1]}" if len(s) >= 2 and s == list(range(s[0], s[-1] + 1)) else \
+        ", ".join(map(str, s))
+
+
+def equal_split_problem(engine, num_layers: int, pp: int,
+                        num_gpus: int | None = None) -> Problem | None:
+    """An engine that puts the same number of layers on every stage needs pp to divide them
+    (the fix: the degrees that divide the layers and, given `num_gpus`, the cluster)."""
+    if engine.stage_layers == EQUAL_SPLIT and pp > 1 and num_layers % pp:
+        fits = [d for d in range(2, num_layers + 1)
+                if num_layers % d == 0 and (num_gpus is None or num_gpus % d == 0)][:6]
+        return Problem("equal_stage_layers", ("pp",),
+                       f"{engine.name} puts the same number of layers on every pipeline stage: "
+                       f"pp {pp} does not divide the model's {num_layers} layers",
+                       source=engine.source_of("stage_layers"),
+                       fix=f"use a --pp dividing {num_layers} ({', '.join(map(str, fits))})"
+                       if fits else "use --pp 1")
+    return None
+
+
+def priced_for_problem(plan, engine) -> Problem | None:
+    """A plan runs on the engine it was priced for: its step time, memory and settings are that
+    engine's (planner.engines)."""
+    if plan.engine == engine.name:
+        return None
+    fix = f"plan it with --engine {engine.name}"
+    if engine.name == "runtime" and plan.engine in ("megatron", "deepspeed", "torchtitan"):
+        fix += f", or run it on {plan.engine} (plan show PLAN --export {plan.engine})"
+    return Problem("priced_for_engine", ("engine",),
+                   f"the plan was priced for {plan.engine}, not {engine.name}", fix=fix)
+
+
+def engine_problems(plan, engine) -> list:
+    """What of `plan` the engine cannot run as priced, as Problems (empty: it runs it exactly),
+    from the engine spec's data. The plan's own engine is not compared here
+    (`priced_for_problem`)."""
+    p, m, out = plan.parallelism, plan.model, []
+    e = engine.name
+    for problem in (model_part_problem(engine, m), mla_tp_problem(engine, m, p.tp)):
+        if problem:
+            out.append(problem)
+    if m.is_moe and p.tp > 1 and not p.sequence_parallel and engine.moe_tp_needs_sp:
+        out.append(Problem(
+            "moe_tp_needs_sp", ("tp", "sequence_parallel"),
+            f"MoE model {m.name} with tp {p.tp} needs sequence parallel (as Megatron: "
+            f"\"sequence parallel must be used with MoE and tensor parallel\")",
+            source=engine.source_of("moe_tp_needs_sp")))
+    precision = precision_problem(engine, plan.cluster.gpu, plan.precision, plan.recipe)
+    if precision:
+        out.append(precision)
+    if m.is_moe and not engine.moe_dispatchers:
+        out.append(Problem("engine_moe", ("model",),
+                           f"{e} runs no mixture-of-experts layers as the planner prices them",
+                           fix="plan it with --engine megatron or torchtitan"))
+    elif m.is_moe and p.tp > 1 and not engine.moe_with_tp:
+        out.append(Problem("moe_with_tp", ("tp",), f"{e} runs MoE layers at tp 1 only (tp={p.tp})"))
+    elif m.is_moe and not engine.etp_ok(p.etp, p.tp):
+        if engine.moe_etp == "equal_tp":
+            msg = (f"expert tensor parallelism etp {p.etp} with tp {p.tp}: the "
+                   f"{'runtime' if e == 'runtime' else e} splits each expert over the tp ranks "
+                   f"only (etp = tp)")
+        elif engine.moe_etp == "tp":
+            msg = f"{e} runs etp 1 or etp = tp, not etp {p.etp} with tp {p.tp}"
+        else:
+            msg = f"{e} has no expert tensor parallelism (etp={p.etp})"
+        out.append(Problem("etp", ("etp", "tp"), msg, source=engine.source_of("etp")))
+    elif m.is_moe and not engine.ep_layout_ok(p.ep, p.etp, p.tp, p.zero_stage):
+        out.append(Problem("ep_needs_sharded_dp", ("ep", "etp", "tp", "zero"),
+                           f"{e} cannot lay out ep={p.ep} etp={p.etp} with tp={p.tp} and "
+                           f"ZeRO-{p.zero_stage}: its experts borrow from sharded data "
+                           f"parallelism (ZeRO 2-3) or from tp"))
+    if engine.model_features is not None:
+        for key, phrase in m.attention_feature_map().items():
+            if key not in engine.model_features:
+                out.append(Problem("export_features", ("model",),
+                                   f"{e}'s export cannot write the model's {phrase}"))
+    if p.tp > 1 and engine.max_tp == 1:
+        out.append(Problem("engine_tp", ("tp",), f"{e} has no tensor parallelism (tp={p.tp})"))
+    if p.tp > 1 and p.sequence_parallel not in engine.sp_choices:
+        out.append(Problem("engine_sp", ("sequence_parallel",),
+                           f"{e} {'always' if engine.sp_choices == (True,) else 'never'} shards "
+                           f"the sequence under tensor parallelism"))
+    if p.pp > 1:
+        if not engine.pipelines:
+            out.append(Problem("engine_pp", ("pp",), f"{e} has no pipeline parallelism "
+                                                     f"(pp={p.pp})"))
+        elif p.schedule not in engine.schedules:
+            out.append(Problem("engine_schedule", ("schedule",), f"{e} has no {p.schedule} "
+                               f"schedule", source=engine.source_of("schedule")))
+    if m.is_moe and p.moe_dispatcher and engine.moe_dispatchers \
+            and p.moe_dispatcher not in engine.moe_dispatchers:
+        out.append(Problem("engine_dispatcher", ("moe_dispatcher",),
+                           f"{e} has no {p.moe_dispatcher} token dispatcher (it has: "
+                           f"{', '.join(engine.moe_dispatchers)})"))
+    if p.moe_capacity_factor is not None and not engine.moe_capacity_factor:
+        out.append(Problem("engine_capacity_factor", ("moe_capacity_factor",),
+                           f"{e} runs MoE layers dropless only (the plan drops tokens at "
+                           f"capacity factor {p.moe_capacity_factor:g})"))
+    if p.ep_comm_overlap and not engine.ep_comm_overlap:
+        out.append(Problem("engine_ep_comm_overlap", ("ep_comm_overlap",),
+                           f"{e} does not overlap the EP all-to-alls across micro-batches (plan "
+                           f"with --no-ep-comm-overlap)"))
+    if p.tp_comm_overlap and not engine.tp_comm_overlap:
+        out.append(Problem("engine_tp_comm_overlap", ("tp_comm_overlap",),
+                           f"{e} does not overlap TP communication with the GEMMs (plan with "
+                           f"--no-tp-comm-overlap)"))
+    if p.cp > 1:
+        problem = cp_engine_problem(engine, p.cp, p.cp_comm_type)
+        if problem:
+            out.append(problem)
+    # a ZeRO over one data-parallel rank shards nothing: every engine runs it as its ZeRO-0
+    # (the search offers only ZeRO-0 there: Engine.zero_ok)
+    problem = zero_problem(engine, p.zero_stage, p.tp, p.pp, p.dp, p.cp) \
+        if p.dp * p.cp > 1 else None
     if problem:
         out.append(problem)
-    from planner.engines import ENGINES
+    if engine.stage_layers == EQUAL_SPLIT and len(set(plan.layer_counts())) > 1:
+        out.append(Problem("equal_stage_layers", ("stages",),
+                           f"{e} splits the layers evenly; the plan holds {plan.layer_counts()} "
+                           f"per rank", source=engine.source_of("stage_layers")))
+    problem = recompute_problem(plan, engine)
+    if problem:
+        out.append(problem)
+    return out
+
+
+def cp_engine_problem(engine, cp: int, comm_type: str | None) -> Problem | None:
+    """Context parallelism the engine runs: cp > 1 at all, and its K/V exchange."""
+    e = engine.name
+    if cp > 1 and not engine.cp_comm_types:
+        if e == "runtime":
+            return Problem("engine_cp", ("cp",),
+                           f"the runtime has no context parallelism (cp {cp})",
+                           source=engine.source_of("cp"),
+                           fix="plan with --engine runtime, which never chooses cp > 1")
+        return Problem("engine_cp", ("cp",), f"{e} has no context parallelism (cp={cp})")
+    if cp > 1 and comm_type is not None and comm_type not in engine.cp_comm_types:
+        return Problem("engine_cp_comm", ("cp_comm_type",),
+                       f"{e} has no {comm_type} context-parallel exchange (it has: "
+                       f"{', '.join(engine.cp_comm_types)})")
+    return None
+
+
+def recompute_problem(plan, engine) -> Problem | None:
+    """The recompute the plan asks for, as the engine counts it: a granularity it offers, the
+    modules it recomputes selectively, and per stage, per chunk or every layer or none."""
+    p, e = plan.parallelism, engine.name
+    rec = [s.recompute_layers for s in plan.stages]
+    if not any(rec):
+        return None
+    if p.recompute not in engine.recompute_modes:
+        return Problem("engine_recompute", ("recompute",), f"{e} has no {p.recompute} recompute")
+    if p.recompute == "selective" and not set(p.recompute_modules) <= set(
+            engine.recompute_modules):
+        return Problem("engine_recompute_modules", ("recompute_modules",),
+                       f"{e} recomputes only {', '.join(engine.recompute_modules)} "
+                       f"selectively; the plan asks for {', '.join(p.recompute_modules)}")
+    rule = engine.recompute_count(p.recompute)
+    sizes = [s.num_layers for s in plan.stages]
+    if rule == ALL_OR_NONE and rec != sizes:
+        return Problem("recompute_all_or_none", ("recompute", "stages"),
+                       f"{e} recomputes every layer or none; the plan recomputes {rec} of "
+                       f"{sizes} per stage")
+    if rule == PER_CHUNK and rec != [min(max(rec), n) for n in sizes]:
+        return Problem("recompute_per_chunk", ("recompute", "stages"),
+                       f"{e} recomputes the same number of leading layers in every model "
+                       f"chunk; the plan recomputes {rec} of {sizes}")
+    return None
+
+
+def runner_problems(plan, engine) -> list:
+    """Everything that stops `engine` from running `plan` as priced: the engine it was priced
+    for first, then what the engine cannot run (exports, `plan launch`, the runtime)."""
+    engine = get_engine(engine)
+    first = priced_for_problem(plan, engine)
+    return ([first] if first else []) + engine_problems(plan, engine)
+
+
+# ---- a whole plan -------------------------------------------------------------------------
+
+def rule_problems(plan, whole_cluster: bool = False) -> list:
+    """Every rule a plan whose fields have the right types (Plan.validate checks those first)
+    breaks, as Problems, whatever engine runs it: the splits, the batch, the stages, the
+    precision on its GPU (the TP domain is its engine's). `whole_cluster`: its tp*pp*dp*cp must be its
+    cluster's GPU count."""
+    p, m, b, c = plan.parallelism, plan.model, plan.batch, plan.cluster
     engine = ENGINES.get(plan.engine)
+    out = []
+
+    def add(rule, knobs, message, source=""):
+        out.append(Problem(rule, knobs, message, source))
+
+    problem = gpu_precision_problem(c.gpu, plan.precision, plan.recipe)
+    if problem:
+        out.append(problem)
+    for why in cp_problems(m, b.seq_len, p.tp, p.cp, p.cp_comm_type, plan.attention == "flash"):
+        add("cp_split", ("cp", "seq_len"), why, "megatron/core/utils.py get_batch_on_this_cp_rank")
+    for why in ep_blockers(m, p.ep, p.etp, p.tp, p.dp, p.cp):
+        add("ep_split", ("ep", "etp"), why, "megatron/core/parallel_state.py "
+                                            "initialize_model_parallel (MoE parallel folding)")
+    if p.ep_comm_overlap:
+        for why in ep_comm_overlap_blockers(p.ep, p.pp, p.schedule, p.recompute,
+                                            p.moe_dispatcher, m.mtp_layers, p.recompute_modules):
+            add("ep_comm_overlap", ("ep_comm_overlap",), f"ep_comm_overlap {why}",
+                "megatron/core/transformer/transformer_config.py")
+    if p.moe_dispatcher == "flex" and not flex_ok(p.ep, p.etp):
+        add("flex_needs_ep", ("moe_dispatcher", "ep", "etp"),
+            "the flex dispatcher needs ep x etp > 1 (Megatron's MoEFlexTokenDispatcher)",
+            "megatron/core/transformer/moe/token_dispatcher.py")
+    if p.moe_capacity_factor is not None and not m.is_moe:
+        add("capacity_needs_moe", ("moe_capacity_factor",),
+            "moe_capacity_factor on a model without experts")
+    elif p.moe_capacity_factor is not None and p.moe_dispatcher not in ("", "alltoall"):
+        add("capacity_dispatcher", ("moe_capacity_factor", "moe_dispatcher"),
+            f"moe_capacity_factor pads experts on the alltoall dispatcher only, not "
+            f"{p.moe_dispatcher}")
+    if p.moe_dispatcher and not m.is_moe:
+        add("dispatcher_needs_moe", ("moe_dispatcher",),
+            f"moe_dispatcher {p.moe_dispatcher} on a model without experts")
+    if p.vpp > 1 and p.schedule != "interleaved":
+        add("vpp_needs_interleaved", ("vpp", "schedule"), "vpp > 1 needs the interleaved schedule")
+    if p.vpp > 1 and p.pp == 1:
+        add("vpp_needs_pp", ("vpp", "pp"),
+            f"{p.vpp} model chunks on a single pipeline rank (vpp > 1 needs pp > 1)")
+    if p.world_size > c.num_gpus:
+        add("world_fits", ("tp", "pp", "dp", "cp"),
+            f"{world_product(p)} = {p.world_size} exceeds the cluster's {c.num_gpus} GPUs")
+    if whole_cluster and p.world_size != c.num_gpus:
+        add("whole_cluster", ("tp", "pp", "dp", "cp"),
+            f"{world_product(p)} = {p.world_size} GPUs but the plan's cluster {c.name} has "
+            f"{c.num_gpus}; plan for this cluster again (plan --cluster ...)")
+    problem = tp_problem(m, p.tp, replicate_kv=True)
+    if problem:
+        add("tp_splits_model", ("tp",), problem,
+            "megatron/core/transformer/attention.py (heads divided over tp)")
     domain = engine.tp_domain(c) if engine is not None else c.gpus_per_node
     problem = node_problem(p.tp, p.world_size, domain, p.rank_order)
     if problem:
-        out.append(problem)
+        add("tp_in_domain", ("tp", "cluster"), problem)
     if p.sequence_parallel and p.tp > 1 and b.seq_len % (p.tp * p.cp):
-        out.append(f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"
-                   + (f" x cp {p.cp}" if p.cp > 1 else ""))
+        add("sp_splits_sequence", ("sequence_parallel", "seq_len"),
+            f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"
+            + (f" x cp {p.cp}" if p.cp > 1 else ""))
     bad_batch = [k for k in ("seq_len", "global_batch_size", "micro_batch_size",
                              "num_microbatches") if getattr(b, k) < 1]
     for k in bad_batch:
-        out.append(f"batch.{k} must be positive")
+        add("batch_positive", (k,), f"batch.{k} must be positive")
     if not bad_batch:
         problem = positions_problem(m, b.seq_len)
         if problem:
-            out.append(problem)
+            add("positions", ("seq_len",), problem, "runtime/model.py (rope and learned "
+                                                    "positions up to max_seq_len)")
         if b.micro_batch_size * b.num_microbatches * p.dp != b.global_batch_size:
-            out.append(f"micro_batch_size {b.micro_batch_size} x num_microbatches "
-                       f"{b.num_microbatches} x dp {p.dp} != global_batch_size "
-                       f"{b.global_batch_size}")
+            add("batch_splits", ("micro_batch_size", "num_microbatches", "dp"),
+                f"micro_batch_size {b.micro_batch_size} x num_microbatches "
+                f"{b.num_microbatches} x dp {p.dp} != global_batch_size {b.global_batch_size}")
         if p.pp > 1 and (p.schedule == "interleaved" or p.vpp > 1) \
                 and not torch_interleaved_ok(b.num_microbatches, p.pp):
             rounds = max(1, b.num_microbatches // p.pp)
-            out.append(f"interleaved 1F1B needs num_microbatches {b.num_microbatches} to be a "
-                       f"multiple of {rounds} (rounds of pp = {p.pp})")
+            add("interleaved_rounds", ("num_microbatches", "pp"),
+                f"interleaved 1F1B needs num_microbatches {b.num_microbatches} to be a "
+                f"multiple of {rounds} (rounds of pp = {p.pp})",
+                "torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B")
     if not pp_ok(m, p.pp, p.vpp):
-        out.append(f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
-    out += stage_problems(plan)
+        add("pp_layers", ("pp", "vpp"),
+            f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
+    out += [Problem("stages", ("stages",), why) for why in stage_problems(plan)]
     return out
+
+
+def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) -> list:
+    """Every validity problem of a plan, one line each (Problem.line); empty: the search, the
+    exporters and the runtime can all lay it out. `runner` (an engine name, "runtime" for
+    runtime.parallelize.check_layout): the plan is about to run there, which refuses first
+    what it cannot run as priced (`runner_problems`: the engine it was priced for, then the
+    engine spec's data)."""
+    first = runner_problems(plan, runner) if runner else []
+    return list(dict.fromkeys(x.line for x in first + rule_problems(plan, whole_cluster)))
 
 
 def stage_problems(plan) -> list:

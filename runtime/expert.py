@@ -12,7 +12,7 @@ tp rank 0 only and its gradient summed over tp), so initialisation, checkpoints 
 norm see the whole stacked tensors.
 
 The flow planner.cost.moe prices (Megatron's MoEAlltoAllTokenDispatcher): under tp, sequence
-parallelism is required (`runtime_problems`), so a rank enters the MoE layer with its b*s/tp
+parallelism is required (planner.validity), so a rank enters the MoE layer with its b*s/tp
 tokens; it routes them itself (the router weight is replicated over tp, its gradient a
 Partial sum reduced by `runtime.parallelize.AlignGradPlacements`, as the norms'); the shared
 expert is a dense FFN split over tp like the dense MLP (all-gather in, reduce-scatter out).
@@ -49,22 +49,6 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 EXPERTS = ".feed_forward.experts."
-
-
-def runtime_problems(plan) -> list:
-    """What this runtime cannot lay out of an MoE plan that planner.validity accepts (one line
-    each; `runtime.parallelize.check_layout` refuses with the first)."""
-    p, m = plan.parallelism, plan.model
-    out = []
-    if not m.is_moe:
-        return out
-    if p.tp > 1 and not p.sequence_parallel:
-        out.append(f"MoE model {m.name} with tp {p.tp} needs sequence parallel (as Megatron: "
-                   f"\"sequence parallel must be used with MoE and tensor parallel\")")
-    if p.etp != p.tp:
-        out.append(f"expert tensor parallelism etp {p.etp} with tp {p.tp}: the runtime splits "
-                   f"each expert over the tp ranks only (etp = tp)")
-    return out
 
 
 def is_expert_param(name: str) -> bool:

@@ -25,10 +25,9 @@ def check_layout(plan) -> None:
     """Refuse a plan this runtime cannot lay out: the rules of planner.validity, which the
     search and Plan.validate share (so a plan the search emits is never refused here)."""
     from planner.validity import plan_problems
-    from runtime.support import runtime_problems
-    # plan_problems for the runtime refuses cp > 1 (no CP here); runtime_problems adds this
-    # runtime's own limits (MoE, attention, MTP)
-    problems = plan_problems(plan, runner="runtime") + runtime_problems(plan)
+    # runner "runtime": the engine it was priced for, then this runtime's limits as the
+    # runtime engine spec states them (planner.engines.runtime), then every plan rule
+    problems = plan_problems(plan, runner="runtime")
     if problems:
         raise LayoutError(problems[0])
 

@@ -156,7 +156,9 @@ def test_validity_rules():
 def test_runtime_refuses_a_cp_plan_in_one_line_before_any_work():
     m, cluster = LLAMA31_8B, get_cluster("h100x16")
     rep = search(m, cluster, Fixed(cp=2, tp=1), seq_len=32768, global_batch=8)
-    plan = to_plan(m, cluster, rep.best, rep)
+    import dataclasses
+    # a cp plan priced as the runtime's would be (the runtime's search never chooses cp)
+    plan = dataclasses.replace(to_plan(m, cluster, rep.best, rep), engine="runtime")
     assert plan.parallelism.cp == 2
     with pytest.raises(Refused) as e:
         preflight(plan, 16, 8, on_gpu=True, visible_gpus=8)

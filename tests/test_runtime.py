@@ -26,7 +26,8 @@ def make_plan(path, model=LLAMA, tp=1, pp=1, dp=1, validate=True, **par):
     plan = Plan(model=model, cluster=Cluster("cpux8", get_gpu("cpu"), 8, 8),
                 parallelism=Parallelism(tp=tp, pp=pp, dp=dp, **par),
                 batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=1,
-                            num_microbatches=8 // dp), stages=make_stages(4, pp))
+                            num_microbatches=8 // dp), stages=make_stages(4, pp),
+                engine="runtime")
     if validate:
         plan.validate()
     plan.save(path)
@@ -298,7 +299,8 @@ def _plan(model=LLAMA, tp=1, pp=1, dp=1, vpp=1, nmb=None, seq=16, **par):
     return Plan(model=model, cluster=Cluster("c", get_gpu("cpu"), 64, 8),
                 parallelism=Parallelism(tp=tp, pp=pp, dp=dp, vpp=vpp, **par),
                 batch=Batch(seq_len=seq, global_batch_size=nmb * dp, micro_batch_size=1,
-                            num_microbatches=nmb), stages=make_stages(model.num_layers, pp, vpp))
+                            num_microbatches=nmb), stages=make_stages(model.num_layers, pp, vpp),
+                engine="runtime")
 
 
 @pytest.mark.parametrize("kw,match", [

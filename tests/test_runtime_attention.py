@@ -260,7 +260,7 @@ def plan_of(model, tp=1, path=None, **par):
                 parallelism=Parallelism(tp=tp, pp=1, dp=1, **par),
                 batch=Batch(seq_len=16, global_batch_size=2, micro_batch_size=1,
                             num_microbatches=2),
-                stages=make_stages(model.num_layers, 1, 1))
+                stages=make_stages(model.num_layers, 1, 1), engine="runtime")
     plan.validate()
     if path is not None:
         plan.save(path)

@@ -38,7 +38,8 @@ def make_plan(path, model, tp=1, pp=1, dp=1, vpp=1, mbs=1, recompute_per_rank=No
                 parallelism=Parallelism(tp=tp, pp=pp, dp=dp, vpp=vpp, **par),
                 batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=mbs,
                             num_microbatches=8 // dp // mbs),
-                stages=make_stages(4, pp, vpp, recompute_per_rank=recompute_per_rank))
+                stages=make_stages(4, pp, vpp, recompute_per_rank=recompute_per_rank),
+                engine="runtime")
     plan.validate()
     plan.save(path)
     return path

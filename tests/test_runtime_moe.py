@@ -29,7 +29,8 @@ def make_plan(path, pp=1, dp=1, ep=1, tp=1, etp=1, recompute_per_rank=None, mode
                 parallelism=Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, **par),
                 batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=1,
                             num_microbatches=8 // dp),
-                stages=make_stages(4, pp, 1, recompute_per_rank=recompute_per_rank))
+                stages=make_stages(4, pp, 1, recompute_per_rank=recompute_per_rank),
+                engine="runtime")
     plan.validate()
     plan.save(path)
     return path

@@ -34,7 +34,7 @@ def make_plan(path):
     plan = Plan(model=MODEL, cluster=Cluster("cpux2", get_gpu("cpu"), 2, 2),
                 parallelism=Parallelism(tp=1, pp=2, dp=1, schedule="1f1b"),
                 batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=2,
-                            num_microbatches=8), stages=make_stages(4, 2))
+                            num_microbatches=8), stages=make_stages(4, 2), engine="runtime")
     plan.validate()
     plan.save(path)
     return path

@@ -80,7 +80,7 @@ def one_process(model, seq, gbs):
         plan = Plan(model=model, cluster=Cluster("cpux1", get_gpu("cpu"), 1, 1),
                     parallelism=Parallelism(tp=1, pp=1, dp=1), stages=make_stages(model.num_layers, 1),
                     batch=Batch(seq_len=seq, global_batch_size=gbs, micro_batch_size=1,
-                                num_microbatches=gbs))
+                                num_microbatches=gbs), engine="runtime")
         plan.validate()
         plan.save(d / "plan.json")
         r = launch(1, "--plan", d / "plan.json", "--steps", STEPS, "--metrics", d / "m.jsonl")

@@ -103,14 +103,17 @@ def test_every_emitted_plan_passes_the_runtime_checks(case, engine, seq, gbs):
         plan = to_plan(model, c, r, report)
         plan.validate(whole_cluster=True)
         assert V.plan_problems(plan, whole_cluster=True) == []
-        if plan.parallelism.cp > 1:
-            # the runtime has no context parallelism: never chosen for it, and a plan for
-            # another engine is refused up front, in one line
-            assert engine != "runtime"
+        if engine != "runtime":
+            # a plan priced for another engine is refused up front, in one line naming the
+            # engine it was priced for and how to plan for the runtime
             with pytest.raises(Refused) as e:
                 runtime_accepts(plan)
-            assert "no context parallelism" in str(e.value) and "\n" not in str(e.value)
+            msg = str(e.value)
+            assert f"priced for {engine}, not runtime" in msg and "--engine runtime" in msg
+            assert "\n" not in msg
         else:
+            # the runtime has no context parallelism: never chosen for it
+            assert plan.parallelism.cp == 1
             runtime_accepts(plan)
 
 
@@ -136,7 +139,13 @@ def test_tp_rules():
     assert V.tp_ok(m, 2) and not V.tp_ok(m, 4)
     assert V.tp_ok(tiny(heads=8, kv=2, ffn=96, vocab=96), 4, replicate_kv=True)
     assert not V.tp_ok(tiny(heads=12, kv=3, ffn=96, vocab=96), 2, replicate_kv=True)
-    assert V.tp_in_node(4, 8) and not V.tp_in_node(16, 8) and not V.tp_in_node(4, 6)
+    # where a TP group may live: the engine's TP domain (Engine.tp_fits), one answer
+    from planner.engines import get_engine
+    rt, meg = get_engine("runtime"), get_engine("megatron")
+    assert rt.tp_fits(get_cluster("h100x16"), 4) and not rt.tp_fits(get_cluster("h100x16"), 16)
+    assert not rt.tp_fits(SIX_PER_NODE, 4) and rt.tp_fits(SIX_PER_NODE, 3)
+    nvl72 = get_cluster("gb200x72")
+    assert nvl72.gpus_per_node == 4 and meg.tp_fits(nvl72, 8) and not rt.tp_fits(nvl72, 8)
     # a shared expert is a TP-split MLP: tp must divide its FFN too
     moe = Model("tiny-moe", num_layers=2, hidden=64, ffn_hidden=128, num_heads=8,
                 num_kv_heads=8, vocab_size=128, max_seq_len=64, num_experts=4,
@@ -161,12 +170,12 @@ def test_sequence_pipeline_and_batch_rules():
     assert V.torch_interleaved_ok(10, 4) and not V.torch_interleaved_ok(7, 2)  # rounds 2, 3
 
 
-def _plan(model, cluster, tp=1, pp=1, dp=1, seq=16, nmb=None, **par):
+def _plan(model, cluster, tp=1, pp=1, dp=1, seq=16, nmb=None, engine="runtime", **par):
     nmb = nmb or max(1, 8 // dp)
     return Plan(model=model, cluster=cluster, parallelism=Parallelism(tp=tp, pp=pp, dp=dp, **par),
                 batch=Batch(seq_len=seq, global_batch_size=nmb * dp, micro_batch_size=1,
                             num_microbatches=nmb),
-                stages=make_stages(model.num_layers, pp, par.get("vpp", 1)))
+                stages=make_stages(model.num_layers, pp, par.get("vpp", 1)), engine=engine)
 
 
 H100X16 = Cluster("h100x16", get_gpu("h100"), 16, 8)

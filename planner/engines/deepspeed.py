@@ -29,6 +29,10 @@ DEEPSPEED = Engine(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     max_tp=None, sp_choices=(False, True),
     schedules=("1f1b",), stage_layers=EQUAL_SPLIT,
+    sources=(("zero_with_pp", "deepspeed/runtime/pipe/engine.py (asserts zero stage < 2)"),
+             ("stage_layers", "deepspeed/runtime/pipe/module.py PipelineModule partition_method "
+                              "(the planner uses equal splits only)"),
+             ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule")),
     recompute=(("full", ALL_OR_NONE), ("selective", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=False,
     zero2_gathers_every_microbatch=False,

@@ -79,6 +79,13 @@ MEGATRON = Engine(
     # --expert-tensor-parallel-size any divisor (MoE parallel folding);
     # --overlap-moe-expert-parallel-comm (megatron-core >= 0.14)
     moe_dispatchers=("alltoall", "allgather", "flex"), moe_etp="any", ep_comm_overlap=True,
+    moe_tp_needs_sp=True,   # megatron/training/arguments.py: "sequence parallel must be used
+    # with MoE and tensor parallel"
+    sources=(("zero_with_pp", "megatron/training/arguments.py (Megatron-FSDP, ZeRO 2-3, does "
+                              "not combine with pipeline parallelism)"),
+             ("stage_layers", "megatron/training/arguments.py --pipeline-model-parallel-layout"),
+             ("schedule", "megatron/core/pipeline_parallel/schedules.py"),
+             ("moe_tp_needs_sp", "megatron/training/arguments.py")),
     moe_capacity_factor=True, moe_saves_expert_outputs=False,
     moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S, moe_expert_overhead_s=MOE_EXPERT_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),

@@ -35,9 +35,13 @@ on the first stage when the embedding is untied). ZeRO 2 keeps FSDP2's gathered 
 cross entropy at tp 1, runtime/pipeline.py's vocabulary-parallel one under tp (planner.engines.
 spec LossMemory, measured); the pipeline's last stage keeps its logits to its backward.
 Precision: bf16 only (runtime/ has no FP8 path).
+What it refuses (read by planner.validity, so the search never emits it and the pre-flight
+refuses it in one line): multi-token prediction and ALiBi (`model_lacks`: runtime/model.py
+builds neither), MLA with tp > 1 (`mla_with_tp`), an MoE model under tp without sequence
+parallelism (`moe_tp_needs_sp`), etp != tp (`moe_etp`), and a plan priced for another engine.
 No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
 backends and the runtime does not wire it; the search never chooses cp > 1 here and the
-runtime's preflight refuses a cp > 1 plan in one line (planner.validity.RUNTIME_NO_CP).
+runtime's preflight refuses a cp > 1 plan in one line (planner.validity, cp_comm_types).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS, PER_STAGE,
@@ -59,8 +63,17 @@ RUNTIME = Engine(
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     # runtime/expert.py: experts split over an ep dim carved out of dp, tokens dispatched with
     # all_to_all_single (gloo and NCCL); under tp each expert's FFN is split over the tp ranks
-    # (etp = tp, never etp = 1 with tp > 1: runtime.expert.runtime_problems refuses that)
+    # (etp = tp, never etp = 1 with tp > 1: planner.validity refuses that, moe_etp)
     moe_dispatchers=("alltoall",), moe_etp="equal_tp", moe_with_tp=True,
+    # what runtime/model.py does not build (check_supported, check_whole_model_supported), and
+    # what runtime/parallelize.py and runtime/expert.py cannot split: the runtime's refusals,
+    # read by planner.validity (the search never emits them; the pre-flight refuses them)
+    model_lacks=("mtp", "alibi"), mla_with_tp=False, moe_tp_needs_sp=True,
+    sources=(("model_parts", "runtime/model.py check_whole_model_supported"),
+             ("mla_with_tp", "runtime/parallelize.py apply_tp (MLA at tp 1 only)"),
+             ("moe_tp_needs_sp", "runtime/expert.py (tokens enter the MoE layer split over tp)"),
+             ("etp", "runtime/expert.py (each expert split over the tp ranks: etp = tp)"),
+             ("cp", "planner/engines/runtime.py (PyTorch's context_parallel is not wired)")),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

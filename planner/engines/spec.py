@@ -181,6 +181,18 @@ class Engine:
     # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP
     # script), so any is carried there
     model_features: tuple | None = None
+    # ---- what its model code builds (read by planner.validity, the one rules layer) ------
+    # parts of a model it does not build (planner.validity.MODEL_PARTS keys: "mtp", "alibi")
+    model_lacks: tuple = ()
+    # multi-head latent attention under tensor parallelism (False: MLA at tp 1 only)
+    mla_with_tp: bool = True
+    # an MoE model under tensor parallelism needs sequence parallelism (Megatron-Core asserts
+    # "sequence parallel must be used with MoE and tensor parallel"; torchtitan always shards
+    # the sequence under tp; our runtime's experts take the tp rank's share of the tokens)
+    moe_tp_needs_sp: bool = True
+    # where it states its limits, as ((rule, file or document), ...): the `source` of the
+    # planner.validity Problem for that rule
+    sources: tuple = ()
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
@@ -278,6 +290,15 @@ class Engine:
         """GPUs a tensor-parallel group may span: the NVLink domain (NVL72 trays share one), or
         the host where the engine places TP groups per host."""
         return cluster.gpus_per_node if self.tp_within_host else cluster.nvlink_domain
+
+    def tp_fits(self, cluster, tp: int) -> bool:
+        """A tp group fits in the domain a TP group may span (`tp_domain`): the one answer to
+        where a TP group may live, read by the search, the rules and explain."""
+        return self.tp_domain(cluster) % tp == 0
+
+    def source_of(self, rule: str, default: str = "") -> str:
+        """The file or document where this engine states `rule` (`sources`)."""
+        return dict(self.sources).get(rule, default)
 
     def tp_limit(self, cluster) -> int:
         """The largest tensor-parallel group the engine runs on this cluster."""

@@ -1,19 +1,21 @@
 """Helpers the exporters share: what a plan says, in the shapes the engines ask for."""
 from __future__ import annotations
 
+from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.plan import Plan
+from planner.validity import runner_problems
 
 
 def check_exportable(plan: Plan, engine: str) -> None:
-    """BadInput naming what `engine` cannot run of the plan exactly as priced."""
-    from planner.engines import get_engine
-    from planner.engines.runnable import problems
+    """BadInput naming the one rule (planner.validity.runner_problems: the engine the plan was
+    priced for, then what `engine` runs) that stops `engine` from running the plan exactly as
+    priced; Plan.validate first (every plan rule, its precision on its GPU included)."""
     plan.validate()
-    bad = problems(plan, get_engine(engine))
+    bad = runner_problems(plan, get_engine(engine))
     if bad:
-        raise BadInput(f"cannot export to {engine} exactly: " + "; ".join(bad))
+        raise BadInput(f"cannot export to {engine} exactly: {bad[0].line}")
 
 
 def header(plan: Plan, engine: str) -> list:
