@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost.moe import plan_dispatcher
+from planner.cost.moe import moe_counts, plan_dispatcher
 from planner.cost.stage import Candidate, Estimate, evaluate, stage_coefficients
 
 
@@ -32,6 +32,7 @@ class RankTime:
 class Price:
     """What a placement costs: `estimate` (step, breakdown, memory per stage, planner.cost.stage
     Estimate) and the stage coefficients it was priced with."""
+    model: object         # planner.specs.Model
     candidate: Candidate
     layers: list          # decoder layers per pipeline rank
     recompute: list       # recomputed layers per pipeline rank
@@ -41,15 +42,25 @@ class Price:
     def rank_times(self) -> list:
         """[RankTime] per pipeline rank. Forward: the non-backward part of the compute and TP
         comm, half the p2p, the first ZeRO exposure; backward: the rest (its compute, TP comm
-        and all recompute)."""
-        out = []
-        for k, n, r in zip(self.coeffs, self.layers, self.recompute):
-            total = k.time(n, r)
+        and all recompute). A model with dense and MoE layers adds each MoE layer's share, as
+        planner.cost.stage.evaluate prices it."""
+        out, c = [], self.candidate
+        pp = len(self.layers)
+        if self.coeffs[0].moe is not None:
+            qs, rqs = moe_counts(self.model, pp, c.vpp, self.layers, self.recompute)
+        else:
+            qs, rqs = [0] * pp, [0] * pp
+        for k, n, r, q, rq in zip(self.coeffs, self.layers, self.recompute, qs, rqs):
+            total = k.time(n, r, q, rq)
+            fwd_zero = k.exposures()[0]
+            dc, dh = k._moe_deltas("zero")[0]
             fwd = ((k.compute_fixed - k.bwd_fixed) + k.pp_fixed / 2
-                   + n * (k.t_layer - k.bwd_layer) + k.exposed_comm(*k.exposures()[0], n))
+                   + n * (k.t_layer - k.bwd_layer) + k.exposed_comm(*fwd_zero, n, q, dc, dh))
+            if k.moe is not None:
+                fwd += q * (k.moe.t_layer - k.moe.bwd_layer)
             fwd = min(max(fwd, 0.0), total)
             out.append(RankTime(rank=k.rank, layers=n, recompute=r, fwd=fwd, bwd=total - fwd,
-                                total=total, tail=k.tail(n)))
+                                total=total, tail=k.tail(n, q)))
         return out
 
 
@@ -59,7 +70,8 @@ def price(model, cluster, c: Candidate, layers: list, recompute: list, engine=No
     (coefficients built unless given)."""
     coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
     est = evaluate(model, cluster, c, list(layers), list(recompute), coeffs, engine, margin_gib)
-    return Price(candidate=c, layers=list(layers), recompute=list(recompute), coeffs=coeffs,
+    return Price(model=model, candidate=c, layers=list(layers), recompute=list(recompute),
+                 coeffs=coeffs,
                  estimate=est)
 
 
