@@ -214,11 +214,33 @@ def latest(root: str):
     return c[0] if c else None
 
 
+META_MAX_BYTES = 4 << 20     # a generous multiple of a real meta.json (a few KiB per file)
+
+
+def meta_schema():
+    """meta.json: {model: the plan's model fields, parallelism: the plan's parallelism, seed,
+    data, global_batch_size, seq_len, step, world_size, files: {relative path: {bytes,
+    sha256}}}, built from the planner's checkers and its model and parallelism schemas."""
+    from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
+    from planner.plan import PARALLELISM
+    from planner.schema import Int, Map, Nullable, Obj, Str
+    from planner.specs import MODEL_SCHEMA
+    file_entry = Obj({"bytes": Int(0, 2 ** 62), "sha256": Str(64, 64)})
+    return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM,
+                "seed": Int(-2 ** 63, 2 ** 64), "data": (Nullable(Str(4096)), None),
+                "global_batch_size": (Int(1, MAX_BATCH), None),
+                "seq_len": (Int(1, MAX_SEQ_LEN), None),
+                "step": Int(0, 2 ** 62), "world_size": Int(1, MAX_GPUS),
+                "files": (Map(file_entry, Str(4096), max_len=1 << 20), None)}, extra=False)
+
+
 def read_meta(path) -> dict:
-    """The checkpoint's meta.json, checked with the planner's schema (planner.schema): a
-    damaged or foreign one raises BadInput in one line."""
-    from planner.schema import read_checkpoint_meta
-    return read_checkpoint_meta(path)
+    """The checked meta.json of a checkpoint directory (or the file itself): a damaged or
+    foreign one raises BadInput in one line."""
+    from planner.schema import check, read_json_object, show_path
+    p = os.path.join(str(path), "meta.json") if os.path.isdir(str(path)) else path
+    d = read_json_object(p, "checkpoint metadata", META_MAX_BYTES)
+    return check(meta_schema(), d, f"checkpoint metadata {show_path(p)}")
 
 
 def restore_rng(path, world_size: int) -> bool:

@@ -251,3 +251,36 @@ def test_read_only_checkpoint_dir_refused(tmp_path):
         _refused(run_runtime("--plan", plan, "--checkpoint-dir", ro), "is not writable")
     finally:
         ro.chmod(0o700)
+
+
+# ---- the checkpoint's meta.json: the runtime's own schema (runtime.checkpoint.meta_schema) ----
+
+def test_checkpoint_meta_is_checked_by_the_runtime(tmp_path):
+    """A well-formed meta.json reads back; a wrong type, an unknown key or an oversized file is
+    one BadInput line naming the file. The planner's schema module no longer knows the format."""
+    from planner import schema
+    from planner.catalog import get_model
+    from planner.errors import BadInput
+    from runtime.checkpoint import META_MAX_BYTES, read_meta
+    meta = {"model": get_model("llama8b").to_dict(),
+            "parallelism": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 0,
+                            "sequence_parallel": False, "vpp": 1, "schedule": "1f1b",
+                            "recompute": "none", "cp": 1, "rank_order": ["pp", "dp", "tp"]},
+            "seed": 0, "data": None, "step": 5, "world_size": 2}
+    f = tmp_path / "meta.json"
+    f.write_text(json.dumps(meta))
+    assert read_meta(tmp_path)["step"] == 5
+    assert read_meta(f)["world_size"] == 2
+    for bad, match in (({**meta, "step": "5"}, "step must be an integer"),
+                       ({**meta, "stepp": 5}, 'unknown key "stepp"'),
+                       ({k: v for k, v in meta.items() if k != "world_size"},
+                        "missing field 'world_size'")):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(BadInput, match=match) as e:
+            read_meta(tmp_path)
+        assert str(f) in str(e.value) and "\n" not in str(e.value)
+    f.write_text(" " * (META_MAX_BYTES + 1))
+    with pytest.raises(BadInput, match="checkpoint metadata"):
+        read_meta(tmp_path)
+    assert not hasattr(schema, "read_checkpoint_meta")
+    assert "meta.json" not in Path(schema.__file__).read_text()
