@@ -584,7 +584,38 @@ def _clear_checkpoint_dir(root: Path, args) -> None:
             os.rename(d, dst)
 
 
+def _rank0_write(rank: int, what: str, path, write) -> None:
+    """Rank 0 calls `write()`; every rank then learns whether it could (one tiny collective:
+    `runtime.outputs.agree`), so a full disk stops all of them at the same point."""
+    from runtime import outputs
+    failure = None
+    if rank == 0:
+        try:
+            write()
+        except OSError as e:
+            failure = outputs.describe(e, what, path)
+    outputs.agree(failure)
+
+
 def run(args, plan, source) -> int:
+    """Train; 0, or 1 after one line on stderr when an output could not be written (a full
+    disk: `runtime.outputs`; the last good checkpoint is kept)."""
+    import torch.distributed as dist
+    from runtime.outputs import WriteFailed
+    try:
+        _train(args, plan, source)
+        status = 0
+    except WriteFailed as e:
+        if dist.get_rank() == 0:
+            if sys.stderr.isatty():          # over the progress line
+                sys.stderr.write("\r\x1b[2K")
+            print(f"runtime: {e}", file=sys.stderr, flush=True)
+        status = 1
+    dist.destroy_process_group()
+    return status
+
+
+def _train(args, plan, source) -> None:
     import torch
     import torch.distributed as dist
     from runtime import checkpoint as ckpt
@@ -612,12 +643,14 @@ def run(args, plan, source) -> int:
             if rank == 0:
                 print(f"runtime: resumed from {path} (step {start})", flush=True)
     metrics = Path(args.metrics) if args.metrics else None
-    if rank == 0 and metrics is not None:
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        if start > 0:
-            _trim_metrics(metrics, start)
-        else:
-            metrics.write_text("")
+    if metrics is not None:
+        def start_metrics():
+            metrics.parent.mkdir(parents=True, exist_ok=True)
+            if start > 0:
+                _trim_metrics(metrics, start)
+            else:
+                metrics.write_text("")
+        _rank0_write(rank, "--metrics", metrics, start_metrics)
     meta = {**run_identity(args, plan), "parallelism": plan.to_dict()["parallelism"]}
     p = plan.parallelism
     if rank == 0:
@@ -664,10 +697,9 @@ def run(args, plan, source) -> int:
             print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "
                   f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
                   flush=True)
-            if metrics is not None:
-                with metrics.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
             progress.step(rec["step"], loss, rec["tokens_per_s"], dt)
+        if metrics is not None:
+            _rank0_write(rank, "--metrics", metrics, lambda: _append(metrics, rec))
         done = step0 + 1
         if args.checkpoint_dir and (
                 (args.checkpoint_every and done % args.checkpoint_every == 0)
@@ -694,12 +726,14 @@ def run(args, plan, source) -> int:
         meas = f"{measured:.4f} s" if measured else "n/a"
         print(f"summary: step time measured {meas} (mean over steps after the first), "
               f"predicted {pred}", flush=True)
-        if metrics is not None:
-            with metrics.open("a") as f:
-                f.write(json.dumps({"summary": summary}) + "\n")
+    if metrics is not None:
+        _rank0_write(rank, "--metrics", metrics, lambda: _append(metrics, {"summary": summary}))
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+
+
+def _append(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def main(argv=None) -> int:

@@ -284,3 +284,84 @@ def test_checkpoint_meta_is_checked_by_the_runtime(tmp_path):
         read_meta(tmp_path)
     assert not hasattr(schema, "read_checkpoint_meta")
     assert "meta.json" not in Path(schema.__file__).read_text()
+
+
+# ---- a full disk: one line, exit 1, the last good checkpoint kept ----------------------------
+
+def _one_line_failure(r, *needles):
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def test_full_disk_writing_metrics_is_one_line(tmp_path):
+    """/dev/full refuses every write with ENOSPC: the run stops after its first step's line
+    with one line on stderr naming the file."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    plan = make_plan(tmp_path / "p.json")
+    r = run_runtime("--plan", plan, "--steps", 3, "--metrics", "/dev/full")
+    _one_line_failure(r, "runtime: no space left on device writing --metrics /dev/full")
+    assert "step     2" not in r.stdout
+
+
+def _tmpfs_works():
+    import shutil
+    import subprocess
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                        "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d"],
+                       capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+def test_full_disk_while_checkpointing_keeps_the_last_good_one(reference, tmp_path):
+    """A real full file system (a tmpfs with room for one checkpoint, in a user + mount
+    namespace): the resumed run's next checkpoint cannot be written. One line on stderr, exit 1,
+    no partial copy left; the step-1 checkpoint is intact and a later resume from it repeats
+    the uninterrupted run's losses exactly."""
+    import subprocess
+    import sys
+    from runtime.checkpoint import verify
+    if not _tmpfs_works():
+        pytest.skip("no unprivileged user/mount namespaces here (unshare)")
+    plan, want, ck = reference
+    one = ck / "step-00000001"
+    size = sum(f.stat().st_size for f in one.rglob("*") if f.is_file())
+    mnt, out = tmp_path / "disk", tmp_path / "out"
+    mnt.mkdir()
+    out.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    script = (f"mount -t tmpfs -o size={size * 3 // 2 + 8192} tmpfs {mnt} && "
+              f"mkdir {mnt}/ck && cp -r {one} {mnt}/ck/ && "
+              f"{sys.executable} -m runtime --plan {plan} --steps 3 --checkpoint-dir {mnt}/ck "
+              f"--checkpoint-every 1 --resume --metrics {out}/m.jsonl "
+              f"> {out}/stdout 2> {out}/stderr; echo $? > {out}/rc; "
+              f"cp -r {mnt}/ck {out}/ck")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        env.pop(k, None)
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    run = subprocess.CompletedProcess([], int((out / "rc").read_text()),
+                                      (out / "stdout").read_text(), (out / "stderr").read_text())
+    _one_line_failure(run, "runtime: no space left on device writing checkpoint "
+                           f"{mnt}/ck/step-00000002",
+                      f"the last good checkpoint, {mnt}/ck/step-00000001, is kept")
+    assert "resumed from" in run.stdout and "step     2" in run.stdout
+    assert sorted(p.name for p in (out / "ck").iterdir()) == ["step-00000001"]
+    assert verify(out / "ck" / "step-00000001") is None
+    r = run_runtime("--plan", plan, "--steps", 3, "--checkpoint-dir", out / "ck", "--resume",
+                    "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {out / 'ck' / 'step-00000001'}" in r.stdout
+    got = _steps(tmp_path / "m.jsonl")
+    assert sorted(got) == [2, 3]
+    for s in (2, 3):
+        assert got[s]["loss"] == want[s]["loss"] and got[s]["grad_norm"] == want[s]["grad_norm"]
