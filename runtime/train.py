@@ -6,7 +6,9 @@ Everything that can be refused is refused before any work, with one line on stde
 status 2 (no traceback): bad arguments, an unreadable or invalid plan, a plan whose tp*pp*dp is
 not the launched world (or, on GPUs, that puts more processes on a node than its
 gpus_per_node or the visible GPUs, or splits a tp group over nodes), a layout or model this
-runtime does not support.
+runtime does not support. An output that cannot be written during the run (a full disk while
+checkpointing or writing metrics) stops every rank with one line and exit status 1, the last
+good checkpoint kept (`runtime.outputs`).
 """
 from __future__ import annotations
 
@@ -610,6 +612,7 @@ def run(args, plan, source) -> int:
             if sys.stderr.isatty():          # over the progress line
                 sys.stderr.write("\r\x1b[2K")
             print(f"runtime: {e}", file=sys.stderr, flush=True)
+        dist.barrier()      # every rank failed at the same point: none exits before the line
         status = 1
     dist.destroy_process_group()
     return status
