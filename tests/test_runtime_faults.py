@@ -365,3 +365,67 @@ def test_full_disk_while_checkpointing_keeps_the_last_good_one(reference, tmp_pa
     assert sorted(got) == [2, 3]
     for s in (2, 3):
         assert got[s]["loss"] == want[s]["loss"] and got[s]["grad_norm"] == want[s]["grad_norm"]
+
+
+_FULL_ON_ONE_RANK = r"""
+import errno, io, os, pathlib, sys
+# the file system of rank FULL_RANK fills up while it writes checkpoint FULL_STEP: its
+# torch.distributed.checkpoint shard files accept no byte (ENOSPC when the buffer is written
+# out, as a real file system's write(2) fails); every other rank and checkpoint is untouched
+real_open = pathlib.Path.open
+class FullFile(io.FileIO):
+    def write(self, b):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+def full_open(self, mode="r", *a, **kw):
+    if (os.environ["RANK"] == os.environ["FULL_RANK"] and "w" in mode
+            and f"step-{int(os.environ['FULL_STEP']):08d}.tmp" in str(self)):
+        return io.BufferedWriter(FullFile(str(self), "w"))
+    return real_open(self, mode, *a, **kw)
+pathlib.Path.open = full_open
+from runtime.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_full_disk_on_one_rank_stops_every_rank_in_one_line(reference, tmp_path):
+    """dp 2 under torchrun; rank 1's disk fills while it writes the step-2 checkpoint: both
+    ranks stop at the same point (no hang until --timeout), rank 0 prints one line naming the
+    checkpoint and the kept one, no partial copy is left, and the step-1 checkpoint resumes."""
+    import subprocess
+    import sys
+    from planner.plan import Plan
+    from runtime.checkpoint import verify
+    from test_runtime import ROOT
+    _, want, _ = reference
+    plan = make_plan(tmp_path / "p.json", dp=2, zero_stage=1)
+    wrapper = tmp_path / "full_on_one_rank.py"
+    wrapper.write_text(_FULL_ON_ONE_RANK)
+    ck = tmp_path / "ck"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "FULL_RANK": "1",
+           "FULL_STEP": "2"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    r = subprocess.run(torchrun + [str(wrapper), "--plan", str(plan), "--steps", "3",
+                                   "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+                                   "--timeout", "60"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode != 0
+    ours = [l for l in r.stderr.splitlines() if l.startswith("runtime:")]
+    assert ours == ["runtime: no space left on device writing checkpoint "
+                    f"{ck}/step-00000002; the last good checkpoint, {ck}/step-00000001, "
+                    "is kept"], r.stderr[-3000:]
+    assert "runtime/" not in r.stderr     # no traceback from our code (torchrun reports its
+    #                                       children's exit status on its own)
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000001"]
+    assert verify(ck / "step-00000001") is None
+    # a one-process plan of the same run resumes it (checkpoints reshard across layouts)
+    one = make_plan(tmp_path / "p1.json")
+    assert Plan.load(one).batch.global_batch_size == Plan.load(plan).batch.global_batch_size
+    r = run_runtime("--plan", one, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                    "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {ck / 'step-00000001'}" in r.stdout
+    got = _steps(tmp_path / "m.jsonl")
+    assert sorted(got) == [2, 3]
+    for s in (2, 3):
+        assert got[s]["loss"] == pytest.approx(want[s]["loss"], rel=1e-4)
