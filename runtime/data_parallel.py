@@ -19,15 +19,14 @@ plans ask for, and two code paths would price and measure differently:
 * DDP (`DistributedDataParallel`) fails on TP's DTensor parameters ("Operator
   c10d.broadcast_.default does not have a sharding strategy registered", torch 2.13, gloo;
   torch.distributed.tensor.parallel.ddp's private `_pre_dp_module_transform` works around
-  it), and our
-  pipeline stages (`runtime.pipeline`) call back into the reducer around the last backward
-  (`before_last_backward` / `before_scale_grads`), which DDP only offers through its private
-  `reducer.prepare_for_backward`.
-* `ZeroRedundancyOptimizer` keeps its own flat partitions whose state dict only
-  `consolidate_state_dict` on one rank can read: `torch.distributed.checkpoint`'s
-  `get_optimizer_state_dict` (our resharding checkpoints) does not take it.
-* tests/test_runtime_pipeline_memory.py checks the overlap itself (every bucket launched inside
-  the last micro-batch's backward, none earlier), which none of those exposes.
+  it), and our pipeline stages (`runtime.pipeline`) call back into the reducer around the
+  last backward (`before_last_backward` / `before_scale_grads`), which DDP only offers through
+  its private `reducer.prepare_for_backward` (torch's own PipelineStage reaches into it).
+* `ZeroRedundancyOptimizer` (ZeRO 1) gives no state dict before `consolidate_state_dict` gathers
+  it on one rank: `get_optimizer_state_dict` (our resharding DCP checkpoints) fails with
+  "Optimizer state has not been consolidated on this rank" (torch 2.13, gloo, 2 ranks).
+* the overlap is tested on our reducer (tests/test_runtime_pipeline_memory.py: every bucket
+  launched inside the last micro-batch's backward, none earlier), which none of those exposes.
 """
 from __future__ import annotations
 
