@@ -21,7 +21,6 @@ Pieces:
 * `check_name(s, what)`: a name that may reach a shell line or a config file (no control or
   line-separator characters, bounded length). Quote it as well: `shlex.quote` in shell lines,
   `toml_string` / `json.dumps` in configs.
-* `read_checkpoint_meta(path)`: the runtime's checkpoint meta.json, checked.
 
 Model, GPU, cluster, plan and profile schemas sit beside their types (planner.specs,
 planner.plan, planner.profile) and are built from these checkers.
@@ -38,7 +37,7 @@ from planner.errors import BadInput
 MAX_DEPTH = 32
 # Bytes per file kind; a generous multiple of the largest real file of each kind.
 MAX_BYTES = {"model config": 4 << 20, "cluster file": 1 << 20, "plan": 16 << 20,
-             "profile": 64 << 20, "checkpoint metadata": 4 << 20}
+             "profile": 64 << 20}
 DEFAULT_MAX_BYTES = 16 << 20
 MAX_NAME = 200
 MAX_PATH = 4096
@@ -497,28 +496,3 @@ def show_path(path) -> str:
                                       and bad_name_reason(s[:MAX_NAME]) is None):
         return s if len(s) <= 300 else s[:300] + "..."
     return repr(s)[:300]
-
-
-# ---- the runtime's checkpoint metadata (runtime/checkpoint.py meta.json) ---------------------
-
-def checkpoint_meta_schema():
-    """{model: Model fields, parallelism: plan parallelism, seed, data, global_batch_size,
-    seq_len, step, world_size, files: {relative path: {bytes, sha256}}} (runtime.checkpoint)."""
-    from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
-    from planner.plan import PARALLELISM
-    from planner.specs import MODEL_SCHEMA
-    file_entry = Obj({"bytes": Int(0, 2 ** 62), "sha256": Str(64, 64)})
-    return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM,
-                "seed": Int(-2 ** 63, 2 ** 64), "data": (Nullable(Str(4096)), None),
-                "global_batch_size": (Int(1, MAX_BATCH), None),
-                "seq_len": (Int(1, MAX_SEQ_LEN), None),
-                "step": Int(0, 2 ** 62), "world_size": Int(1, MAX_GPUS),
-                "files": (Map(file_entry, Str(4096), max_len=1 << 20), None)}, extra=False)
-
-
-def read_checkpoint_meta(path) -> dict:
-    """The checked meta.json of a checkpoint directory (or the file itself); BadInput with one
-    line otherwise. For runtime.checkpoint.read_meta."""
-    p = os.path.join(str(path), "meta.json") if os.path.isdir(str(path)) else path
-    d = read_json_object(p, "checkpoint metadata")
-    return check(checkpoint_meta_schema(), d, f"checkpoint metadata {show_path(p)}")

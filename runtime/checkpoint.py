@@ -27,6 +27,7 @@ the same model loads any other plan's checkpoint. A tied output weight is stored
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -36,12 +37,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_model_state_dict,
                                                      set_optimizer_state_dict)
 
 from planner.errors import BadInput
+from runtime import outputs
 
 STEP_DIR = re.compile(r"^step-(\d+)(\.old)?$")
 MARKER = "COMPLETE"
@@ -117,24 +120,53 @@ def _payload(d: Path) -> list:
 
 
 def save(root: str, step: int, state: TrainState, meta: dict) -> Path:
+    """Write `step`'s checkpoint (collective). A write that fails on any rank (a full disk)
+    raises `runtime.outputs.WriteFailed` on every rank, with one line naming the checkpoint
+    and the last good one, which is left as it was; the partial `.tmp` copy is removed."""
     root = Path(root)
     final = _step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     old = final.with_name(final.name + ".old")
     rank = dist.get_rank()
-    if rank == 0:
+
+    def phase(write, needed_bytes: int = 0, on_rank0_only: bool = False):
+        failure = None
+        if rank == 0 or not on_rank0_only:
+            try:
+                write()
+            except (OSError, RuntimeError, CheckpointException) as e:
+                failure = outputs.describe(e, "checkpoint", final, needed_bytes)
+        try:
+            outputs.agree(failure)
+        except outputs.WriteFailed as e:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if old.exists() and not final.exists():     # the replaced copy comes back
+                    os.rename(old, final)
+            kept = latest(root)
+            raise outputs.WriteFailed(
+                f"{e}; " + (f"the last good checkpoint, {kept[1]}, is kept" if kept
+                            else "no earlier checkpoint")) from None
+
+    def prepare():
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
         (tmp / "rng").mkdir(parents=True)
-    dist.barrier()
-    dcp.save(state.state_dict(), checkpoint_id=str(tmp))
-    rng = tmp / "rng" / f"rank{rank}.pt"
-    torch.save({"cpu": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}, rng)
-    _fsync_path(rng)
-    dist.barrier()
-    if rank == 0:
+
+    def write_shards():
+        dcp.save(shards, checkpoint_id=str(tmp))
+        rng = tmp / "rng" / f"rank{rank}.pt"
+        buf = io.BytesIO()      # serialised here, written by Python: a full disk is an OSError
+        torch.save({"cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
+                   buf)
+        with open(rng, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+
+    def finish():
         files = {}
         for f in _payload(tmp):
             _fsync_path(f)
@@ -156,8 +188,22 @@ def save(root: str, step: int, state: TrainState, meta: dict) -> Path:
         _fsync_path(root)
         if old.exists():
             shutil.rmtree(old)
-    dist.barrier()
+
+    phase(prepare, on_rank0_only=True)
+    shards = state.state_dict()
+    phase(write_shards, needed_bytes=_local_bytes(shards))
+    phase(finish, needed_bytes=META_MAX_BYTES, on_rank0_only=True)
     return final
+
+
+def _local_bytes(state_dict: dict) -> int:
+    """Bytes of this rank's shards of a state dict's tensors."""
+    total = 0
+    for v in state_dict.values():
+        if isinstance(v, torch.Tensor):
+            v = v.to_local() if hasattr(v, "to_local") else v
+            total += v.numel() * v.element_size()
+    return total
 
 
 def candidates(root) -> list:
@@ -214,11 +260,33 @@ def latest(root: str):
     return c[0] if c else None
 
 
+META_MAX_BYTES = 4 << 20     # a generous multiple of a real meta.json (a few KiB per file)
+
+
+def meta_schema():
+    """meta.json: {model: the plan's model fields, parallelism: the plan's parallelism, seed,
+    data, global_batch_size, seq_len, step, world_size, files: {relative path: {bytes,
+    sha256}}}, built from the planner's checkers and its model and parallelism schemas."""
+    from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
+    from planner.plan import PARALLELISM
+    from planner.schema import Int, Map, Nullable, Obj, Str
+    from planner.specs import MODEL_SCHEMA
+    file_entry = Obj({"bytes": Int(0, 2 ** 62), "sha256": Str(64, 64)})
+    return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM,
+                "seed": Int(-2 ** 63, 2 ** 64), "data": (Nullable(Str(4096)), None),
+                "global_batch_size": (Int(1, MAX_BATCH), None),
+                "seq_len": (Int(1, MAX_SEQ_LEN), None),
+                "step": Int(0, 2 ** 62), "world_size": Int(1, MAX_GPUS),
+                "files": (Map(file_entry, Str(4096), max_len=1 << 20), None)}, extra=False)
+
+
 def read_meta(path) -> dict:
-    """The checkpoint's meta.json, checked with the planner's schema (planner.schema): a
-    damaged or foreign one raises BadInput in one line."""
-    from planner.schema import read_checkpoint_meta
-    return read_checkpoint_meta(path)
+    """The checked meta.json of a checkpoint directory (or the file itself): a damaged or
+    foreign one raises BadInput in one line."""
+    from planner.schema import check, read_json_object, show_path
+    p = os.path.join(str(path), "meta.json") if os.path.isdir(str(path)) else path
+    d = read_json_object(p, "checkpoint metadata", META_MAX_BYTES)
+    return check(meta_schema(), d, f"checkpoint metadata {show_path(p)}")
 
 
 def restore_rng(path, world_size: int) -> bool:

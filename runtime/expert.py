@@ -14,7 +14,7 @@ norm see the whole stacked tensors.
 The flow planner.cost.moe prices (Megatron's MoEAlltoAllTokenDispatcher): under tp, sequence
 parallelism is required (planner.validity), so a rank enters the MoE layer with its b*s/tp
 tokens; it routes them itself (the router weight is replicated over tp, its gradient a
-Partial sum reduced by `runtime.parallelize.AlignGradPlacements`, as the norms'); the shared
+Partial sum reduced by `runtime.tensor_parallel.AlignGradPlacements`, as the norms'); the shared
 expert is a dense FFN split over tp like the dense MLP (all-gather in, reduce-scatter out).
 
 Dispatch and combine (`distribute_module` input/output functions around `GroupedExperts`, as
@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+
+from runtime.tensor_parallel import SumGradOverGroup
 
 EXPERTS = ".feed_forward.experts."
 
@@ -102,7 +104,6 @@ def apply_ep(part: nn.Module, expert_mesh) -> None:
     """Split every MoE layer's routed experts over the expert mesh's `ep` dim (and each expert
     over `tp` when tp > 1) and route tokens to them."""
     from torch.distributed.tensor import distribute_module, distribute_tensor
-    from runtime.parallelize import _SumGradOverGroup
     tp = expert_mesh["tp"].size()
     mesh = expert_mesh[tuple(d for d in expert_mesh.mesh_dim_names
                              if d == "ep" or (d == "tp" and tp > 1))]
@@ -120,7 +121,7 @@ def apply_ep(part: nn.Module, expert_mesh) -> None:
             # sums its gradient over tp (rank 0's holds all of it)
             group, keep = mesh.get_group("tp"), float(mesh.get_local_rank("tp") == 0)
             moe.experts.w2_bias_share = (
-                lambda b, group=group, keep=keep: _SumGradOverGroup.apply(b, group) * keep)
+                lambda b, group=group, keep=keep: SumGradOverGroup.apply(b, group) * keep)
 
 
 def _groups(mesh):

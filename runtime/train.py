@@ -6,7 +6,9 @@ Everything that can be refused is refused before any work, with one line on stde
 status 2 (no traceback): bad arguments, an unreadable or invalid plan, a plan whose tp*pp*dp is
 not the launched world (or, on GPUs, that puts more processes on a node than its
 gpus_per_node or the visible GPUs, or splits a tp group over nodes), a layout or model this
-runtime does not support.
+runtime does not support. An output that cannot be written during the run (a full disk while
+checkpointing or writing metrics) stops every rank with one line and exit status 1, the last
+good checkpoint kept (`runtime.outputs`).
 """
 from __future__ import annotations
 
@@ -319,117 +321,120 @@ class Trainer:
 
     # -- construction -------------------------------------------------------------------------
     def _build(self):
+        """Meshes, the parts of the model on this pp rank laid out by `parallelize`, the syncs
+        each step runs after backward, the optimizers (ZeRO 1: of the owned parameters), the
+        pipeline schedule."""
         import torch
         import torch.distributed as dist
-        from runtime import parallelize as par
-        from runtime.model import Transformer, clean_name
-        from runtime.pipeline import TiedGradSync, build_schedule, split_model
-        from torch.distributed.tensor import DTensor
-        plan, p = self.plan, self.plan.parallelism
-        spec = plan.model
-        self.mesh = par.build_mesh(plan, self.device.type)
-        self.tp_mesh, self.dp_mesh, self.pp_mesh = self.mesh["tp"], self.mesh["dp"], self.mesh["pp"]
-        self.dp_rank = self.dp_mesh.get_local_rank()
-        self.pp_rank = self.pp_mesh.get_local_rank()
-        self.tp_rank = self.tp_mesh.get_local_rank()
-        self.dp_group = self.dp_mesh.get_group()
-        from runtime import expert
-        # expert parallelism: dp unflattened into (edp, ep) on a mesh of the same ranks
-        self.expert_mesh = expert.build_expert_mesh(plan, self.device.type)
-        self.edp_mesh = self.expert_mesh["edp"] if self.expert_mesh is not None else None
-
-        with torch.device("meta"):
-            whole = Transformer(spec)
-        stage_parts = split_model(whole, plan, self.pp_rank)
-        self.first_stage = any(st.index == 0 for st, _ in stage_parts)
-        self.last_stage = any(st.index == len(plan.stages) - 1 for st, _ in stage_parts)
-        self.recomputed = []
-        tp_replicated = []
-        for st, part in stage_parts:
-            if p.tp > 1:
-                tp_replicated += par.apply_tp(part, self.tp_mesh, p.sequence_parallel, spec)
-            if self.expert_mesh is not None:
-                expert.apply_ep(part, self.expert_mesh)
-            self.recomputed += par.apply_ac(part, st, p.recompute)
-            if p.zero_stage >= 2:
-                par.apply_fsdp(part, self.dp_mesh, p.zero_stage, self.on_gpu, self.edp_mesh)
-            par.materialize_and_init(part, spec, self.args.seed, self.device)
-        self.parts = [part for _, part in stage_parts]
-        self.align_grads = (par.AlignGradPlacements([q for part in self.parts
-                                                     for q in part.parameters()])
-                            if p.tp > 1 else None)
-        # FSDP and to_empty replace parameter objects: find them again by name
-        self.tp_sync = None
-        if tp_replicated:
-            names = set(tp_replicated)
-            self.tp_sync = par.TpReplicatedGradSync(
-                [q for part in self.parts for n, q in part.named_parameters()
-                 if clean_name(n) in names], self.tp_mesh.get_group())
-
-        # tied embeddings split over the pipeline: sum the two copies' gradients
-        self.tied = spec.tied_embeddings
-        self.tied_sync = None
-        if self.tied and p.pp > 1:
-            tied_params = []
-            for st, part in stage_parts:
-                if st.index == 0:
-                    tied_params.append(part.tok_embeddings.weight)
-                if st.index == len(plan.stages) - 1:
-                    tied_params.append(part.output.weight)
-            self.tied_sync = TiedGradSync(self.mesh, tied_params)
-
-        # optimizers (one per part) and ZeRO 0/1 gradient / parameter sync
-        params = [q for part in self.parts for q in part.parameters()]
-        # under ep, the routed experts' gradients and ZeRO 1 ownership go over edp, not dp
-        experts = ([q for part in self.parts for n, q in part.named_parameters()
-                    if expert.is_expert_param(clean_name(n))]
-                   if self.expert_mesh is not None else [])
-        params = [q for q in params if id(q) not in {id(e) for e in experts}]
-        kw = dict(lr=self.args.lr, weight_decay=self.args.weight_decay, betas=(0.9, 0.95),
-                  eps=1e-8, foreach=True)
-        self.grad_sync = self.param_sync = self.expert_grad_sync = self.expert_param_sync = None
-        if p.zero_stage <= 1:
-            # reduced while each chunk's last micro-batch backward runs (DDP's overlap)
-            self.grad_sync = par.GradAllReduce(params, self.dp_group, p.dp,
-                                               chunks=[list(part.parameters())
-                                                       for part in self.parts])
-            if experts:
-                self.expert_grad_sync = par.GradAllReduce(experts, self.edp_mesh.get_group(),
-                                                          expert.expert_grad_divisor(plan))
-        elif experts:
-            self.expert_grad_sync = expert.ExpertGradScale(experts, plan)
-        def adamw(ps):
-            # foreach kernels cannot mix DTensors and plain tensors: one group of each kind
-            groups = [g for g in ([q for q in ps if isinstance(q, DTensor)],
-                                  [q for q in ps if not isinstance(q, DTensor)]) if g]
-            # no parameters (an empty pipeline stage, a ZeRO 1 rank owning none): no optimizer
-            return torch.optim.AdamW([{"params": g} for g in groups], **kw) if groups else None
-
-        if p.zero_stage == 1 and p.dp > 1:
-            owners = par.zero1_owners(params, p.dp)
-            mine = {id(q) for q, o in zip(params, owners) if o == self.dp_rank}
-            if experts:
-                edp = self.edp_mesh.size()
-                e_owners = par.zero1_owners(experts, edp)
-                mine |= {id(q) for q, o in zip(experts, e_owners)
-                         if o == self.edp_mesh.get_local_rank()}
-                self.expert_param_sync = par.Zero1ParamSync(experts, e_owners,
-                                                            self.edp_mesh.get_group(), edp)
-            self.optims = [adamw([q for q in part.parameters() if id(q) in mine])
-                           for part in self.parts]
-            self.param_sync = par.Zero1ParamSync(params, owners, self.dp_group, p.dp)
-        else:
-            self.optims = [adamw(list(part.parameters())) for part in self.parts]
-
+        stage_parts = self._build_parts()
+        self._build_grad_syncs(stage_parts)
+        self._build_optimizers()
         self.schedule = None
-        if len(plan.stages) > 1:
-            self.schedule, self.stages = build_schedule(plan, stage_parts, self.pp_mesh.get_group(),
-                                                        self.device)
+        if len(self.plan.stages) > 1:
+            from runtime.pipeline import build_schedule
+            self.schedule, self.stages = build_schedule(self.plan, stage_parts,
+                                                        self.pp_mesh.get_group(), self.device)
         # ZeRO 0/1 on CUDA: bf16 autocast over the whole step; its cache keeps one bf16 cast of
         # each weight for the step (priced: planner/engines/runtime.py autocast_copy_bytes)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=True)
-                         if self.on_gpu and p.zero_stage < 2 else nullcontext())
+                         if self.on_gpu and self.plan.parallelism.zero_stage < 2
+                         else nullcontext())
         dist.barrier()
+
+    def _build_parts(self) -> list:
+        """[(stage, part)] of this pp rank: split from the whole model on the meta device, laid
+        out (TP -> EP -> activation checkpointing -> FSDP), then allocated and initialised."""
+        import torch
+        from runtime import parallelize as par
+        from runtime.model import Transformer
+        from runtime.pipeline import split_model
+        plan = self.plan
+        m = self.meshes = par.build_meshes(plan, self.device.type)
+        self.mesh, self.tp_mesh, self.dp_mesh, self.pp_mesh = m.world, m.tp, m.dp, m.pp
+        self.expert_mesh, self.edp_mesh = m.expert, m.edp
+        self.dp_rank, self.pp_rank, self.tp_rank = (m.dp.get_local_rank(),
+                                                    m.pp.get_local_rank(),
+                                                    m.tp.get_local_rank())
+        self.dp_group = m.dp.get_group()
+        with torch.device("meta"):
+            whole = Transformer(plan.model)
+        stage_parts = split_model(whole, plan, self.pp_rank)
+        self.first_stage = any(st.index == 0 for st, _ in stage_parts)
+        self.last_stage = any(st.index == len(plan.stages) - 1 for st, _ in stage_parts)
+        self.layouts = []
+        for st, part in stage_parts:
+            self.layouts.append(par.parallelize(part, st, plan, m, self.on_gpu))
+            par.materialize_and_init(part, plan.model, self.args.seed, self.device)
+        self.recomputed = [i for lay in self.layouts for i in lay.recomputed]
+        self.parts = [part for _, part in stage_parts]
+        return stage_parts
+
+    def _build_grad_syncs(self, stage_parts) -> None:
+        """The gradient syncs `train_step` runs after backward: the dp reduction (ZeRO 0/1:
+        `GradAllReduce`, launched during each chunk's last backward), the TP placement fix-ups,
+        the replicated kv-head sum, the tied-embedding sum over the pipeline, the expert
+        gradients' sum over edp (or FSDP's rescale). Built with the dp reducer last: a sharded
+        parameter's gradient is sliced (`AlignGradPlacements`' hook) before its hook reads it."""
+        from runtime import expert
+        from runtime.data_parallel import GradAllReduce
+        from runtime.model import clean_name
+        from runtime.pipeline import TiedGradSync
+        from runtime.tensor_parallel import AlignGradPlacements, TpReplicatedGradSync
+        plan, p = self.plan, self.plan.parallelism
+        named = [(clean_name(n), q) for part in self.parts for n, q in part.named_parameters()]
+        # under ep, the routed experts' gradients and ZeRO 1 ownership go over edp, not dp
+        self.experts = ([q for n, q in named if expert.is_expert_param(n)]
+                        if self.expert_mesh is not None else [])
+        expert_ids = {id(e) for e in self.experts}
+        self.dense = [q for _, q in named if id(q) not in expert_ids]
+        self.align_grads = (AlignGradPlacements([q for _, q in named]) if p.tp > 1 else None)
+        replicated = {n for lay in self.layouts for n in lay.tp_replicated}
+        self.tp_sync = (TpReplicatedGradSync([q for n, q in named if n in replicated],
+                                             self.tp_mesh.get_group()) if replicated else None)
+        # tied embeddings split over the pipeline: sum the two copies' gradients
+        self.tied = plan.model.tied_embeddings
+        self.tied_sync = None
+        if self.tied and p.pp > 1:
+            last = len(plan.stages) - 1
+            self.tied_sync = TiedGradSync(
+                self.mesh, [w for st, part in stage_parts
+                            for w in ([part.tok_embeddings.weight] if st.index == 0 else [])
+                            + ([part.output.weight] if st.index == last else [])])
+        self.grad_sync = self.expert_grad_sync = None
+        if p.zero_stage <= 1:
+            # reduced while each chunk's last micro-batch backward runs (DDP's overlap)
+            self.grad_sync = GradAllReduce(self.dense, self.dp_group, p.dp,
+                                           chunks=[list(part.parameters())
+                                                   for part in self.parts])
+            if self.experts:
+                self.expert_grad_sync = GradAllReduce(self.experts, self.edp_mesh.get_group(),
+                                                      expert.expert_grad_divisor(plan))
+        elif self.experts:
+            self.expert_grad_sync = expert.ExpertGradScale(self.experts, plan)
+
+    def _build_optimizers(self) -> None:
+        """One AdamW per part; under ZeRO 1 (dp > 1) of the parameters this dp rank owns (the
+        experts': this edp rank), the others' updates broadcast by their owners after the step."""
+        from runtime.data_parallel import Zero1ParamSync, zero1_owners
+        from runtime.optimizer import adamw
+        p, a = self.plan.parallelism, self.args
+        self.param_sync = self.expert_param_sync = None
+        if not (p.zero_stage == 1 and p.dp > 1):
+            self.optims = [adamw(list(part.parameters()), a.lr, a.weight_decay)
+                           for part in self.parts]
+            return
+        owners = zero1_owners(self.dense, p.dp)
+        mine = {id(q) for q, o in zip(self.dense, owners) if o == self.dp_rank}
+        self.param_sync = Zero1ParamSync(self.dense, owners, self.dp_group, p.dp)
+        if self.experts:
+            edp = self.edp_mesh.size()
+            e_owners = zero1_owners(self.experts, edp)
+            mine |= {id(q) for q, o in zip(self.experts, e_owners)
+                     if o == self.edp_mesh.get_local_rank()}
+            self.expert_param_sync = Zero1ParamSync(self.experts, e_owners,
+                                                    self.edp_mesh.get_group(), edp)
+        self.optims = [adamw([q for q in part.parameters() if id(q) in mine], a.lr,
+                             a.weight_decay) for part in self.parts]
 
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, step0: int, memory=None):
@@ -439,7 +444,7 @@ class Trainer:
         import torch
         import torch.distributed as dist
         from runtime.data import local_batch
-        from runtime import parallelize as par
+        from runtime.optimizer import grad_norm_sq_local
         from runtime.pipeline import loss_fn
         plan = self.plan
         b = plan.batch
@@ -501,7 +506,7 @@ class Trainer:
         # the tied output copy of a pipeline's last stage is the embedding: count it once
         norm_params = [q for part in self.parts for n, q in part.named_parameters()
                        if not (self.tied_sync is not None and n == "output.weight")]
-        gsq = par.grad_norm_sq_local(norm_params, plan.parallelism.tp * plan.parallelism.dp)
+        gsq = grad_norm_sq_local(norm_params, plan.parallelism.tp * plan.parallelism.dp)
         for opt in self.optims:
             if opt is not None:
                 opt.step()
@@ -581,7 +586,39 @@ def _clear_checkpoint_dir(root: Path, args) -> None:
             os.rename(d, dst)
 
 
+def _rank0_write(rank: int, what: str, path, write) -> None:
+    """Rank 0 calls `write()`; every rank then learns whether it could (one tiny collective:
+    `runtime.outputs.agree`), so a full disk stops all of them at the same point."""
+    from runtime import outputs
+    failure = None
+    if rank == 0:
+        try:
+            write()
+        except OSError as e:
+            failure = outputs.describe(e, what, path)
+    outputs.agree(failure)
+
+
 def run(args, plan, source) -> int:
+    """Train; 0, or 1 after one line on stderr when an output could not be written (a full
+    disk: `runtime.outputs`; the last good checkpoint is kept)."""
+    import torch.distributed as dist
+    from runtime.outputs import WriteFailed
+    try:
+        _train(args, plan, source)
+        status = 0
+    except WriteFailed as e:
+        if dist.get_rank() == 0:
+            if sys.stderr.isatty():          # over the progress line
+                sys.stderr.write("\r\x1b[2K")
+            print(f"runtime: {e}", file=sys.stderr, flush=True)
+        dist.barrier()      # every rank failed at the same point: none exits before the line
+        status = 1
+    dist.destroy_process_group()
+    return status
+
+
+def _train(args, plan, source) -> None:
     import torch
     import torch.distributed as dist
     from runtime import checkpoint as ckpt
@@ -609,12 +646,14 @@ def run(args, plan, source) -> int:
             if rank == 0:
                 print(f"runtime: resumed from {path} (step {start})", flush=True)
     metrics = Path(args.metrics) if args.metrics else None
-    if rank == 0 and metrics is not None:
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        if start > 0:
-            _trim_metrics(metrics, start)
-        else:
-            metrics.write_text("")
+    if metrics is not None:
+        def start_metrics():
+            metrics.parent.mkdir(parents=True, exist_ok=True)
+            if start > 0:
+                _trim_metrics(metrics, start)
+            else:
+                metrics.write_text("")
+        _rank0_write(rank, "--metrics", metrics, start_metrics)
     meta = {**run_identity(args, plan), "parallelism": plan.to_dict()["parallelism"]}
     p = plan.parallelism
     if rank == 0:
@@ -661,10 +700,9 @@ def run(args, plan, source) -> int:
             print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "
                   f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
                   flush=True)
-            if metrics is not None:
-                with metrics.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
             progress.step(rec["step"], loss, rec["tokens_per_s"], dt)
+        if metrics is not None:
+            _rank0_write(rank, "--metrics", metrics, lambda: _append(metrics, rec))
         done = step0 + 1
         if args.checkpoint_dir and (
                 (args.checkpoint_every and done % args.checkpoint_every == 0)
@@ -691,12 +729,14 @@ def run(args, plan, source) -> int:
         meas = f"{measured:.4f} s" if measured else "n/a"
         print(f"summary: step time measured {meas} (mean over steps after the first), "
               f"predicted {pred}", flush=True)
-        if metrics is not None:
-            with metrics.open("a") as f:
-                f.write(json.dumps({"summary": summary}) + "\n")
+    if metrics is not None:
+        _rank0_write(rank, "--metrics", metrics, lambda: _append(metrics, {"summary": summary}))
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+
+
+def _append(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def main(argv=None) -> int:

@@ -443,19 +443,6 @@ def test_gpu_and_model_constructors_check_their_fields():
               vocab_size=8, max_seq_len=8)
 
 
-def test_checkpoint_meta(tmp_path):
-    meta = {"model": get_model("llama8b").to_dict(),
-            "parallelism": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 0,
-                            "sequence_parallel": False, "vpp": 1, "schedule": "1f1b",
-                            "recompute": "none", "cp": 1, "rank_order": ["pp", "dp", "tp"]},
-            "seed": 0, "data": None, "step": 5, "world_size": 2}
-    (tmp_path / "meta.json").write_text(json.dumps(meta))
-    assert S.read_checkpoint_meta(tmp_path)["step"] == 5
-    (tmp_path / "meta.json").write_text(json.dumps({**meta, "step": "5"}))
-    with pytest.raises(BadInput, match="step must be an integer"):
-        S.read_checkpoint_meta(tmp_path)
-
-
 def test_schema_import_is_cheap():
     """The typed layer costs far less than the ~1 s `plan` takes (pydantic / jsonschema would
     add 70-80 ms of imports alone)."""

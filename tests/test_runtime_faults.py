@@ -251,3 +251,181 @@ def test_read_only_checkpoint_dir_refused(tmp_path):
         _refused(run_runtime("--plan", plan, "--checkpoint-dir", ro), "is not writable")
     finally:
         ro.chmod(0o700)
+
+
+# ---- the checkpoint's meta.json: the runtime's own schema (runtime.checkpoint.meta_schema) ----
+
+def test_checkpoint_meta_is_checked_by_the_runtime(tmp_path):
+    """A well-formed meta.json reads back; a wrong type, an unknown key or an oversized file is
+    one BadInput line naming the file. The planner's schema module no longer knows the format."""
+    from planner import schema
+    from planner.catalog import get_model
+    from planner.errors import BadInput
+    from runtime.checkpoint import META_MAX_BYTES, read_meta
+    meta = {"model": get_model("llama8b").to_dict(),
+            "parallelism": {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 0,
+                            "sequence_parallel": False, "vpp": 1, "schedule": "1f1b",
+                            "recompute": "none", "cp": 1, "rank_order": ["pp", "dp", "tp"]},
+            "seed": 0, "data": None, "step": 5, "world_size": 2}
+    f = tmp_path / "meta.json"
+    f.write_text(json.dumps(meta))
+    assert read_meta(tmp_path)["step"] == 5
+    assert read_meta(f)["world_size"] == 2
+    for bad, match in (({**meta, "step": "5"}, "step must be an integer"),
+                       ({**meta, "stepp": 5}, 'unknown key "stepp"'),
+                       ({k: v for k, v in meta.items() if k != "world_size"},
+                        "missing field 'world_size'")):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(BadInput, match=match) as e:
+            read_meta(tmp_path)
+        assert str(f) in str(e.value) and "\n" not in str(e.value)
+    f.write_text(" " * (META_MAX_BYTES + 1))
+    with pytest.raises(BadInput, match="checkpoint metadata"):
+        read_meta(tmp_path)
+    assert not hasattr(schema, "read_checkpoint_meta")
+    assert "meta.json" not in Path(schema.__file__).read_text()
+
+
+# ---- a full disk: one line, exit 1, the last good checkpoint kept ----------------------------
+
+def _one_line_failure(r, *needles):
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def test_full_disk_writing_metrics_is_one_line(tmp_path):
+    """/dev/full refuses every write with ENOSPC: the run stops after its first step's line
+    with one line on stderr naming the file."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    plan = make_plan(tmp_path / "p.json")
+    r = run_runtime("--plan", plan, "--steps", 3, "--metrics", "/dev/full")
+    _one_line_failure(r, "runtime: no space left on device writing --metrics /dev/full")
+    assert "step     2" not in r.stdout
+
+
+def _tmpfs_works():
+    import shutil
+    import subprocess
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                        "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d"],
+                       capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+def test_full_disk_while_checkpointing_keeps_the_last_good_one(reference, tmp_path):
+    """A real full file system (a tmpfs with room for one checkpoint, in a user + mount
+    namespace): the resumed run's next checkpoint cannot be written. One line on stderr, exit 1,
+    no partial copy left; the step-1 checkpoint is intact and a later resume from it repeats
+    the uninterrupted run's losses exactly."""
+    import subprocess
+    import sys
+    from runtime.checkpoint import verify
+    if not _tmpfs_works():
+        pytest.skip("no unprivileged user/mount namespaces here (unshare)")
+    plan, want, ck = reference
+    one = ck / "step-00000001"
+    size = sum(f.stat().st_size for f in one.rglob("*") if f.is_file())
+    mnt, out = tmp_path / "disk", tmp_path / "out"
+    mnt.mkdir()
+    out.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    script = (f"mount -t tmpfs -o size={size * 3 // 2 + 8192} tmpfs {mnt} && "
+              f"mkdir {mnt}/ck && cp -r {one} {mnt}/ck/ && "
+              f"{sys.executable} -m runtime --plan {plan} --steps 3 --checkpoint-dir {mnt}/ck "
+              f"--checkpoint-every 1 --resume --metrics {out}/m.jsonl "
+              f"> {out}/stdout 2> {out}/stderr; echo $? > {out}/rc; "
+              f"cp -r {mnt}/ck {out}/ck")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        env.pop(k, None)
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    run = subprocess.CompletedProcess([], int((out / "rc").read_text()),
+                                      (out / "stdout").read_text(), (out / "stderr").read_text())
+    _one_line_failure(run, "runtime: no space left on device writing checkpoint "
+                           f"{mnt}/ck/step-00000002",
+                      f"the last good checkpoint, {mnt}/ck/step-00000001, is kept")
+    assert "resumed from" in run.stdout and "step     2" in run.stdout
+    assert sorted(p.name for p in (out / "ck").iterdir()) == ["step-00000001"]
+    assert verify(out / "ck" / "step-00000001") is None
+    r = run_runtime("--plan", plan, "--steps", 3, "--checkpoint-dir", out / "ck", "--resume",
+                    "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {out / 'ck' / 'step-00000001'}" in r.stdout
+    got = _steps(tmp_path / "m.jsonl")
+    assert sorted(got) == [2, 3]
+    for s in (2, 3):
+        assert got[s]["loss"] == want[s]["loss"] and got[s]["grad_norm"] == want[s]["grad_norm"]
+
+
+_FULL_ON_ONE_RANK = r"""
+import errno, io, os, pathlib, sys
+# the file system of rank FULL_RANK fills up while it writes checkpoint FULL_STEP: its
+# torch.distributed.checkpoint shard files accept no byte (ENOSPC when the buffer is written
+# out, as a real file system's write(2) fails); every other rank and checkpoint is untouched
+real_open = pathlib.Path.open
+class FullFile(io.FileIO):
+    def write(self, b):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+def full_open(self, mode="r", *a, **kw):
+    if (os.environ["RANK"] == os.environ["FULL_RANK"] and "w" in mode
+            and f"step-{int(os.environ['FULL_STEP']):08d}.tmp" in str(self)):
+        return io.BufferedWriter(FullFile(str(self), "w"))
+    return real_open(self, mode, *a, **kw)
+pathlib.Path.open = full_open
+from runtime.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_full_disk_on_one_rank_stops_every_rank_in_one_line(reference, tmp_path):
+    """dp 2 under torchrun; rank 1's disk fills while it writes the step-2 checkpoint: both
+    ranks stop at the same point (no hang until --timeout), rank 0 prints one line naming the
+    checkpoint and the kept one, no partial copy is left, and the step-1 checkpoint resumes."""
+    import subprocess
+    import sys
+    from planner.plan import Plan
+    from runtime.checkpoint import verify
+    from test_runtime import ROOT
+    _, want, _ = reference
+    plan = make_plan(tmp_path / "p.json", dp=2, zero_stage=1)
+    wrapper = tmp_path / "full_on_one_rank.py"
+    wrapper.write_text(_FULL_ON_ONE_RANK)
+    ck = tmp_path / "ck"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "FULL_RANK": "1",
+           "FULL_STEP": "2"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    r = subprocess.run(torchrun + [str(wrapper), "--plan", str(plan), "--steps", "3",
+                                   "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+                                   "--timeout", "60"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode != 0
+    ours = [l for l in r.stderr.splitlines() if l.startswith("runtime:")]
+    assert ours == ["runtime: no space left on device writing checkpoint "
+                    f"{ck}/step-00000002; the last good checkpoint, {ck}/step-00000001, "
+                    "is kept"], r.stderr[-3000:]
+    assert "runtime/" not in r.stderr     # no traceback from our code (torchrun reports its
+    #                                       children's exit status on its own)
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000001"]
+    assert verify(ck / "step-00000001") is None
+    # a one-process plan of the same run resumes it (checkpoints reshard across layouts)
+    one = make_plan(tmp_path / "p1.json")
+    assert Plan.load(one).batch.global_batch_size == Plan.load(plan).batch.global_batch_size
+    r = run_runtime("--plan", one, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                    "--metrics", tmp_path / "m.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {ck / 'step-00000001'}" in r.stdout
+    got = _steps(tmp_path / "m.jsonl")
+    assert sorted(got) == [2, 3]
+    for s in (2, 3):
+        assert got[s]["loss"] == pytest.approx(want[s]["loss"], rel=1e-4)
