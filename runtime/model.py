@@ -202,7 +202,7 @@ class MLAttention(nn.Module):
     Biases with attn_bias on wq_a (or wq) and wkv_a (`Model.attn_bias_params`), on wo with
     linear_bias. RoPE is rotate-half on the rope part (HF's default `rope_interleave` pairs
     adjacent dims instead: a fixed permutation of wq/wkv_a's rope columns, the same model
-    trained from scratch); no YaRN mscale. Tensor parallelism is refused (runtime.support)."""
+    trained from scratch); no YaRN mscale. Tensor parallelism is refused (planner.engines.runtime: mla_with_tp)."""
 
     def __init__(self, spec: Model, layer: int = 0):
         super().__init__()
