@@ -7,8 +7,24 @@ costs is the cost model's (planner.cost.*); which names an engine runs is its sp
 """
 
 # pipeline schedules (planner.cost.schedule prices them; an engine's `schedules` names those
-# it runs)
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# it runs). The zero-bubble ones split each backward into its input-gradient (B) and
+# weight-gradient (W) parts (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"), as
+# torch.distributed.pipelining runs them (torch/distributed/pipelining/schedules.py):
+# - "interleaved-zb": ScheduleInterleavedZeroBubble, the paper's ZB-1P over any number of
+#   looped chunks per rank (stage i on rank i % pp);
+# - "zbv": ScheduleZBVZeroBubble, the paper's ZB-V (Sec. 6): exactly 2 chunks per rank laid
+#   out as a V (rank r holds stages r and 2 pp - 1 - r);
+# - "dualpipev": ScheduleDualPipeV, DeepSeek's DualPipe cut in half (DeepSeek-V3 report,
+#   arXiv 2412.19437 Sec. 3.2.1; github.com/deepseek-ai/DualPipe "DualPipeV"): the V layout,
+#   2 chunks per rank, at least 2 pp micro-batches.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev")
+# the schedules that run several model chunks per rank (vpp > 1)
+MULTI_CHUNK_SCHEDULES = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
+# the V-shaped ones: exactly 2 chunks per rank (torch: "ZBV requires exactly 2 stages per
+# rank"), the first and the last stage on rank 0
+V_SCHEDULES = ("zbv", "dualpipev")
+# the ones that defer weight gradients (W) into the bubble
+ZERO_BUBBLE_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
 # activation recompute modes: none, "selective" (the modules of RECOMPUTE_MODULES asked for),
 # "full" (every layer's forward again), "op" (planner.cost.compute.op_recomputed_gemms)
 RECOMPUTE = ("none", "selective", "full", "op")
