@@ -24,6 +24,7 @@ from planner.explain import (alternatives, describe_candidate, ensure_estimate,
 from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
+from planner.vocab import SCHEDULES
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
 
@@ -112,7 +113,9 @@ def plan_parser() -> argparse.ArgumentParser:
                         "core_attn, or searched for the engine)")
     p.add_argument("--sp", dest="sp", action="store_true", default=None)
     p.add_argument("--no-sp", dest="sp", action="store_false")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"))
+    p.add_argument("--schedule", choices=SCHEDULES,
+                   help="pipeline schedule; interleaved-zb, zbv and dualpipev are torch's "
+                        "zero-bubble ones (planner.vocab), zbv and dualpipev with 2 chunks per rank")
     p.add_argument("--top", type=_positive("--top"), default=5, help="alternatives to show")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
     p.add_argument("--out", help="write the plan JSON to this file")

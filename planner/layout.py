@@ -1,7 +1,8 @@
 """The layer layout: decoder layers over pipeline ranks and their model chunks.
 
 `stages` of a plan list the pp * vpp virtual stages in model order; virtual stage i runs on
-pipeline rank `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment).
+pipeline rank `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment);
+under the V-shaped schedules (zbv, dualpipev) stage i >= pp runs on rank 2 pp - 1 - i.
 Each rank's layers are split evenly over its chunks, and so are its recomputed layers; a stage
 recomputes its first `recompute_layers`. This module imports nothing of the planner's but its
 errors: the plan, the search and the cost model all lay layers out through it.
@@ -36,11 +37,13 @@ def even_split(total: int, parts: int) -> list:
 
 
 def make_stages(num_layers: int, pp: int, vpp: int = 1, layers_per_rank=None,
-                recompute_per_rank=None) -> list:
+                recompute_per_rank=None, v_shape: bool = False) -> list:
     """Stages in model order from per-rank layer and recompute counts.
 
     Each rank's layers are split evenly over its `vpp` chunks (virtual stage i = chunk * pp + rank),
-    and so are its recomputed layers.
+    and so are its recomputed layers. `v_shape` (the zbv and dualpipev schedules, vpp 2): stage
+    i < pp on rank i, stage i >= pp on rank 2 pp - 1 - i (torch.distributed.pipelining's
+    "v" stage-to-rank mapping), so rank 0 holds the first and the last stage.
     """
     counts = list(layers_per_rank) if layers_per_rank is not None else even_split(num_layers, pp)
     recompute = list(recompute_per_rank) if recompute_per_rank is not None else [0] * pp
@@ -51,6 +54,8 @@ def make_stages(num_layers: int, pp: int, vpp: int = 1, layers_per_rank=None,
     stages, first = [], 0
     for i in range(pp * vpp):
         rank, chunk = i % pp, i // pp
+        if v_shape and chunk == 1:
+            rank = 2 * pp - 1 - i
         n = chunk_layers[rank][chunk]
         r = min(chunk_recompute[rank][chunk], n)
         stages.append(Stage(index=i, pp_rank=rank, chunk=chunk, layers=(first, first + n),

@@ -17,6 +17,7 @@ from planner.engines import get_engine
 from planner.engines.spec import EQUAL_SPLIT
 from planner.errors import BadInput
 from planner.precision import precision_problem
+from planner.vocab import MULTI_CHUNK_SCHEDULES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.problem import Problem
 
 
@@ -229,15 +230,16 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         yield _p("batch_splits", ("global_batch", "dp", "mbs"),
                  f"--global-batch {gbs} is not divisible by dp*micro-batch = {f.dp * f.mbs}")
     if f.vpp is not None and f.vpp > 1:
-        if f.schedule not in (None, "interleaved"):
+        if f.schedule not in (None,) + MULTI_CHUNK_SCHEDULES:
             yield _p("vpp_needs_interleaved", ("vpp", "schedule"),
-                     "--vpp > 1 needs --schedule interleaved")
+                     "--vpp > 1 needs --schedule " + " | ".join(MULTI_CHUNK_SCHEDULES))
         if f.pp is not None and not V.pp_ok(model, f.pp, f.vpp):
             yield _p("pp_layers", ("pp", "vpp"), f"pp*vpp = {f.pp * f.vpp} exceeds the model's "
                                                  f"{model.num_layers} layers")
     if f.schedule == "interleaved" and f.pp == 1:
         yield _p("interleaved_needs_pp", ("schedule", "pp"),
                  "--schedule interleaved needs --pp > 1")
+    yield from _zero_bubble_fixed_problems(f, gbs)
     if f.stage_layers is not None:
         if f.pp is None:
             yield _p("stage_layers_need_pp", ("stage_layers", "pp"),
@@ -260,6 +262,28 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         yield _p("positions", ("seq_len",),
                  f"--seq-len {seq_len} exceeds the model's {model.max_seq_len} "
                  f"{model.position} positions (max_seq_len)")
+
+
+def _zero_bubble_fixed_problems(f, gbs: int):
+    """--schedule interleaved-zb / zbv / dualpipev: what torch's schedule classes refuse
+    (torch/distributed/pipelining/schedules.py), asked of the flags."""
+    if f.schedule not in ZERO_BUBBLE_SCHEDULES:
+        return
+    src = "torch/distributed/pipelining/schedules.py"
+    if f.pp == 1:
+        yield _p("zero_bubble_needs_pp", ("schedule", "pp"),
+                 f"--schedule {f.schedule} needs --pp > 1", src)
+    if f.schedule in V_SCHEDULES and f.vpp is not None and f.vpp != 2:
+        yield _p("zero_bubble_layout", ("schedule", "vpp"),
+                 f"--schedule {f.schedule} runs exactly 2 model chunks per rank (--vpp 2), "
+                 f"not {f.vpp}", src + " ScheduleZBVZeroBubble / ScheduleDualPipeV")
+    if f.schedule == "dualpipev" and f.pp:
+        most = gbs // ((f.dp or 1) * (f.mbs or 1))   # the most micro-batches the flags allow
+        if most < 2 * f.pp:
+            yield _p("zero_bubble_layout", ("schedule", "pp", "global_batch"),
+                     f"--schedule dualpipev needs at least 2 x pp = {2 * f.pp} micro-batches; "
+                     f"--global-batch {gbs} gives at most {most}",
+                     src + " ScheduleDualPipeV")
 
 
 def check_fixed(model, cluster, f, seq_len: int, gbs: int, engine=None) -> None:

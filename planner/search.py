@@ -42,7 +42,8 @@ from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
 from planner.cost.context import cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
-from planner.cost.schedule import in_flight
+from planner.cost.schedule import in_flight, schedule_problem
+from planner.vocab import MULTI_CHUNK_SCHEDULES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
 # the one price of a placement; candidate_of (a saved plan's candidate) kept importable here
 from planner.cost.price import candidate_of, price  # noqa: F401
@@ -281,7 +282,9 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
         else:
             scheds = []
             for sch in ([f.schedule] if f.schedule else list(engine.schedules)):
-                if sch == "interleaved":
+                if sch in V_SCHEDULES:   # exactly 2 chunks per rank (torch's V schedules)
+                    scheds += [(sch, 2)] if f.vpp in (None, 2) and V.pp_ok(model, pp, 2) else []
+                elif sch in MULTI_CHUNK_SCHEDULES:
                     vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
                     scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)
                                and (f.stage_layers is None or min(f.stage_layers) >= v)]
@@ -299,13 +302,15 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                 # dense and MoE layers mixed: interleaving only where asked for (--vpp; then
                 # placed exactly). Searched, its chunk-level placements multiply the exact
                 # solves (deepseek-v3 on h100x256: 105 s instead of 19 s, no faster plan found)
-                scheds = [(sch, v) for sch, v in scheds if v == 1]
+                scheds = [(sch, v) for sch, v in scheds if v == 1 and sch not in V_SCHEDULES]
         for mbs in mbss:
             if per_dp % mbs:
                 continue
             m = per_dp // mbs
             for sch, v in scheds:
                 if sch == "interleaved" and not V.interleaved_ok(m, pp):
+                    continue
+                if sch in ZERO_BUBBLE_SCHEDULES and schedule_problem(sch, pp, m, v):
                     continue
                 for zero in zeros:
                     if zero and dp * cp == 1:
@@ -578,6 +583,8 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     total = max(total, t_star)
     n = math.ceil(L / p)
     tail = min(k.tail_lower(n) for k in coeffs)
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+        return m * t_star + tail
     return m * t_star + (total - t_star) / v + tail
 
 
@@ -596,6 +603,8 @@ def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
     else:
         total += L * min(k.t_layer for k in coeffs)
     mean = total / p
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+        return m * mean
     return m * mean + (p - 1) * mean / v
 
 
@@ -863,6 +872,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     mdl.AddMaxEquality(tailmax, tails)
     # objective x v:  m*v*Tmax + sum(T) - Tmax + v*tailmax
     objective = (m * v - 1) * tmax + sum(T) + v * tailmax
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # no bubble term: at most its simulated step
+        objective = m * v * tmax + v * tailmax
     mdl.Minimize(objective)
     if cutoff_s is not None and math.isfinite(cutoff_s):
         mdl.Add(objective <= v * ns(cutoff_s * (1 + 1e-6)) + v * (m + len(coeffs) + 1))
@@ -1051,12 +1062,15 @@ class SharedCoefficients:
                         if saves > 0 and excess > 0 else 0)
             total += need * fig["rec"]
         mean = total / p
+        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+            return c.m * mean
         return c.m * mean + (p - 1) * mean / c.vpp
 
     def states(self, c: Candidate) -> list:
         """Per pipeline rank: (model states of its fixed parts, of one dense layer, of one MoE
         layer), bytes, each at most what planner.cost.stage charges."""
-        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
+        v_shape = c.schedule in V_SCHEDULES and c.pp > 1   # the head on rank 0
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, v_shape)
         out = self._states.get(layout)
         if out is not None:
             return out
@@ -1077,7 +1091,7 @@ class SharedCoefficients:
         emb = held(m.vocab_size * m.hidden / t)
         head = held(m.vocab_size * m.hidden / t) if (not m.tied_embeddings or p > 1) else 0.0
         mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
-        out = [((emb if i == 0 else 0.0) + (head + mtp if i == p - 1 else 0.0), dense, moe)
+        out = [((emb if i == 0 else 0.0) + (head + mtp if i == (0 if v_shape else p - 1) else 0.0), dense, moe)
                for i in range(p)]
         self._states[layout] = out
         return out
@@ -1483,7 +1497,8 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                                          and c.recompute == "selective" else DEFAULT_MODULES))
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
                   num_microbatches=c.m)
-    stages = make_stages(model.num_layers, c.pp, c.vpp, r.layers, r.recompute)
+    stages = make_stages(model.num_layers, c.pp, c.vpp, r.layers, r.recompute,
+                         v_shape=c.schedule in V_SCHEDULES and c.pp > 1)
     for s in stages:
         s.memory_gib = {k: round(v, 3) for k, v in r.estimate.stage_memory_gib[s.pp_rank].items()}
     est = r.estimate.to_dict()

@@ -51,6 +51,8 @@ from planner.engines import ENGINES, get_engine
 from planner.engines.spec import ALL_OR_NONE, EQUAL_SPLIT, PER_CHUNK
 from planner.precision import gpu_precision_problem, precision_problem
 from planner.problem import Problem
+from planner.cost.schedule import schedule_problem, stage_rank
+from planner.vocab import MULTI_CHUNK_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 
 # ---- predicates (called per candidate by the search) --------------------------------------
 
@@ -559,8 +561,14 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     if p.moe_dispatcher and not m.is_moe:
         add("dispatcher_needs_moe", ("moe_dispatcher",),
             f"moe_dispatcher {p.moe_dispatcher} on a model without experts")
-    if p.vpp > 1 and p.schedule != "interleaved":
-        add("vpp_needs_interleaved", ("vpp", "schedule"), "vpp > 1 needs the interleaved schedule")
+    if p.vpp > 1 and p.schedule not in MULTI_CHUNK_SCHEDULES:
+        add("vpp_needs_interleaved", ("vpp", "schedule"),
+            "vpp > 1 needs a schedule with model chunks (" + ", ".join(MULTI_CHUNK_SCHEDULES) + ")")
+    if p.pp > 1 and p.schedule in ZERO_BUBBLE_SCHEDULES:
+        why = schedule_problem(p.schedule, p.pp, b.num_microbatches, p.vpp)
+        if why:
+            add("zero_bubble_layout", ("schedule", "vpp", "num_microbatches"), why,
+                "torch/distributed/pipelining/schedules.py")
     if p.vpp > 1 and p.pp == 1:
         add("vpp_needs_pp", ("vpp", "pp"),
             f"{p.vpp} model chunks on a single pipeline rank (vpp > 1 needs pp > 1)")
@@ -597,6 +605,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
                 f"micro_batch_size {b.micro_batch_size} x num_microbatches "
                 f"{b.num_microbatches} x dp {p.dp} != global_batch_size {b.global_batch_size}")
         if p.pp > 1 and (p.schedule == "interleaved" or p.vpp > 1) \
+                and p.schedule not in ZERO_BUBBLE_SCHEDULES \
                 and not torch_interleaved_ok(b.num_microbatches, p.pp):
             rounds = max(1, b.num_microbatches // p.pp)
             add("interleaved_rounds", ("num_microbatches", "pp"),
@@ -627,7 +636,7 @@ def stage_problems(plan) -> list:
         return [f"{len(plan.stages)} stages, expected pp*vpp = {p.pp * p.vpp}"]
     end = 0
     for i, s in enumerate(plan.stages):
-        if s.index != i or s.pp_rank != i % p.pp or s.chunk != i // p.pp:
+        if s.index != i or s.pp_rank != stage_rank(p.schedule, p.pp, i) or s.chunk != i // p.pp:
             return [f"stage {i}: index/pp_rank/chunk out of order"]
         if s.layers[0] != end or s.layers[1] < s.layers[0]:
             return [f"stage {i}: layers {list(s.layers)} do not continue from layer {end}"]

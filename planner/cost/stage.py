@@ -18,7 +18,7 @@ from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
-from planner.cost.schedule import in_flight, pipeline_time
+from planner.cost.schedule import head_rank, in_flight, pipeline_time, weight_grad_time
 from planner.engines import get_engine
 from planner.engines.spec import Engine
 from planner.precision import low_precision
@@ -119,6 +119,9 @@ class StageCoeffs:
     fwd_fixed: float
     bwd_layer: float
     bwd_fixed: float
+    # of bwd_layer, the weight-gradient GEMMs a zero-bubble schedule defers (W; the rest is
+    # the input-gradient backward B): planner.cost.schedule.weight_grad_time
+    wgrad_layer: float = 0.0
     # ZeRO-2/3 collectives of every micro-batch: the parameter all-gathers of the forward hide
     # behind the forward; the backward's all-gather and the gradient reduce-scatter behind the
     # backward (gradients exist only there)
@@ -401,7 +404,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
 
     coeffs = []
     for rank in (range(p) if ranks is None else ranks):
-        first, last = rank == 0, rank == p - 1
+        first, last = rank == 0, rank == head_rank(schedule, p)
         fixed_params = (emb_params if first else 0.0) + (head_params if last else 0.0)
         compute_fixed = (emb_f + emb_b if first else 0.0) + (head_f + head_b if last else 0.0)
         bwd_fixed = (emb_b if first else 0.0) + (head_b if last else 0.0)
@@ -459,6 +462,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             cp_layer=cp_layer, cp_rec=cp_rec,
             fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd, fwd_fixed=fwd_fixed,
             bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd, bwd_fixed=bwd_fixed,
+            wgrad_layer=weight_grad_time(lt),
             grad_overlapped=engine.overlap_grad_reduce,
             gather_overlapped=engine.overlap_param_gather,
             opt_layer=facts.optimizer_time(local(layer_params)),
@@ -486,7 +490,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                                     emb=(emb_f, emb_b), head=(head_f, head_b),
                                     head_held=(head.held - head.norm_input) * head_in_flight,
                                     infl=in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap))
-                  if k.rank == p - 1 else k for k in coeffs]
+                  if k.rank == head_rank(schedule, p) else k for k in coeffs]
     return coeffs
 
 
@@ -636,7 +640,11 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     else:
         qs = rqs = [0] * len(coeffs)
     times = [k.time(n, r, q, rq) for k, n, r, q, rq in zip(coeffs, layers, recompute, qs, rqs)]
-    pipe, bubble = pipeline_time(times, c.m, c.vpp)
+    pipe, bubble = pipeline_time(
+        times, c.m, c.vpp, engine.effective_schedule(c.schedule, c.pp, c.m),
+        fwd=[k.fwd_fixed + n * k.fwd_layer + (q * k.moe.fwd_layer if k.moe else 0.0)
+             for k, n, q in zip(coeffs, layers, qs)],
+        wgrad=[n * k.wgrad_layer for k, n in zip(coeffs, layers)])
     tails = [k.tail(n, q) for k, n, q in zip(coeffs, layers, qs)]
     step = pipe + max(tails)
     crit = max(range(len(times)), key=lambda i: times[i])

@@ -2,7 +2,8 @@
 
 What it runs: ZeRO stages 0-3 without pipelining; with the PipelineEngine only stages 0 and 1
 (deepspeed/runtime/pipe/engine.py asserts zero stage < 2). Its pipeline schedule is its own
-1F1B-style TrainSchedule (deepspeed/runtime/pipe/schedule.py), no interleaving. PipelineModule
+1F1B-style TrainSchedule (deepspeed/runtime/pipe/schedule.py), no interleaving, no zero-bubble
+or DualPipeV schedule (deepspeedai/DeepSpeed pull request 8576, "Add DualPipeV", is not merged). PipelineModule
 partitions layers 'uniform', by 'parameters' or by 'type:<regex>'
 (deepspeed/runtime/pipe/module.py):
 the planner uses only splits with the same number of decoder layers on every stage, which all
@@ -32,7 +33,8 @@ DEEPSPEED = Engine(
     sources=(("zero_with_pp", "deepspeed/runtime/pipe/engine.py (asserts zero stage < 2)"),
              ("stage_layers", "deepspeed/runtime/pipe/module.py PipelineModule partition_method "
                               "(the planner uses equal splits only)"),
-             ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule")),
+             ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only; "
+                          "DualPipeV is deepspeedai/DeepSpeed PR 8576, not merged)")),
     recompute=(("full", ALL_OR_NONE), ("selective", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=False,
     zero2_gathers_every_microbatch=False,

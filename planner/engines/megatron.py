@@ -5,7 +5,9 @@ What it runs (megatron/training/arguments.py, megatron-core >= 0.14):
   (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads / optim_grads_params),
   which does not combine with pipeline parallelism.
 - Schedules: 1F1B and interleaved 1F1B (--num-virtual-stages-per-pipeline-rank); no GPipe
-  (megatron/core/pipeline_parallel/schedules.py). Any contiguous split of the layers over the
+  (megatron/core/pipeline_parallel/schedules.py), no zero-bubble schedule (ZB, ZB-V) and no
+  DualPipe(V): the port of DeepSeek's DualPipe (NVIDIA/Megatron-LM pull request 5254) was closed
+  unmerged; its MoE overlap is the combined 1F1B instead (issue 1524). Any contiguous split of the layers over the
   pipeline through --pipeline-model-parallel-layout.
 - Recompute: --recompute-granularity full --recompute-method block --recompute-num-layers N
   recomputes the first N layers of every model chunk, one N for all chunks; selective
@@ -84,7 +86,9 @@ MEGATRON = Engine(
     sources=(("zero_with_pp", "megatron/training/arguments.py (Megatron-FSDP, ZeRO 2-3, does "
                               "not combine with pipeline parallelism)"),
              ("stage_layers", "megatron/training/arguments.py --pipeline-model-parallel-layout"),
-             ("schedule", "megatron/core/pipeline_parallel/schedules.py"),
+             ("schedule", "megatron/core/pipeline_parallel/schedules.py (1F1B and interleaved; "
+                          "no zero-bubble or DualPipe schedule: NVIDIA/Megatron-LM PR 5254 "
+                          "closed unmerged)"),
              ("moe_tp_needs_sp", "megatron/training/arguments.py")),
     moe_capacity_factor=True, moe_saves_expert_outputs=False,
     moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S, moe_expert_overhead_s=MOE_EXPERT_OVERHEAD_S,

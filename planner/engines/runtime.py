@@ -9,7 +9,9 @@ TP with or without SP (MoE models with SP only, as the search offers them); MoE 
 ep carved out of dp and, under tp, each expert split over the tp ranks (etp = tp, Megatron's
 flow: tokens routed per tp rank, all-to-all over ep, all-gathered over etp, reduce-scattered
 back); GPipe, 1F1B (as GPipe when there are
-fewer micro-batches than stages) and interleaved 1F1B; any contiguous split; full or selective
+fewer micro-batches than stages), interleaved 1F1B and torch's zero-bubble schedules
+(ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV: runtime/pipeline.py
+build_schedule); any contiguous split; full or selective
 recompute of any number of each stage's first layers.
 
 TP groups sit inside one host (its world check), also inside an NVL72 rack. Overlapped: the
@@ -55,7 +57,8 @@ RUNTIME = Engine(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3),
     max_tp=None, sp_choices=(False, True),
     sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
-    schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
+    schedules=("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev"),
+    stage_layers=ANY_SPLIT,
     recompute=(("full", PER_STAGE), ("selective", PER_STAGE)),
     overlap_grad_reduce=True,    # ZeRO 0/1 (runtime/parallelize.py GradAllReduce)
     overlap_param_gather=False,

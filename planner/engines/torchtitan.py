@@ -6,8 +6,10 @@ What it runs (torchtitan/config/job_config.py, torchtitan/distributed/parallel_d
   gathered again every micro-batch and kept to its backward); DDP (replicate) only as 1-D data
   parallelism ("DDP has not supported > 1D parallelism"). No optimizer-only sharding (ZeRO-1).
 - tensor parallel always shards the sequence (SequenceParallel on norms): sp only.
-- pipelining: GPipe, 1F1B, Interleaved1F1B, any contiguous split through
-  module_fqns_per_model_part.
+- pipelining: GPipe, 1F1B, Interleaved1F1B and the zero-bubble InterleavedZeroBubble,
+  ZBVZeroBubble and DualPipeV ([parallelism] pipeline_parallel_schedule, any name of torch's
+  get_schedule_class; torchtitan/distributed/pipeline_parallel.py builds 2 stages per rank
+  laid out as a V for the last two), any contiguous split through module_fqns_per_model_part.
 - recompute ([activation_checkpoint] mode): "full" (every layer) or "selective" with option
   "op" (the per-op policy, planner.cost.compute.op_recomputed_gemms) on every layer.
 - FSDP2 reduce-scatters gradients in backward and prefetches the next all-gather.
@@ -50,7 +52,8 @@ TORCHTITAN = Engine(
     max_tp=None, sp_choices=(True,),
     sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
     pp_keeps_unsharded_grads=True,   # torch's PipelineStage with FSDP2, as it is
-    schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
+    schedules=("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev"),
+    stage_layers=ANY_SPLIT,
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
