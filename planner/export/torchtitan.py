@@ -10,8 +10,11 @@ torchtitan builds configs in Python; the same `section.key` names still work the
   (parameters gathered every micro-batch and kept from forward to backward, as the torchtitan
   engine prices it) and "always" for ZeRO-3.
 * pipeline: module_fqns_per_model_part lists the modules of every virtual stage in model order,
-  which torchtitan places on rank i % pp for looped schedules, as the plan does; it names
-  torchtitan's decoder modules (tok_embeddings, layers.N, norm, output).
+  which torchtitan places on rank i % pp for looped schedules, as the plan does, and as a V
+  for ZBVZeroBubble and DualPipeV (rank r runs stages r and 2 pp - 1 - r: torchtitan/
+  distributed/pipeline_parallel.py, style "v", which asserts 2 stages per rank), as the plan
+  does for zbv and dualpipev; the stages per rank are len(module_fqns_per_model_part) / pp.
+  It names torchtitan's decoder modules (tok_embeddings, layers.N, norm, output).
 * batch: local_batch_size is the per-data-parallel-rank batch. With pp > 1 the pipeline splits
   it into local_batch_size / pipeline_parallel_microbatch_size microbatches; with pp = 1
   torchtitan accumulates gradients global / (local x dp) times.
@@ -41,7 +44,11 @@ from planner.export._common import (check_exportable, header, recompute_active, 
                                     uses_bf16)
 from planner.plan import Plan
 
-SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# the plan's schedule as torch's get_schedule_class name (torch/distributed/pipelining/
+# schedules.py), which torchtitan's [parallelism] pipeline_parallel_schedule takes
+SCHEDULE = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+            "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
+            "dualpipev": "DualPipeV"}
 RESHARD = {2: "never", 3: "always"}
 # the plan's K/V exchange as torch's context_parallel rotate method (planner.engines.torchtitan)
 ROTATE = {"all_gather": "allgather", "p2p": "alltoall"}
@@ -142,6 +149,9 @@ def torchtitan_toml(plan: Plan) -> str:
     lines.append("# a job config for torchtitan releases that read TOML (--job.config_file)")
     lines.append(f"# launch on {p.world_size} GPUs; add [job], [model] (e.g. name = "
                  "\"llama3\", flavor) and [optimizer] as usual")
+    if p.pp > 1 and p.vpp > 1:
+        lines.append(f"# {SCHEDULE[p.schedule]}: {p.vpp} stages per rank "
+                     f"({len(plan.stages)} parts in module_fqns_per_model_part over pp {p.pp})")
     for name, section in sections:
         lines.append("")
         lines.append(f"[{name}]")
