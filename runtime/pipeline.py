@@ -1,13 +1,22 @@
 """Pipeline stages from the plan's layer ranges, run with `torch.distributed.pipelining`.
 
-Virtual stage `i` of `plan.stages` runs on pipeline rank `i % pp` (chunk `i // pp`). Each stage's
+Virtual stage `i` of `plan.stages` runs on pipeline rank `i % pp` (chunk `i // pp`), or under the
+V-shaped zbv / dualpipev on rank `i` for i < pp and `2 pp - 1 - i` after (the plan's pp_rank,
+torch's "v" stage-to-rank mapping). Each stage's
 module is a copy of the whole (meta) model with the other layers deleted, so parameter names
 stay the fully-qualified names of the whole model (checkpoints reshard across plans).
 
 Tied embeddings with pp > 1: the last stage keeps its own `output.weight`, initialised like
 `tok_embeddings.weight`; `TiedGradSync` sums the two gradients over the (first, last) pipeline
-ranks so both copies take the same optimizer steps (Megatron's scheme). Checkpoints store the
-tied weight once, under `tok_embeddings.weight`.
+ranks so both copies take the same optimizer steps (Megatron's scheme); under a V schedule both
+copies are on pipeline rank 0 and are summed there. Checkpoints store the tied weight once,
+under `tok_embeddings.weight`.
+
+Schedules (planner.vocab): gpipe, 1f1b, interleaved, and the zero-bubble ones as torch's
+classes: interleaved-zb = ScheduleInterleavedZeroBubble, zbv = ScheduleZBVZeroBubble,
+dualpipev = ScheduleDualPipeV (torch/distributed/pipelining/schedules.py), which split each
+backward into its input-gradient and weight-gradient parts (stage_backward_input /
+stage_backward_weight).
 """
 from __future__ import annotations
 
@@ -147,8 +156,14 @@ def _sharded_grad_stage():
     return ShardedGradStage
 
 
+# the zero-bubble schedules as torch's classes (torch.distributed.pipelining.schedules)
+ZERO_BUBBLE_CLASSES = {"interleaved-zb": "ScheduleInterleavedZeroBubble",
+                       "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+
+
 def build_schedule(plan, stage_parts: list, pp_group, device):
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import schedules as torch_schedules
     n = len(plan.stages)
     Stage = _sharded_grad_stage()
     zero = plan.parallelism.zero_stage
@@ -156,6 +171,9 @@ def build_schedule(plan, stage_parts: list, pp_group, device):
               for st, part in stage_parts]
     nmb = plan.batch.num_microbatches
     kind = plan.parallelism.schedule
+    if kind in ZERO_BUBBLE_CLASSES:
+        cls = getattr(torch_schedules, ZERO_BUBBLE_CLASSES[kind])
+        return cls(stages, nmb, loss_fn=loss_fn, scale_grads=True), stages
     if kind == "interleaved" or len(stages) > 1:
         return ScheduleInterleaved1F1B(stages, nmb, loss_fn=loss_fn, scale_grads=True), stages
     # with fewer micro-batches than stages 1F1B has no steady state and is GPipe (torch's
@@ -187,6 +205,13 @@ class TiedGradSync:
 
     @torch.no_grad()
     def __call__(self):
+        if len(self.params) == 2:
+            # a V schedule: the first and the last stage on this rank, both copies here
+            a, b = (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                    for p in self.params)
+            a.add_(b)
+            b.copy_(a)
+            return
         if self.group is None or not self.params:
             return
         for p in self.params:

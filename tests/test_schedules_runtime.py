@@ -1,0 +1,51 @@
+"""The runtime runs the zero-bubble schedules (torch's ScheduleZBVZeroBubble,
+ScheduleDualPipeV, ScheduleInterleavedZeroBubble) with one process's losses and gradient norms
+(1e-4), on CPU (gloo), and measures memory per rank as for the other schedules."""
+import pytest
+
+pytest.importorskip("torch")
+
+from planner.catalog import get_gpu  # noqa: E402
+from planner.cost.schedule import stage_rank  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.specs import Cluster  # noqa: E402
+from planner.vocab import V_SCHEDULES  # noqa: E402
+from tests.test_runtime_dist import (GPT, LLAMA, STEPS, assert_same_curve,  # noqa: E402,F401
+                                     baseline, launch, steps_of, work)
+
+pytestmark = pytest.mark.slow
+
+
+def make_plan(path, model, schedule, pp=2, vpp=2):
+    """tests.test_runtime_dist's plan (8 sequences of 16 tokens, one per micro-batch), with
+    the stages laid out as `schedule` places them."""
+    plan = Plan(model=model, cluster=Cluster("cpux8", get_gpu("cpu"), 8, 8),
+                parallelism=Parallelism(tp=1, pp=pp, dp=1, vpp=vpp, schedule=schedule),
+                batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=1,
+                            num_microbatches=8),
+                stages=make_stages(model.num_layers, pp, vpp,
+                                   v_shape=schedule in V_SCHEDULES),
+                engine="runtime")
+    plan.validate()
+    plan.save(path)
+    return path
+
+
+@pytest.mark.parametrize("schedule,model,kind", [("zbv", LLAMA, "llama"),
+                                                 ("dualpipev", LLAMA, "llama"),
+                                                 ("zbv", GPT, "gpt"),
+                                                 ("interleaved-zb", LLAMA, "llama")])
+def test_pp2_zero_bubble_matches_one_process(work, baseline, schedule, model, kind):
+    d = work / f"{schedule}-{kind}"
+    d.mkdir()
+    plan = make_plan(d / "plan.json", model, schedule)
+    stages = Plan.load(plan).stages
+    assert [s.pp_rank for s in stages] == [stage_rank(schedule, 2, i) for i in range(4)]
+    r = launch(2, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, _ = baseline(kind)
+    got = steps_of(d / "m.jsonl")
+    assert_same_curve(got, want, range(1, STEPS + 1))
+    mem = got[1]["measured_memory_gib"]
+    assert sorted(m["pp_rank"] for m in mem) == [0, 1]
+    assert all(m["activations"] > 0 and m["peak"] > 0 for m in mem)
