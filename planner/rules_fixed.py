@@ -37,6 +37,13 @@ def engine_fixed_problems(engine, f):
                  f"engine {e} has no {f.schedule} schedule (it has: "
                  f"{', '.join(engine.schedules) or 'no pipelining'})",
                  engine.source_of("schedule"))
+    if (f.schedule in ZERO_BUBBLE_SCHEDULES and f.zero is not None
+            and engine.zero_bubble_zero_stages is not None
+            and f.zero not in engine.zero_bubble_zero_stages):
+        yield _p("zero_bubble_zero", ("schedule", "zero"),
+                 f"engine {e} runs --schedule {f.schedule} with ZeRO "
+                 f"{'/'.join(map(str, engine.zero_bubble_zero_stages))} only, not --zero {f.zero}",
+                 engine.source_of("zero_bubble_zero"))
     if f.zero is not None and f.zero not in engine.zero_stages + engine.zero_stages_with_pp:
         yield _p("zero_stage", ("zero",), f"engine {e} has no ZeRO-{f.zero} (it has: "
                  f"{', '.join(map(str, sorted(set(engine.zero_stages))))})")

@@ -315,6 +315,9 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                 for zero in zeros:
                     if zero and dp * cp == 1:
                         continue
+                    if sch in ZERO_BUBBLE_SCHEDULES and zero not in (
+                            engine.zero_bubble_zero_stages or (zero,)):
+                        continue
                     for sp in sps:
                         if sp and tp == 1:
                             continue

@@ -431,6 +431,13 @@ def engine_problems(plan, engine) -> list:
         elif p.schedule not in engine.schedules:
             out.append(Problem("engine_schedule", ("schedule",), f"{e} has no {p.schedule} "
                                f"schedule", source=engine.source_of("schedule")))
+        elif (p.schedule in ZERO_BUBBLE_SCHEDULES and engine.zero_bubble_zero_stages is not None
+              and p.zero_stage not in engine.zero_bubble_zero_stages):
+            out.append(Problem("zero_bubble_zero", ("schedule", "zero_stage"),
+                               f"{e} runs {p.schedule} with ZeRO "
+                               f"{'/'.join(map(str, engine.zero_bubble_zero_stages))} only, "
+                               f"not ZeRO-{p.zero_stage}",
+                               source=engine.source_of("zero_bubble_zero")))
     if m.is_moe and p.moe_dispatcher and engine.moe_dispatchers \
             and p.moe_dispatcher not in engine.moe_dispatchers:
         out.append(Problem("engine_dispatcher", ("moe_dispatcher",),

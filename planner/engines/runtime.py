@@ -63,6 +63,10 @@ RUNTIME = Engine(
     overlap_grad_reduce=True,    # ZeRO 0/1 (runtime/parallelize.py GradAllReduce)
     overlap_param_gather=False,
     zero2_gathers_every_microbatch=False, short_1f1b_as_gpipe=True,
+    # runtime/pipeline.py ShardedGradStage reduce-scatters every micro-batch's gradients for
+    # the full backward only; the split one (torch's stage_backward_input / _weight) would
+    # keep FSDP2's unsharded gradients through the step, which the plan does not count
+    zero_bubble_zero_stages=(0, 1),
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     # runtime/expert.py: experts split over an ep dim carved out of dp, tokens dispatched with
     # all_to_all_single (gloo and NCCL); under tp each expert's FFN is split over the tp ranks
@@ -76,7 +80,9 @@ RUNTIME = Engine(
              ("mla_with_tp", "runtime/parallelize.py apply_tp (MLA at tp 1 only)"),
              ("moe_tp_needs_sp", "runtime/expert.py (tokens enter the MoE layer split over tp)"),
              ("etp", "runtime/expert.py (each expert split over the tp ranks: etp = tp)"),
-             ("cp", "planner/engines/runtime.py (PyTorch's context_parallel is not wired)")),
+             ("cp", "planner/engines/runtime.py (PyTorch's context_parallel is not wired)"),
+             ("zero_bubble_zero", "runtime/pipeline.py ShardedGradStage (per-micro-batch "
+                                  "reduce-scatter for the full backward only)")),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

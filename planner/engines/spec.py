@@ -252,6 +252,9 @@ class Engine:
     allocator_reserve: float = 0.0
     # 1F1B with fewer micro-batches than stages runs as GPipe (all m forwards held)
     short_1f1b_as_gpipe: bool = False
+    # the ZeRO stages it runs the zero-bubble schedules (planner.vocab.ZERO_BUBBLE_SCHEDULES)
+    # with; None: every stage it pipelines with
+    zero_bubble_zero_stages: tuple | None = None
     # ---- precision (planner.precision) -------------------------------------------------
     # (precision, recipes it offers for it, the default first); bf16 always
     precisions: tuple = (("bf16", ()),)
