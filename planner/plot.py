@@ -7,8 +7,10 @@ global state.
 The timeline is simulated from the plan's per-rank forward and backward times (its price,
 planner.cost.price): each rank runs its operations in its schedule's order (GPipe:
 all forwards, then all backwards; 1F1B: p - rank - 1 warm-up forwards, then one forward one
-backward; interleaved: Megatron-LM's order over chunks), an operation starting when its rank is
-free and its input is ready (the previous virtual stage's forward, the next one's backward).
+backward; interleaved: Megatron-LM's order over chunks; the zero-bubble ones: torch's own
+action order, F, B (input gradient) and W (weight gradient) blocks, as planner.cost.schedule
+prices it), an operation starting when its rank is free and its input is ready (the previous
+virtual stage's forward, the next one's backward).
 Gaps are the pipeline bubble. For many micro-batches only the first MAX_DRAWN (at least 2p)
 are drawn: the picture is the same pipeline with fewer micro-batches, whose steady state
 repeats.
@@ -19,7 +21,9 @@ import math
 from pathlib import Path
 
 from planner.cost.price import price_plan
-from planner.cost.schedule import in_flight
+from planner.cost.schedule import forward_and_wgrad, in_flight, rank_orders
+from planner.cost.schedule import simulate as simulate_actions
+from planner.vocab import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInput
 from planner.explain import MEMORY_PARTS, summary_line
 from planner.plan import Plan
@@ -30,6 +34,7 @@ MEMORY_COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52"
                  "activations": "#dd8452", "other": "#8c8c8c"}
 FWD_COLORS = ("#4c72b0", "#8fb0e0", "#2a4d80", "#a9c4ec")
 BWD_COLORS = ("#dd8452", "#f0b58b", "#a65a2a", "#f5cfae")
+WGRAD_COLORS = ("#55a868", "#9bd1a8", "#2f6b3d", "#c3e6cb")
 
 
 # ---- the schedule ------------------------------------------------------------------------
@@ -111,6 +116,31 @@ def simulate(schedule: str, fwd: list, bwd: list, m: int, v: int = 1) -> list:
     return out
 
 
+def zero_bubble_ops(plan: Plan, priced, m: int) -> list:
+    """The operations of a zero-bubble schedule (interleaved-zb, zbv, dualpipev) as the cost
+    model runs them (planner.cost.schedule: torch's own action order, simulated with each
+    rank's forward, input-gradient B and weight-gradient W seconds): [(rank, kind, micro-batch,
+    chunk, start, end)], kind F, B (input gradient, or a full backward) or W."""
+    par = plan.parallelism
+    p, v = par.pp, par.vpp
+    coeffs, layers = priced.coeffs, priced.layers
+    qs = [0] * p
+    if coeffs[0].moe is not None:
+        from planner.cost.moe import moe_counts
+        qs, _ = moe_counts(plan.model, p, v, layers, priced.recompute)
+    times = [t.total for t in priced.rank_times()]
+    fwd, wgrad = forward_and_wgrad(coeffs, layers, qs)
+    durs = [(f / v, max(0.0, t - f - w) / v, w / v) for t, f, w in zip(times, fwd, wgrad)]
+    _, per_rank = simulate_actions(par.schedule, rank_orders(par.schedule, p, m, v), durs)
+    out = []
+    for r, acts in enumerate(per_rank):
+        for start, end, (stage, kind, mb) in acts:
+            chunk = [st.index for st in plan.stages_of_rank(r)].index(stage)
+            out.append((r, "W" if kind == "W" else "F" if kind == "F" else "B", mb, chunk,
+                        start, end))
+    return out
+
+
 def drawn_microbatches(schedule: str, p: int, m: int) -> int:
     """How many micro-batches the timeline draws: all up to MAX_DRAWN, else enough for a
     steady state to show (at least 2p), a multiple of p for the interleaved schedule."""
@@ -119,6 +149,10 @@ def drawn_microbatches(schedule: str, p: int, m: int) -> int:
         return m
     if schedule == "interleaved" and p > 1:
         return min(m, p * math.ceil(want / p))
+    if schedule in ZERO_BUBBLE_SCHEDULES and p > 1:
+        # a count torch's schedule takes (planner.cost.schedule.schedule_problem): a
+        # multiple of p (interleaved-zb's rounds), at least 2p (dualpipev)
+        return min(m, p * math.ceil(want / p)) if m % p == 0 else m
     return want
 
 
@@ -175,10 +209,14 @@ def plan_figure(plan: Plan):
 
     par, b = plan.parallelism, plan.batch
     p, v, m = par.pp, par.vpp, b.num_microbatches
-    timing = price_plan(plan).rank_times()
-    fwd, bwd = _chunk_times(plan, timing)
+    priced = price_plan(plan)
+    timing = priced.rank_times()
     md = drawn_microbatches(par.schedule, p, m)
-    ops = simulate(par.schedule if p > 1 else "1f1b", fwd, bwd, md, v)
+    if p > 1 and par.schedule in ZERO_BUBBLE_SCHEDULES:
+        ops = zero_bubble_ops(plan, priced, md)
+    else:
+        fwd, bwd = _chunk_times(plan, timing)
+        ops = simulate(par.schedule if p > 1 else "1f1b", fwd, bwd, md, v)
     ends = [max(e for rr, *_, e in ops if rr == r) for r in range(p)]
     span = max(ends[r] + timing[r].tail for r in range(p))
     scale, unit = _unit(span)
@@ -196,8 +234,8 @@ def plan_figure(plan: Plan):
             ax.text((start + end) / 2 * scale, r, str(mb), ha="center", va="center",
                     fontsize=6.5, color="white")
     for (r, kind, c), spans in blocks.items():
-        ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=(FWD_COLORS if kind == "F"
-                                                          else BWD_COLORS)[c % 4],
+        colors = FWD_COLORS if kind == "F" else WGRAD_COLORS if kind == "W" else BWD_COLORS
+        ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=colors[c % 4],
                        edgecolors="white", linewidth=0.4)
     for r in range(p):
         if timing[r].tail > 0:
@@ -221,6 +259,9 @@ def plan_figure(plan: Plan):
                Patch(facecolor="#f1f1f1", edgecolor="#bbbbbb", label="idle (bubble)")]
     if v > 1:
         handles.insert(1, Patch(color=FWD_COLORS[1], label="forward, next chunk"))
+    if any(kind == "W" for _, kind, *_ in ops):
+        handles[-3] = Patch(color=BWD_COLORS[0], label="B: input-gradient backward (+ recompute)")
+        handles.insert(-2, Patch(color=WGRAD_COLORS[0], label="W: weight-gradient backward"))
     ax.legend(handles=handles, loc="upper left", fontsize=7, bbox_to_anchor=(1.0, 1.0))
 
     # memory per pipeline rank

@@ -286,10 +286,14 @@ def rank_orders(schedule: str, p: int, m: int, v: int) -> tuple:
     raise ValueError(schedule)
 
 
-def simulate(schedule: str, orders, durations) -> tuple:
+def simulate(schedule: str, orders, durations, first_stage_in_w: bool = True) -> tuple:
     """Run `orders` (rank_orders) with `durations[rank] = (f, i, w)`, the seconds of one
     chunk-micro-batch's forward, input-gradient and weight-gradient backward on that rank (a
-    full backward B takes i + w). Returns (makespan, per rank [(start, end, action)])."""
+    full backward B takes i + w). `first_stage_in_w`: stage 0 has no input gradient to send,
+    so torch skips its I and runs its whole backward in W (torch/distributed/pipelining/
+    stage.py backward_one_chunk, "Skip the backward for the first stage"); False: every action
+    as long as its kind (the unit-time comparison with torch's spacing).
+    Returns (makespan, per rank [(start, end, action)])."""
     p = len(orders)
     n_stages = max(a[0] for o in orders for a in o) + 1
     done: dict = {}
@@ -314,6 +318,8 @@ def simulate(schedule: str, orders, durations) -> tuple:
                 if any(d not in done for d in deps):
                     break
                 f, i, w = durations[r]
+                if s == 0 and first_stage_in_w and kind in (I_, W_):
+                    i, w = 0.0, i + w
                 dur = f if kind == F_ else i if kind == I_ else w if kind == W_ else i + w
                 start = max([free[r]] + [done[d] for d in deps])
                 end = start + dur
@@ -359,6 +365,15 @@ def zero_bubble_in_flight(schedule: str, p: int, rank: int, m: int, v: int) -> f
         elif kind in (W_, B_):
             held -= 1
     return peak / v
+
+
+def forward_and_wgrad(coeffs, layers, moe_layers) -> tuple:
+    """([forward seconds], [weight-gradient seconds]) per pipeline rank for one micro-batch:
+    of planner.cost.stage StageCoeffs `coeffs` with `layers` layers per rank, `moe_layers` of
+    them MoE (their forward added; their W counted as a dense layer's, the smaller)."""
+    fwd = [k.fwd_fixed + n * k.fwd_layer + (q * k.moe.fwd_layer if k.moe is not None else 0.0)
+           for k, n, q in zip(coeffs, layers, moe_layers)]
+    return fwd, [n * k.wgrad_layer for k, n in zip(coeffs, layers)]
 
 
 def weight_grad_time(lt) -> float:

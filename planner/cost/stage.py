@@ -18,7 +18,8 @@ from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
-from planner.cost.schedule import head_rank, in_flight, pipeline_time, weight_grad_time
+from planner.cost.schedule import (forward_and_wgrad, head_rank, in_flight, pipeline_time,
+                                   weight_grad_time)
 from planner.engines import get_engine
 from planner.engines.spec import Engine
 from planner.precision import low_precision
@@ -640,11 +641,9 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     else:
         qs = rqs = [0] * len(coeffs)
     times = [k.time(n, r, q, rq) for k, n, r, q, rq in zip(coeffs, layers, recompute, qs, rqs)]
-    pipe, bubble = pipeline_time(
-        times, c.m, c.vpp, engine.effective_schedule(c.schedule, c.pp, c.m),
-        fwd=[k.fwd_fixed + n * k.fwd_layer + (q * k.moe.fwd_layer if k.moe else 0.0)
-             for k, n, q in zip(coeffs, layers, qs)],
-        wgrad=[n * k.wgrad_layer for k, n in zip(coeffs, layers)])
+    fwd, wgrad = forward_and_wgrad(coeffs, layers, qs)
+    pipe, bubble = pipeline_time(times, c.m, c.vpp,
+                                 engine.effective_schedule(c.schedule, c.pp, c.m), fwd, wgrad)
     tails = [k.tail(n, q) for k, n, q in zip(coeffs, layers, qs)]
     step = pipe + max(tails)
     crit = max(range(len(times)), key=lambda i: times[i])
