@@ -11,6 +11,7 @@ Exit codes: 0 a plan that fits, 2 bad input, 3 nothing fits. Errors are one line
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from planner.bounds import MAX_INT_ARG
@@ -24,6 +25,7 @@ from planner.explain import (alternatives, describe_candidate, ensure_estimate,
 from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
+from planner.precision_choice import AUTO, choice_record, search_formats
 from planner.vocab import SCHEDULES
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
@@ -126,10 +128,10 @@ def plan_parser() -> argparse.ArgumentParser:
                         f"implies --engine E)")
     p.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="attention kernel: flash (default) or eager (materialised scores)")
-    p.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+    p.add_argument("--precision", choices=PRECISIONS + (AUTO,), default=DEFAULT_PRECISION,
                    help="what the block linears (QKV, out-proj, MLP) run in; attention, "
-                        "embedding, head and norms stay bf16 (default: bf16; fixed, not "
-                        "searched)")
+                        "embedding, head and norms stay bf16 (default: bf16; 'auto': the "
+                        "fastest format the engine and GPU run, chosen and said so)")
     p.add_argument("--recipe", choices=RECIPES,
                    help="the engine's scaling recipe for a low --precision (default: the "
                         "engine's: megatron tensorwise, torchtitan tensorwise, fsdp delayed)")
@@ -284,14 +286,28 @@ def run_plan(argv) -> int:
         from planner.profile import apply_profile
         cluster, engine, model_notes = apply_profile(profile, cluster, model)
     fixed = _fixed(a)
+    if a.precision == AUTO and a.recipe:
+        raise BadInput("--recipe names the recipe of a fixed --precision; --precision auto "
+                       "tries every recipe the engine offers")
     with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
         try:
             # the rejected layouts are only for the text output's Alternatives table
-            report = search(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top,
-                            progress=progress, engine=engine, margin_gib=a.memory_margin,
-                            rejected=not (a.json or a.export))
+            kw = dict(top=a.top, progress=progress, margin_gib=a.memory_margin,
+                      rejected=not (a.json or a.export))
+            choice = None
+            if a.precision == AUTO:   # the fastest format, chosen (planner.precision_choice)
+                chosen, results = search_formats(model, cluster, fixed, a.seq_len,
+                                                 a.global_batch, engine, **kw)
+                report, choice = chosen.report, choice_record(chosen, results)
+                fixed = dataclasses.replace(fixed, precision=chosen.precision,
+                                            recipe=chosen.recipe)
+            else:
+                report = search(model, cluster, fixed, a.seq_len, a.global_batch,
+                                engine=engine, **kw)
         except BadInput:
-            _diagnose_no_configuration(model, cluster, fixed, a.seq_len, a.global_batch, engine)
+            if fixed.precision != AUTO:
+                _diagnose_no_configuration(model, cluster, fixed, a.seq_len, a.global_batch,
+                                           engine)
             raise
     best = report.best
     what_if = report.candidates == 1
@@ -301,6 +317,8 @@ def run_plan(argv) -> int:
             _emit(a, plan, [])
         raise NothingFits(_nothing_fits_message(model, cluster, fixed, report))
     plan = to_plan(model, cluster, best, report)
+    if choice is not None:
+        plan.search["precision_choice"] = choice
     if profile is not None:
         plan.search["profile"] = a.profile
         plan.search["profile_used"] = model_notes

@@ -293,6 +293,10 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             bits.append(f"estimate {s['estimate']}")
         if bits:
             con.print("  search: " + ", ".join(bits))
+        if s.get("precision_choice"):   # --precision auto (planner.precision_choice)
+            from planner.precision_choice import choice_lines
+            for line in choice_lines(s["precision_choice"]):
+                con.print("  " + line)
 
     try:
         timing = rank_timing(plan)
