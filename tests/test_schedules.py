@@ -131,3 +131,30 @@ def test_plot_draws_w_blocks(tmp_path, capsys):
     est = plan.estimate
     tail = est["step_time_s"] - span
     assert 0 <= tail < 0.05 * est["step_time_s"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 8), k=st.integers(2, 5),
+       fiw=st.tuples(st.floats(0.1, 3.0), st.floats(0.1, 3.0), st.floats(0.0, 3.0)))
+def test_zb1p_bubble_is_the_published_formula(p, k, fiw):
+    """torch's InterleavedZeroBubble at one chunk per rank is ZB-H1 / ZB1P: its bubble is
+    (PP-1)(F+B-2W) with B the full backward (Qi et al. 2024; DeepSeek-V3 report Table 2 and
+    github.com/deepseek-ai/DualPipe README), whenever W <= F and W <= I (the handcrafted
+    schedule's assumption)."""
+    f, i, w = fiw
+    if w > min(f, i):
+        w = min(f, i)
+    m = k * p
+    span, _ = simulate("interleaved-zb", rank_orders("interleaved-zb", p, m, 1),
+                       [(f, i, w)] * p, first_stage_in_w=False)
+    bubble = span - m * (f + i + w)
+    assert bubble == pytest.approx((p - 1) * (f + (i + w) - 2 * w), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_activation_memory_is_the_published_table(p):
+    """DualPipe README (DeepSeek-V3 Table 2), activation per device in stage-micro-batches:
+    1F1B PP, ZB1P PP, DualPipeV PP + 1 with PP = 2p stages on p devices."""
+    m = 4 * p
+    assert max(in_flight("interleaved-zb", p, r, m, 1) for r in range(p)) == p
+    assert max(in_flight("dualpipev", p, r, m, 2) for r in range(p)) * 2 == 2 * p + 1
