@@ -41,6 +41,8 @@ from benchmarks._common import RESULTS, describe, machine, markdown_table, out_p
 from planner.catalog import get_cluster, get_model
 from planner.cost.stage import capacity_bytes, evaluate, stage_coefficients
 import planner.search as S
+from planner.cost.schedule import forward_and_wgrad, pipeline_time
+from planner.vocab import ZERO_BUBBLE_SCHEDULES
 
 # The brute force enumerates any recompute count per rank: the space of our runtime's engine
 # (Megatron's one count per chunk is a subset), so the in-process search and the optimum check
@@ -235,6 +237,12 @@ def brute_force_candidate(model, cluster, c, all_layers_recomputed=False):
         if ch.shape[0] == 0:
             continue
         step = c.m * tmax + (t.sum(1) - tmax) / v + tail[ranks, ch].max(1)
+        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # the simulated order, no closed formula
+            step = np.array([pipeline_time(list(tt), c.m, v, c.schedule,
+                                           *forward_and_wgrad(coeffs, [int(x) + v - 1
+                                                                       for x in row],
+                                                              [0] * p))[0]
+                             for tt, row in zip(t, ch)]) + tail[ranks, ch].max(1)
         i = int(np.argmin(step))
         if step[i] < best[0]:
             best = (float(step[i]), ch[i])
