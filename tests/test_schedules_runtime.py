@@ -49,3 +49,33 @@ def test_pp2_zero_bubble_matches_one_process(work, baseline, schedule, model, ki
     mem = got[1]["measured_memory_gib"]
     assert sorted(m["pp_rank"] for m in mem) == [0, 1]
     assert all(m["activations"] > 0 and m["peak"] > 0 for m in mem)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_measured_activations_are_the_plans(schedule):
+    """pp 2 on 2 processes, a searched plan: each rank's measured saved activations on the
+    first step are within 30% of the plan's (planner.cost.schedule counts a chunk-micro-batch
+    until its W), as tests/test_runtime_pipeline_memory.py checks the other schedules."""
+    import tempfile
+    from pathlib import Path
+
+    from planner.search import Fixed, search, to_plan
+    from planner.specs import Model
+    from tests.test_runtime_searched import activations_as_planned, planned_activations
+    model = Model("tiny", num_layers=8, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=4,
+                  vocab_size=128, max_seq_len=64)
+    cluster = Cluster("cpux2", get_gpu("cpu"), 2, 2)
+    report = search(model, cluster, Fixed(zero=0, pp=2, mbs=1, schedule=schedule,
+                                          recompute="none"),
+                    seq_len=32, global_batch=8, engine="runtime")
+    best = report.ranked[0]
+    plan = to_plan(model, cluster, best, report, engine="runtime")
+    assert plan.parallelism.schedule == schedule and plan.batch.num_microbatches == 8
+    d = Path(tempfile.mkdtemp(prefix=f"{schedule}-mem-"))
+    plan.save(d / "plan.json")
+    r = launch(2, "--plan", d / "plan.json", "--steps", 1, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    measured = steps_of(d / "m.jsonl")[1]["measured_memory_gib"]
+    for m in measured:
+        want = planned_activations(plan, best, m["pp_rank"])
+        assert activations_as_planned(m["activations"], *want), (m, want)
