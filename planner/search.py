@@ -302,7 +302,9 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                 # dense and MoE layers mixed: interleaving only where asked for (--vpp; then
                 # placed exactly). Searched, its chunk-level placements multiply the exact
                 # solves (deepseek-v3 on h100x256: 105 s instead of 19 s, no faster plan found)
-                scheds = [(sch, v) for sch, v in scheds if v == 1 and sch not in V_SCHEDULES]
+                scheds = [(sch, v) for sch, v in scheds if v == 1]
+            if layer_kinds(model) and pp > 1:   # kinds are placed on the looped layout only
+                scheds = [(sch, v) for sch, v in scheds if sch not in V_SCHEDULES]
         for mbs in mbss:
             if per_dp % mbs:
                 continue

@@ -10,7 +10,14 @@ Narayanan et al. 2021 (Sec. 2.2, eqs. for 1F1B and interleaved). For v = 1 it is
 "sum of stage times plus (m - 1) times the slowest" of an uneven 1F1B/GPipe pipeline.
 
 The zero-bubble schedules (interleaved-zb, zbv, dualpipev: planner.vocab) are priced by
-running their own action order (below): no closed formula.
+running their own action order (below): no closed formula. Their parameters: DeepSeek's
+bidirectional DualPipe keeps two copies of the model (2x parameters per device, DualPipe
+README "Pipeline Bubbles and Memory Usage Comparison"); no engine planned for here runs it
+(torch ships DualPipeV only). DualPipeV and ZB-V cut it in half: 2 pp stages on pp devices, each
+rank holding two chunks of one model copy, so a rank's parameters are those of its layers, as
+under any other split (the table's "2x" is per stage of the 2 pp). Their activations are
+counted from a chunk-micro-batch's F to its W (zero_bubble_in_flight): measured equal on the
+runtime (tests/test_schedules_runtime.py) and the table's PP (ZB1P) and PP + 1 (DualPipeV).
 """
 from __future__ import annotations
 
