@@ -1096,7 +1096,8 @@ class SharedCoefficients:
         emb = held(m.vocab_size * m.hidden / t)
         head = held(m.vocab_size * m.hidden / t) if (not m.tied_embeddings or p > 1) else 0.0
         mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
-        out = [((emb if i == 0 else 0.0) + (head + mtp if i == (0 if v_shape else p - 1) else 0.0), dense, moe)
+        last = 0 if v_shape else p - 1
+        out = [((emb if i == 0 else 0.0) + (head + mtp if i == last else 0.0), dense, moe)
                for i in range(p)]
         self._states[layout] = out
         return out
