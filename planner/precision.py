@@ -1,6 +1,7 @@
 """Training precision: which GPUs and engines run FP8 / MXFP8 / NVFP4, and what it costs.
 
-`plan --precision {bf16,fp8,mxfp8,nvfp4}` (default bf16) is fixed by the user, never searched.
+`plan --precision {bf16,fp8,mxfp8,nvfp4}` (default bf16) is fixed by the user; `--precision auto`
+plans each format the engine and GPU run and keeps the fastest (planner.precision_choice).
 Low precision covers the block linears only (QKV, attention out-projection, MLP): attention,
 the embedding, the LM head and the norms stay bf16, as every engine here runs them:
 - Megatron-Core builds the decoder's linears from Transformer Engine modules
