@@ -107,11 +107,14 @@ def set_schedule_step(scheds: list, step0: int) -> None:
 @torch.no_grad()
 def clip_grads(params: list, max_norm: float, total_norm: float) -> None:
     """Scale the gradients of `params` by torch's `clip_grads_with_norm_` for the global norm
-    `total_norm` (already reduced over every rank). DTensor and plain gradients go in separate
-    calls (its foreach kernels cannot mix them)."""
+    `total_norm` (already reduced over every rank), one call per kind of gradient: plain
+    tensors, and DTensors of each device mesh (its foreach kernels mix neither: FSDP's norm
+    weights live on the dp mesh, the tp-split matrices on (dp, tp), the experts on theirs)."""
     norm = torch.tensor(total_norm, dtype=torch.float64)
-    with_grad = [p for p in params if p.grad is not None]
-    for group in ([p for p in with_grad if isinstance(p.grad, DTensor)],
-                  [p for p in with_grad if not isinstance(p.grad, DTensor)]):
-        if group:
-            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=None)
+    groups = {}
+    for p in params:
+        if p.grad is not None:
+            mesh = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            groups.setdefault(mesh, []).append(p)
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=None)

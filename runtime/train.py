@@ -146,7 +146,7 @@ def prepare(argv):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     preflight(plan, world, local_world, torch.cuda.is_available())
-    args.run = dataclasses.replace(plan.run, **args.run_overrides)
+    args.run = run_options(args, plan)
     if args.run.warmup_steps is not None and args.run.warmup_steps > args.run.steps:
         _say(f"runtime: warning: {args.run.warmup_steps} warm-up steps exceed the run's "
              f"{args.run.steps}; warming up over all of them")
@@ -159,6 +159,12 @@ def prepare(argv):
         args.resume_from = check_checkpoint_dir(args, plan)
     check_writable(args)
     return args, plan, source
+
+
+def run_options(args, plan):
+    """The run options this run trains with: the plan's (planner.plan.RunOptions), each flag
+    given overriding its own."""
+    return dataclasses.replace(plan.run, **args.run_overrides)
 
 
 def _say(line: str) -> None:
@@ -259,9 +265,9 @@ def warn_long_steps(args, plan) -> None:
              f"{'GPU' if here_gpu else 'CPU'} machine its predicted step time "
              f"({_duration(pred) if pred else 'none'}) does not apply")
     elif pred and pred > LONG_STEP_S:
+        steps = run_options(args, plan).steps
         _say(f"runtime: warning: the plan predicts {_duration(pred)} per step on "
-             f"{plan.cluster.name}, {_duration(pred * args.run.steps)} for "
-             f"{args.run.steps} steps; "
+             f"{plan.cluster.name}, {_duration(pred * steps)} for {steps} steps; "
              f"re-plan with a smaller --global-batch for quicker steps")
 
 
@@ -337,8 +343,8 @@ class Speed:
         tps, mfu = self.of(dt)
         pt = "" if self.pred_tokens_per_s is None or short else \
             f" (plan {self.pred_tokens_per_s:,.0f})"
-        pm = "" if self.pred_mfu is None else f" (plan {100 * self.pred_mfu:.1f}%)"
-        return f"{tps:,.0f} tok/s{pt}  MFU {100 * mfu:.1f}%{pm}"
+        pm = "" if self.pred_mfu is None else f" (plan {100 * self.pred_mfu:.2f}%)"
+        return f"{tps:,.0f} tok/s{pt}  MFU {100 * mfu:.2f}%{pm}"
 
 
 def describe_run(run) -> str:

@@ -236,7 +236,7 @@ def test_single_process_run_learns(tmp_path):
     assert summary["tokens_per_s"] == pytest.approx(8 * 16 / t)
     assert summary["mfu"] == pytest.approx(flops / t / (get_gpu("cpu").peak_tflops * 1e12))
     assert (summary["predicted_tokens_per_s"], summary["predicted_mfu"]) == (256.0, 0.1)
-    assert "tok/s (plan 256)" in r.stdout and "(plan 10.0%)" in r.stdout
+    assert "tok/s (plan 256)" in r.stdout and "(plan 10.00%)" in r.stdout
     assert " ep=1 " in r.stdout.splitlines()[0]
 
 
