@@ -582,7 +582,7 @@ def test_one_process_trains_as_torch_adamw_with_lambdalr_and_clip_grad_norm(tmp_
         assert g["lr"] == pytest.approx(sched.get_last_lr()[0], rel=1e-12), step
         opt.step()
         sched.step()
-        assert g["loss"] == pytest.approx(float(loss), rel=1e-4), step
+        assert g["loss"] == pytest.approx(loss.item(), rel=1e-4), step
         assert g["grad_norm"] == pytest.approx(norm, rel=1e-4), step
         assert g["clipped"] == (norm > 1.7), step
         clipped.append(norm > 1.7)
