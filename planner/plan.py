@@ -31,7 +31,7 @@ Layout of `schema_version` 1:
     recipe      the engine's scaling recipe for a low precision ("tensorwise", "delayed",
                 "rowwise", "mxfp8", "nvfp4"); null for bf16
     run         {steps, lr, weight_decay, warmup_steps, lr_decay, min_lr_ratio,
-                 max_grad_norm}: how `python -m runtime` trains the plan (RunOptions; each
+                 max_grad_norm, lr_schedule_steps}: how `python -m runtime` trains the plan (RunOptions; each
                  key takes its default when absent, the runtime's flags override them)
 
 `stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
@@ -128,7 +128,9 @@ class RunOptions:
     peak rate `lr` reached by a linear warm-up over `warmup_steps`, then decayed (`lr_decay`)
     to `min_lr_ratio` x lr at the last of `steps`, as torchtitan's linear_warmup_stable_decay
     (torchtitan/components/optimizer/lr_scheduler.py); gradients clipped to a global norm of
-    `max_grad_norm` (0: no clipping, Megatron's --clip-grad 0).
+    `max_grad_norm` (0: no clipping, Megatron's --clip-grad 0). The schedule spans
+    `lr_schedule_steps` (None: the run's `steps`; torchtitan's lr_scheduler.total_steps, which
+    keeps a shortened or stopped run on the full run's curve), at `min_lr_ratio` beyond it.
 
     Defaults: lr 8e-4 and weight decay 0.1 are torchtitan's AdamW (default_adamw,
     torchtitan/components/optimizer/optimizer.py); warm-up over a fifth of the steps when
@@ -145,15 +147,21 @@ class RunOptions:
     lr_decay: str = "cosine"
     min_lr_ratio: float = 0.01
     max_grad_norm: float = 1.0
+    lr_schedule_steps: int | None = None
 
     WARMUP_SHARE = 5           # warm-up over steps // 5 when warmup_steps is None (torchtitan)
 
     @property
+    def schedule_steps(self) -> int:
+        """The steps the learning-rate schedule spans."""
+        return self.steps if self.lr_schedule_steps is None else self.lr_schedule_steps
+
+    @property
     def warmup(self) -> int:
-        """The warm-up steps this run takes (never more than its steps)."""
+        """The warm-up steps of the schedule (never more than it spans)."""
         if self.warmup_steps is None:
-            return self.steps // self.WARMUP_SHARE
-        return min(self.warmup_steps, self.steps)
+            return self.schedule_steps // self.WARMUP_SHARE
+        return min(self.warmup_steps, self.schedule_steps)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -392,7 +400,8 @@ RUN_FIELDS = {
     "steps": S.Int(1, MAX_STEPS), "lr": S.Num(gt=0.0, le=1e3),
     "weight_decay": S.Num(ge=0.0, le=1e3), "warmup_steps": S.Nullable(S.Int(0, MAX_STEPS)),
     "lr_decay": S.Enum(*LR_DECAYS), "min_lr_ratio": S.Num(ge=0.0, le=1.0),
-    "max_grad_norm": S.Num(ge=0.0, le=1e9)}
+    "max_grad_norm": S.Num(ge=0.0, le=1e9),
+    "lr_schedule_steps": S.Nullable(S.Int(1, MAX_STEPS))}
 RUN = S.Obj({k: (c, getattr(RunOptions, k)) for k, c in RUN_FIELDS.items()})
 PLAN_SCHEMA = S.Obj({
     "schema_version": S.Enum(SCHEMA_VERSION),

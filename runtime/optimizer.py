@@ -64,12 +64,13 @@ def lr_factor(step0: int, steps: int, warmup: int, decay: str, min_ratio: float)
     min + (1 - min) * (1 + cos(pi * progress)) / 2, "linear": min + (1 - min) * (1 - progress);
     "constant" stays at 1), as torchtitan's linear_warmup_stable_decay without a stable phase:
     its one virtual stable step after the warm-up keeps the last step above the minimum
-    (progress = (step0 - warmup) / (steps - warmup), 0 at the first step after the warm-up)."""
+    (progress = (step0 - warmup) / (steps - warmup), 0 at the first step after the warm-up).
+    A step beyond the schedule's `steps` stays at the minimum."""
     if step0 < warmup:
         return (step0 + 1) / warmup
     if decay == "constant" or step0 <= warmup:
         return 1.0
-    progress = (step0 - warmup) / (steps - warmup)
+    progress = min(1.0, (step0 - warmup) / (steps - warmup))
     if decay == "cosine":
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
     elif decay == "linear":
@@ -84,9 +85,13 @@ def schedulers(optims: list, run):
     (planner.plan.RunOptions); each sets its optimizer's rate for step 0 when built."""
     from torch.optim.lr_scheduler import LambdaLR
 
-    def factor(step0):
-        return lr_factor(step0, run.steps, run.warmup, run.lr_decay, run.min_lr_ratio)
-    return [LambdaLR(o, factor) if o is not None else None for o in optims]
+    return [LambdaLR(o, lambda step0: run_factor(run, step0)) if o is not None else None
+            for o in optims]
+
+
+def run_factor(run, step0: int) -> float:
+    """`lr_factor` of 0-based step `step0` on the schedule of `run` (RunOptions)."""
+    return lr_factor(step0, run.schedule_steps, run.warmup, run.lr_decay, run.min_lr_ratio)
 
 
 def set_schedule_step(scheds: list, step0: int) -> None:

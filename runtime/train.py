@@ -77,6 +77,9 @@ def parse_args(argv):
     ap.add_argument("--max-grad-norm", type=float, default=None,
                     help="clip gradients to this global norm, 0 for none (default: the plan's "
                          "run.max_grad_norm, 1.0)")
+    ap.add_argument("--lr-schedule-steps", type=int, default=None,
+                    help="steps the learning-rate schedule spans (default: the plan's "
+                         "run.lr_schedule_steps; the run's steps when that is null)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a collective may wait for the other ranks before the job "
                          f"fails (default {DEFAULT_TIMEOUT_S:.0f})")
@@ -147,9 +150,10 @@ def prepare(argv):
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     preflight(plan, world, local_world, torch.cuda.is_available())
     args.run = run_options(args, plan)
-    if args.run.warmup_steps is not None and args.run.warmup_steps > args.run.steps:
-        _say(f"runtime: warning: {args.run.warmup_steps} warm-up steps exceed the run's "
-             f"{args.run.steps}; warming up over all of them")
+    r = args.run
+    if r.warmup_steps is not None and r.warmup_steps > r.schedule_steps:
+        _say(f"runtime: warning: {r.warmup_steps} warm-up steps exceed the schedule's "
+             f"{r.schedule_steps}; warming up over all of them")
     try:
         source = make_source(args.data, plan.model.vocab_size, plan.batch.seq_len, args.seed)
     except DataError as e:
@@ -353,8 +357,10 @@ def describe_run(run) -> str:
     decay = ("constant" if run.lr_decay == "constant"
              else f"{run.lr_decay} to {100 * run.min_lr_ratio:g}%")
     clip = f"clip {run.max_grad_norm:g}" if run.max_grad_norm > 0 else "no clipping"
-    return (f"AdamW lr {run.lr:.0e} wd {run.weight_decay:g}, warm-up {run.warmup}, {decay}, "
-            f"{clip}")
+    span = ("" if run.lr_schedule_steps is None
+            else f" over {run.lr_schedule_steps} steps")
+    return (f"AdamW lr {run.lr:.0e} wd {run.weight_decay:g}, warm-up {run.warmup}, {decay}"
+            f"{span}, {clip}")
 
 
 def _peak_memory_gib(on_gpu: bool) -> float:
@@ -610,9 +616,8 @@ class Trainer:
             self.expert_param_sync()
         sample()
         if lr is None:        # a rank owning no parameters: the schedule's rate
-            from runtime.optimizer import lr_factor
-            r = self.args.run
-            lr = r.lr * lr_factor(step0, r.steps, r.warmup, r.lr_decay, r.min_lr_ratio)
+            from runtime.optimizer import run_factor
+            lr = self.args.run.lr * run_factor(self.args.run, step0)
         return loss, norm, lr
 
     def resume_schedule(self, start: int) -> None:

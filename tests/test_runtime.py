@@ -519,6 +519,7 @@ def test_lr_factor_warms_up_then_decays_to_the_minimum():
     assert lin[12] == pytest.approx(0.5) and lin[19] == pytest.approx(1 / 16)
     assert [lr_factor(s, 20, 4, "constant", 0.1) for s in (3, 10, 19)] == [1.0] * 3
     assert lr_factor(0, 20, 0, "cosine", 0.1) == 1.0     # no warm-up
+    assert lr_factor(25, 20, 4, "cosine", 0.1) == pytest.approx(0.1)   # past the schedule
 
 
 def test_run_options_default_when_absent_and_are_checked(tmp_path):
@@ -529,6 +530,7 @@ def test_run_options_default_when_absent_and_are_checked(tmp_path):
     del d["run"]
     assert Plan.from_dict(d).run == RunOptions()
     assert RunOptions().warmup == 4 and RunOptions(steps=30, warmup_steps=40).warmup == 30
+    assert RunOptions(steps=5, lr_schedule_steps=50).warmup == 10     # a fifth of the span
     d["run"] = {"warmup_steps": 3, "max_grad_norm": 0}
     assert Plan.from_dict(d).run == RunOptions(warmup_steps=3, max_grad_norm=0.0)
     for bad, msg in (({"lr_decay": "step"}, "run.lr_decay must be one of"),
