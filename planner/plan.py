@@ -31,8 +31,9 @@ Layout of `schema_version` 1:
     recipe      the engine's scaling recipe for a low precision ("tensorwise", "delayed",
                 "rowwise", "mxfp8", "nvfp4"); null for bf16
     run         {steps, lr, weight_decay, warmup_steps, lr_decay, min_lr_ratio,
-                 max_grad_norm, lr_schedule_steps}: how `python -m runtime` trains the plan (RunOptions; each
-                 key takes its default when absent, the runtime's flags override them)
+                 max_grad_norm, lr_schedule_steps}: how `python -m runtime` trains the
+                 plan (RunOptions; each key takes its default when absent, the runtime's
+                 flags override them)
 
 `stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
 `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment). `memory_gib` is

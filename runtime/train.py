@@ -353,7 +353,7 @@ class Speed:
 
 def describe_run(run) -> str:
     """The run options in a few words: "AdamW lr 8e-04 wd 0.1, warm-up 4, cosine to 1%, clip
-    1.0"."""
+    1"."""
     decay = ("constant" if run.lr_decay == "constant"
              else f"{run.lr_decay} to {100 * run.min_lr_ratio:g}%")
     clip = f"clip {run.max_grad_norm:g}" if run.max_grad_norm > 0 else "no clipping"
@@ -521,8 +521,9 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, step0: int, memory=None):
         """0-based step; returns (mean token loss of the global batch, global gradient norm
-        before clipping, learning rate of the update), the same on every rank. `memory`: a `runtime.memory.StepMemory`
-        sampled after every micro-batch's backward and after the update."""
+        before clipping, learning rate of the update), the same on every rank. `memory`: a
+        `runtime.memory.StepMemory` sampled after every micro-batch's backward and after the
+        update."""
         import torch
         import torch.distributed as dist
         from runtime.data import local_batch
