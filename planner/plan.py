@@ -30,6 +30,10 @@ Layout of `schema_version` 1:
                 what the block linears run in (planner.precision)
     recipe      the engine's scaling recipe for a low precision ("tensorwise", "delayed",
                 "rowwise", "mxfp8", "nvfp4"); null for bf16
+    run         {steps, lr, weight_decay, warmup_steps, lr_decay, min_lr_ratio,
+                 max_grad_norm, lr_schedule_steps}: how `python -m runtime` trains the
+                 plan (RunOptions; each key takes its default when absent, the runtime's
+                 flags override them)
 
 `stages` lists the pp * vpp virtual stages in model order; virtual stage i runs on pipeline rank
 `pp_rank = i % pp` as its chunk `i // pp` (Megatron's interleaved assignment). `memory_gib` is
@@ -55,8 +59,8 @@ from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.layout import Stage, even_split, make_stages  # noqa: F401 (the plan's stages)
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model
 from planner.validity import plan_problems
-from planner.vocab import (CP_COMM_TYPES, DISPATCHERS, RANK_ORDER, RECOMPUTE, RECOMPUTE_MODULES,
-                           SCHEDULES)
+from planner.vocab import (CP_COMM_TYPES, DISPATCHERS, LR_DECAYS, RANK_ORDER, RECOMPUTE,
+                           RECOMPUTE_MODULES, SCHEDULES)
 from planner.vocab import DEFAULT_RECOMPUTE_MODULES as DEFAULT_MODULES
 
 SCHEMA_VERSION = 1
@@ -119,6 +123,51 @@ class Batch:
     num_microbatches: int
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How the runtime trains a plan: AdamW (betas 0.9/0.95, eps 1e-8: runtime.optimizer) at a
+    peak rate `lr` reached by a linear warm-up over `warmup_steps`, then decayed (`lr_decay`)
+    to `min_lr_ratio` x lr at the last of `steps`, as torchtitan's linear_warmup_stable_decay
+    (torchtitan/components/optimizer/lr_scheduler.py); gradients clipped to a global norm of
+    `max_grad_norm` (0: no clipping, Megatron's --clip-grad 0). The schedule spans
+    `lr_schedule_steps` (None: the run's `steps`; torchtitan's lr_scheduler.total_steps, which
+    keeps a shortened or stopped run on the full run's curve), at `min_lr_ratio` beyond it.
+
+    Defaults: lr 8e-4 and weight decay 0.1 are torchtitan's AdamW (default_adamw,
+    torchtitan/components/optimizer/optimizer.py); warm-up over a fifth of the steps when
+    `warmup_steps` is None (torchtitan's guidance for lr_scheduler.warmup_steps, "normally 1/5
+    of --training.steps"), more warm-up steps than `steps` warm up over all of them (as
+    torchtitan clamps them); cosine decay to 1% of the peak (Llama 3 405B: 8e-5 to 8e-7, The
+    Llama 3 Herd of Models, arXiv 2407.21783, section 3.4.1); max_grad_norm 1.0 (torchtitan's
+    training.max_norm, Megatron's --clip-grad default, Llama 2's gradient clipping). `steps`
+    20 is the runtime's default run, long enough to see a loss curve."""
+    steps: int = 20
+    lr: float = 8e-4
+    weight_decay: float = 0.1
+    warmup_steps: int | None = None
+    lr_decay: str = "cosine"
+    min_lr_ratio: float = 0.01
+    max_grad_norm: float = 1.0
+    lr_schedule_steps: int | None = None
+
+    WARMUP_SHARE = 5           # warm-up over steps // 5 when warmup_steps is None (torchtitan)
+
+    @property
+    def schedule_steps(self) -> int:
+        """The steps the learning-rate schedule spans."""
+        return self.steps if self.lr_schedule_steps is None else self.lr_schedule_steps
+
+    @property
+    def warmup(self) -> int:
+        """The warm-up steps of the schedule (never more than it spans)."""
+        if self.warmup_steps is None:
+            return self.schedule_steps // self.WARMUP_SHARE
+        return min(self.warmup_steps, self.schedule_steps)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class Plan:
     model: Model
@@ -132,6 +181,7 @@ class Plan:
     attention: str = "flash"
     precision: str = DEFAULT_PRECISION
     recipe: str | None = None
+    run: RunOptions = field(default_factory=RunOptions)
     schema_version: int = SCHEMA_VERSION
 
     # ---- derived --------------------------------------------------------
@@ -163,6 +213,7 @@ class Plan:
             "attention": self.attention,
             "precision": self.precision,
             "recipe": self.recipe,
+            "run": self.run.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -207,7 +258,8 @@ class Plan:
         plan = cls(model=model, cluster=cluster, parallelism=parallelism, batch=batch,
                    stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}),
                    engine=d.get("engine", DEFAULT_ENGINE), attention=d.get("attention", "flash"),
-                   precision=d.get("precision", DEFAULT_PRECISION), recipe=d.get("recipe"))
+                   precision=d.get("precision", DEFAULT_PRECISION), recipe=d.get("recipe"),
+                   run=RunOptions(**d.get("run", {})))
         plan.validate(whole_cluster=whole_cluster)
         return plan
 
@@ -343,6 +395,15 @@ SEARCH = S.Obj({
     "seconds": (_POS, None), "search_gap": (S.Nullable(S.Num(ge=0.0)), None),
     "solver_limit_hit": (S.Int(0), None), "profile": (S.Str(4096), None),
     "profile_used": (S.List(S.Str(4096)), None), "estimate": (S.Str(4096), None)}, extra=True)
+MAX_STEPS = 2 ** 40          # optimizer steps of a run (a bound on input, not a limit of training)
+# the run options' checkers, also what the runtime checks its flags with (`--lr` etc.)
+RUN_FIELDS = {
+    "steps": S.Int(1, MAX_STEPS), "lr": S.Num(gt=0.0, le=1e3),
+    "weight_decay": S.Num(ge=0.0, le=1e3), "warmup_steps": S.Nullable(S.Int(0, MAX_STEPS)),
+    "lr_decay": S.Enum(*LR_DECAYS), "min_lr_ratio": S.Num(ge=0.0, le=1.0),
+    "max_grad_norm": S.Num(ge=0.0, le=1e9),
+    "lr_schedule_steps": S.Nullable(S.Int(1, MAX_STEPS))}
+RUN = S.Obj({k: (c, getattr(RunOptions, k)) for k, c in RUN_FIELDS.items()})
 PLAN_SCHEMA = S.Obj({
     "schema_version": S.Enum(SCHEMA_VERSION),
     "model": S.Obj({"name": S.Name(), "num_layers": S.Int(1, B.MAX_LAYERS),
@@ -353,5 +414,6 @@ PLAN_SCHEMA = S.Obj({
     "engine": (S.Enum(*ENGINES), DEFAULT_ENGINE),
     "attention": (S.Enum("flash", "eager"), "flash"),
     "precision": (S.Enum(*PRECISIONS), DEFAULT_PRECISION),
-    "recipe": (S.Nullable(S.Enum(*RECIPES)), None)})
+    "recipe": (S.Nullable(S.Enum(*RECIPES)), None),
+    "run": (RUN, {})})
 

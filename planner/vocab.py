@@ -49,3 +49,9 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 # attention core (Korthikanti et al. 2022; Megatron's --recompute-modules default,
 # megatron/core/transformer/transformer_config.py)
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+# how the runtime's learning rate decays after its linear warm-up (runtime.optimizer.lr_factor):
+# torchtitan's lr_scheduler decay_type "cosine" | "linear"
+# (torchtitan/components/optimizer/lr_scheduler.py, linear_warmup_stable_decay), or "constant"
+# (the peak rate to the end)
+LR_DECAYS = ("cosine", "linear", "constant")

@@ -22,7 +22,10 @@ why it skipped any newer one.
 Keys are the whole model's fully-qualified parameter names (`get_model_state_dict`) and the
 flattened optimizer state (`state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`, ...), so any plan of
 the same model loads any other plan's checkpoint. A tied output weight is stored once, as
-`tok_embeddings.weight`.
+`tok_embeddings.weight`. The learning-rate schedulers' state is `lr_scheduler.last_epoch` (the
+number of steps taken), as torchtitan's LRSchedulersContainer saves only `last_epoch`: the
+schedule is a pure function of it and of the run options (`runtime.optimizer.lr_factor`), so a
+checkpoint of one layout resumes the same schedule under any other.
 """
 from __future__ import annotations
 
@@ -61,11 +64,16 @@ def _to_ckpt_key(key: str, tied: bool) -> str:
     return re.sub(r"(^|\.)output\.weight(\.|$)", r"\1tok_embeddings.weight\2", key)
 
 
-class TrainState:
-    """Model parts + their optimizers (an optimizer may be None: ZeRO 1 rank owning nothing)."""
+SCHED_KEY = "lr_scheduler.last_epoch"
 
-    def __init__(self, parts: list, optims: list, tied: bool):
+
+class TrainState:
+    """Model parts + their optimizers (an optimizer may be None: ZeRO 1 rank owning nothing)
+    and learning-rate schedulers (one per optimizer, None with it)."""
+
+    def __init__(self, parts: list, optims: list, tied: bool, scheds: list = ()):
         self.parts, self.optims, self.tied = parts, optims, tied
+        self.scheds = [s for s in scheds if s is not None]
 
     def _collect(self):
         """[(part_index, kind, original_key, ckpt_key, value)] of this rank."""
@@ -79,11 +87,20 @@ class TrainState:
         return items
 
     def state_dict(self):
-        return {ck: v for _, _, _, ck, v in self._collect()}
+        sd = {ck: v for _, _, _, ck, v in self._collect()}
+        if self.scheds:     # the same on every rank that has one (dcp keeps one copy)
+            sd[SCHED_KEY] = torch.tensor(self.scheds[0].last_epoch, dtype=torch.int64)
+        return sd
 
     def load_from(self, path: str):
+        """Load the model and optimizer state; the saved schedulers' `last_epoch`, or None
+        from a checkpoint without it (written before schedules, or by a rank set with no
+        optimizer at all)."""
         items = self._collect()
         flat = {ck: v for _, _, _, ck, v in items}
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        if SCHED_KEY in saved:
+            flat[SCHED_KEY] = torch.tensor(-1, dtype=torch.int64)
         dcp.load(flat, checkpoint_id=path)
         per_part = [({}, {}) for _ in self.parts]
         for i, kind, k, ck, _ in items:
@@ -92,6 +109,7 @@ class TrainState:
             set_model_state_dict(part, msd)
             if opt is not None:
                 set_optimizer_state_dict(part, opt, osd, options=OPTS)
+        return int(flat[SCHED_KEY]) if SCHED_KEY in flat else None
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -264,15 +282,16 @@ META_MAX_BYTES = 4 << 20     # a generous multiple of a real meta.json (a few Ki
 
 
 def meta_schema():
-    """meta.json: {model: the plan's model fields, parallelism: the plan's parallelism, seed,
-    data, global_batch_size, seq_len, step, world_size, files: {relative path: {bytes,
-    sha256}}}, built from the planner's checkers and its model and parallelism schemas."""
+    """meta.json: {model: the plan's model fields, parallelism: the plan's parallelism, run:
+    the run options trained with (absent before them), seed, data, global_batch_size, seq_len,
+    step, world_size, files: {relative path: {bytes, sha256}}}, built from the planner's
+    checkers and its model, parallelism and run-options schemas."""
     from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
-    from planner.plan import PARALLELISM
+    from planner.plan import PARALLELISM, RUN
     from planner.schema import Int, Map, Nullable, Obj, Str
     from planner.specs import MODEL_SCHEMA
     file_entry = Obj({"bytes": Int(0, 2 ** 62), "sha256": Str(64, 64)})
-    return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM,
+    return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM, "run": (RUN, None),
                 "seed": Int(-2 ** 63, 2 ** 64), "data": (Nullable(Str(4096)), None),
                 "global_batch_size": (Int(1, MAX_BATCH), None),
                 "seq_len": (Int(1, MAX_SEQ_LEN), None),

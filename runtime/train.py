@@ -13,6 +13,7 @@ good checkpoint kept (`runtime.outputs`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -43,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv):
     ap = _Parser(prog="python -m runtime", description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", required=True, help="plan JSON (from `plan ... --out`)")
-    ap.add_argument("--steps", type=int, default=20, help="optimizer steps of the whole run")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="optimizer steps of the whole run (default: the plan's run.steps, 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", default="synthetic",
                     help="'synthetic' or a token file: .npy (1-D integer array), .i32/.int32 "
@@ -59,21 +61,41 @@ def parse_args(argv):
     ap.add_argument("--overwrite-checkpoints", action="store_true",
                     help="a fresh run deletes the checkpoints already in --checkpoint-dir "
                          "(otherwise it refuses to start)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (constant)")
-    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="AdamW peak learning rate (default: the plan's run.lr, 8e-4)")
+    ap.add_argument("--weight-decay", type=float, default=None,
+                    help="AdamW weight decay (default: the plan's run.weight_decay, 0.1)")
+    ap.add_argument("--warmup-steps", type=int, default=None,
+                    help="steps of linear learning-rate warm-up (default: the plan's "
+                         "run.warmup_steps; a fifth of the steps when that is null)")
+    ap.add_argument("--lr-decay", default=None,
+                    help="decay after the warm-up: cosine, linear or constant (default: the "
+                         "plan's run.lr_decay, cosine)")
+    ap.add_argument("--min-lr-ratio", type=float, default=None,
+                    help="the last step's learning rate over the peak (default: the plan's "
+                         "run.min_lr_ratio, 0.01)")
+    ap.add_argument("--max-grad-norm", type=float, default=None,
+                    help="clip gradients to this global norm, 0 for none (default: the plan's "
+                         "run.max_grad_norm, 1.0)")
+    ap.add_argument("--lr-schedule-steps", type=int, default=None,
+                    help="steps the learning-rate schedule spans (default: the plan's "
+                         "run.lr_schedule_steps; the run's steps when that is null)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help="seconds a collective may wait for the other ranks before the job "
                          f"fails (default {DEFAULT_TIMEOUT_S:.0f})")
     a = ap.parse_args(argv)
-    if a.steps < 1:
-        raise Refused(f"runtime: --steps must be at least 1, got {a.steps}")
+    from planner.plan import RUN_FIELDS
+    from planner.schema import Invalid
+    a.run_overrides = {}
+    for name, checker in RUN_FIELDS.items():      # the plan's run options' own checks
+        v = getattr(a, name)
+        if v is not None:
+            try:
+                a.run_overrides[name] = checker(v, "--" + name.replace("_", "-"))
+            except Invalid as e:
+                raise Refused(f"runtime: {e}") from None
     if a.checkpoint_every < 0:
         raise Refused(f"runtime: --checkpoint-every must be >= 0, got {a.checkpoint_every}")
-    if not (math.isfinite(a.lr) and a.lr > 0):
-        raise Refused(f"runtime: --lr must be a positive finite number, got {a.lr}")
-    if not (math.isfinite(a.weight_decay) and a.weight_decay >= 0):
-        raise Refused(f"runtime: --weight-decay must be a finite number >= 0, got "
-                      f"{a.weight_decay}")
     if not (math.isfinite(a.timeout) and a.timeout > 0):
         raise Refused(f"runtime: --timeout must be a positive number of seconds, got {a.timeout}")
     if (a.resume or a.checkpoint_every or a.overwrite_checkpoints) and not a.checkpoint_dir:
@@ -127,6 +149,11 @@ def prepare(argv):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     preflight(plan, world, local_world, torch.cuda.is_available())
+    args.run = run_options(args, plan)
+    r = args.run
+    if r.warmup_steps is not None and r.warmup_steps > r.schedule_steps:
+        _say(f"runtime: warning: {r.warmup_steps} warm-up steps exceed the schedule's "
+             f"{r.schedule_steps}; warming up over all of them")
     try:
         source = make_source(args.data, plan.model.vocab_size, plan.batch.seq_len, args.seed)
     except DataError as e:
@@ -136,6 +163,12 @@ def prepare(argv):
         args.resume_from = check_checkpoint_dir(args, plan)
     check_writable(args)
     return args, plan, source
+
+
+def run_options(args, plan):
+    """The run options this run trains with: the plan's (planner.plan.RunOptions), each flag
+    given overriding its own."""
+    return dataclasses.replace(plan.run, **args.run_overrides)
 
 
 def _say(line: str) -> None:
@@ -187,10 +220,16 @@ def check_checkpoint_dir(args, plan):
     if chosen is None:
         raise Refused(f"runtime: no intact checkpoint in {root}: all {len(found)} fail their "
                       f"checks (newest: {found[0][1].name}, {ckpt.verify(found[0][1])})")
-    diff = _differences(ckpt.read_meta(chosen[1]), run_identity(args, plan))
+    meta = ckpt.read_meta(chosen[1])
+    diff = _differences(meta, run_identity(args, plan))
     if diff:
         raise Refused(f"runtime: cannot resume {chosen[1]}: it was written by another run ("
                       + "; ".join(diff) + "; checkpoint's vs this run's)")
+    saved, now = meta.get("run"), args.run.to_dict()
+    if saved is not None and saved != now:
+        changed = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in now.items() if saved.get(k) != v]
+        _say(f"runtime: warning: resuming {chosen[1].name} with other run options ("
+             + ", ".join(changed) + "); this run's apply from its step on")
     return chosen
 
 
@@ -230,8 +269,9 @@ def warn_long_steps(args, plan) -> None:
              f"{'GPU' if here_gpu else 'CPU'} machine its predicted step time "
              f"({_duration(pred) if pred else 'none'}) does not apply")
     elif pred and pred > LONG_STEP_S:
+        steps = run_options(args, plan).steps
         _say(f"runtime: warning: the plan predicts {_duration(pred)} per step on "
-             f"{plan.cluster.name}, {_duration(pred * args.steps)} for --steps {args.steps}; "
+             f"{plan.cluster.name}, {_duration(pred * steps)} for {steps} steps; "
              f"re-plan with a smaller --global-batch for quicker steps")
 
 
@@ -247,8 +287,8 @@ def _duration(s: float) -> str:
 
 
 class Progress:
-    """Rank 0, stderr a terminal: one line rewritten after every step (step, loss, tokens/s,
-    ETA from the mean step time after the first)."""
+    """Rank 0, stderr a terminal: one line rewritten after every step (step, loss, tokens/s
+    and MFU, ETA from the mean step time after the first)."""
 
     def __init__(self, first: int, last: int, stream=None):
         self.stream = stream if stream is not None else sys.stderr
@@ -270,17 +310,57 @@ class Progress:
         if self.on:
             self._write("")
 
-    def step(self, step: int, loss: float, tokens_per_s: float, dt: float) -> None:
+    def step(self, step: int, loss: float, speed: str, dt: float) -> None:
         self.times.append(dt)
         if not self.on:
             return
         steady = self.times[1:] or self.times
         eta = (self.last - step) * sum(steady) / len(steady)
-        self.line = (f"step {step}/{self.last}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
-                     f"ETA {_duration(eta)}")
+        self.line = f"step {step}/{self.last}  loss {loss:.4f}  {speed}  ETA {_duration(eta)}"
         self._write(self.line, end="\n" if step == self.last else "")
         if step == self.last:
             self.line = ""
+
+
+class Speed:
+    """A step's tokens/s and MFU beside the plan's prediction of them (`plan.estimate`
+    tokens_per_s and mfu, absent in a plan without an estimate). The FLOPs are the planner's
+    (planner.cost.stage.model_flops_per_step, Megatron's count, no recompute) over the
+    launched ranks and the peak of the plan's GPU (`cluster.gpu.peak_tflops`), as the
+    estimate's mfu is defined: measured over predicted MFU is predicted over measured step
+    time."""
+
+    def __init__(self, plan, world_size: int):
+        from planner.cost.stage import model_flops_per_step
+        b = plan.batch
+        self.tokens = b.global_batch_size * b.seq_len
+        self.flops = model_flops_per_step(plan.model, b.seq_len, b.global_batch_size)
+        self.peak_flops = plan.cluster.gpu.peak_tflops * 1e12 * world_size
+        est = plan.estimate or {}
+        self.pred_tokens_per_s, self.pred_mfu = est.get("tokens_per_s"), est.get("mfu")
+
+    def of(self, dt: float):
+        """(tokens/s, MFU) of a step of `dt` seconds."""
+        return self.tokens / dt, self.flops / dt / self.peak_flops
+
+    def text(self, dt: float, short: bool = False) -> str:
+        tps, mfu = self.of(dt)
+        pt = "" if self.pred_tokens_per_s is None or short else \
+            f" (plan {self.pred_tokens_per_s:,.0f})"
+        pm = "" if self.pred_mfu is None else f" (plan {100 * self.pred_mfu:.2f}%)"
+        return f"{tps:,.0f} tok/s{pt}  MFU {100 * mfu:.2f}%{pm}"
+
+
+def describe_run(run) -> str:
+    """The run options in a few words: "AdamW lr 8e-04 wd 0.1, warm-up 4, cosine to 1%, clip
+    1"."""
+    decay = ("constant" if run.lr_decay == "constant"
+             else f"{run.lr_decay} to {100 * run.min_lr_ratio:g}%")
+    clip = f"clip {run.max_grad_norm:g}" if run.max_grad_norm > 0 else "no clipping"
+    span = ("" if run.lr_schedule_steps is None
+            else f" over {run.lr_schedule_steps} steps")
+    return (f"AdamW lr {run.lr:.0e} wd {run.weight_decay:g}, warm-up {run.warmup}, {decay}"
+            f"{span}, {clip}")
 
 
 def _peak_memory_gib(on_gpu: bool) -> float:
@@ -416,12 +496,13 @@ class Trainer:
         """One AdamW per part; under ZeRO 1 (dp > 1) of the parameters this dp rank owns (the
         experts': this edp rank), the others' updates broadcast by their owners after the step."""
         from runtime.data_parallel import Zero1ParamSync, zero1_owners
-        from runtime.optimizer import adamw
+        from runtime.optimizer import adamw, schedulers
         p, a = self.plan.parallelism, self.args
         self.param_sync = self.expert_param_sync = None
         if not (p.zero_stage == 1 and p.dp > 1):
-            self.optims = [adamw(list(part.parameters()), a.lr, a.weight_decay)
+            self.optims = [adamw(list(part.parameters()), a.run.lr, a.run.weight_decay)
                            for part in self.parts]
+            self.scheds = schedulers(self.optims, a.run)
             return
         owners = zero1_owners(self.dense, p.dp)
         mine = {id(q) for q, o in zip(self.dense, owners) if o == self.dp_rank}
@@ -433,18 +514,20 @@ class Trainer:
                      if o == self.edp_mesh.get_local_rank()}
             self.expert_param_sync = Zero1ParamSync(self.experts, e_owners,
                                                     self.edp_mesh.get_group(), edp)
-        self.optims = [adamw([q for q in part.parameters() if id(q) in mine], a.lr,
-                             a.weight_decay) for part in self.parts]
+        self.optims = [adamw([q for q in part.parameters() if id(q) in mine], a.run.lr,
+                             a.run.weight_decay) for part in self.parts]
+        self.scheds = schedulers(self.optims, a.run)
 
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, step0: int, memory=None):
         """0-based step; returns (mean token loss of the global batch, global gradient norm
-        before the update), the same on every rank. `memory`: a `runtime.memory.StepMemory`
-        sampled after every micro-batch's backward and after the update."""
+        before clipping, learning rate of the update), the same on every rank. `memory`: a
+        `runtime.memory.StepMemory` sampled after every micro-batch's backward and after the
+        update."""
         import torch
         import torch.distributed as dist
         from runtime.data import local_batch
-        from runtime.optimizer import grad_norm_sq_local
+        from runtime.optimizer import clip_grads, grad_norm_sq_local
         from runtime.pipeline import loss_fn
         plan = self.plan
         b = plan.batch
@@ -507,26 +590,54 @@ class Trainer:
         norm_params = [q for part in self.parts for n, q in part.named_parameters()
                        if not (self.tied_sync is not None and n == "output.weight")]
         gsq = grad_norm_sq_local(norm_params, plan.parallelism.tp * plan.parallelism.dp)
-        for opt in self.optims:
-            if opt is not None:
-                opt.step()
-        if self.param_sync is not None:
-            self.param_sync()
-        if self.expert_param_sync is not None:
-            self.expert_param_sync()
-        sample()
-
-        # mean over the dp replicas of the last stage (tp rank 0 speaks for its group)
+        # one all-reduce for the loss (mean over the dp replicas of the last stage, tp rank 0
+        # speaking for its group) and the global gradient norm, which clipping needs before
+        # the update (runtime.optimizer: torchtitan's clip_grad_norm_ in one collective)
         speaks = self.last_stage and self.tp_rank == 0
         t = torch.stack([local_loss.double().cpu() * speaks, torch.tensor(float(speaks),
                                                                           dtype=torch.float64),
                          gsq]).to(self.device)
         dist.all_reduce(t)
-        return float(t[0] / t[1]), float(t[2]) ** 0.5
+        t = t.cpu()
+        loss, norm = float(t[0] / t[1]), float(t[2]) ** 0.5
+        max_norm = self.args.run.max_grad_norm
+        if max_norm > 0:      # every copy of every gradient, the tied output weight's too
+            clip_grads([q for part in self.parts for q in part.parameters()], max_norm, norm)
+        lr = next((g["lr"] for o in self.optims if o is not None for g in o.param_groups),
+                  None)
+        for opt in self.optims:
+            if opt is not None:
+                opt.step()
+        for sched in self.scheds:
+            if sched is not None:
+                sched.step()
+        if self.param_sync is not None:
+            self.param_sync()
+        if self.expert_param_sync is not None:
+            self.expert_param_sync()
+        sample()
+        if lr is None:        # a rank owning no parameters: the schedule's rate
+            from runtime.optimizer import run_factor
+            lr = self.args.run.lr * run_factor(self.args.run, step0)
+        return loss, norm, lr
+
+    def resume_schedule(self, start: int) -> None:
+        """After a checkpoint of step `start` is loaded: this run's options (the saved
+        rates are replaced, as its peak rate and weight decay may differ) and the schedule at
+        0-based step `start`."""
+        from runtime.optimizer import set_schedule_step
+        r = self.args.run
+        for opt, sched in zip(self.optims, self.scheds):
+            if opt is None:
+                continue
+            for g in opt.param_groups:
+                g["weight_decay"], g["initial_lr"] = r.weight_decay, r.lr
+            sched.base_lrs = [r.lr] * len(opt.param_groups)
+        set_schedule_step(self.scheds, start)
 
     def train_state(self):
         from runtime.checkpoint import TrainState
-        return TrainState(self.parts, self.optims, self.tied)
+        return TrainState(self.parts, self.optims, self.tied, self.scheds)
 
 
 def _restart_safe_store(timeout):
@@ -638,10 +749,11 @@ def _train(args, plan, source) -> None:
                       flush=True)
         else:
             start, path = args.resume_from
-            tr.train_state().load_from(str(path))
-            for opt in tr.optims:       # this run's --lr / --weight-decay, not the saved ones
-                for g in (opt.param_groups if opt is not None else ()):
-                    g["lr"], g["weight_decay"] = args.lr, args.weight_decay
+            saved_step = tr.train_state().load_from(str(path))
+            if saved_step is not None and saved_step != start:
+                raise ckpt.CheckpointError(f"checkpoint {path} of step {start} holds a learning-"
+                                           f"rate schedule at step {saved_step}")
+            tr.resume_schedule(start)
             ckpt.restore_rng(path, dist.get_world_size())
             if rank == 0:
                 print(f"runtime: resumed from {path} (step {start})", flush=True)
@@ -655,21 +767,22 @@ def _train(args, plan, source) -> None:
                 metrics.write_text("")
         _rank0_write(rank, "--metrics", metrics, start_metrics)
     meta = {**run_identity(args, plan), "parallelism": plan.to_dict()["parallelism"]}
-    p = plan.parallelism
+    meta["run"] = args.run.to_dict()
+    p, run = plan.parallelism, args.run
     if rank == 0:
-        print(f"runtime: {plan.model.name} tp={p.tp} pp={p.pp} dp={p.dp} zero={p.zero_stage} "
-              f"vpp={p.vpp} schedule={p.schedule} recompute={p.recompute} "
+        print(f"runtime: {plan.model.name} tp={p.tp} pp={p.pp} dp={p.dp} ep={p.ep} "
+              f"zero={p.zero_stage} vpp={p.vpp} schedule={p.schedule} recompute={p.recompute} "
               f"sp={p.sequence_parallel} on {dist.get_world_size()} x {tr.device.type}; "
-              f"steps {start + 1}..{args.steps}", flush=True)
+              f"{describe_run(run)}; steps {start + 1}..{run.steps}", flush=True)
 
-    if rank == 0 and start >= args.steps:
-        print(f"runtime: checkpoint is at step {start}, nothing left of --steps {args.steps}",
+    if rank == 0 and start >= run.steps:
+        print(f"runtime: checkpoint is at step {start}, nothing left of {run.steps} steps",
               flush=True)
-    tokens = plan.batch.global_batch_size * plan.batch.seq_len
-    progress = Progress(start + 1, args.steps) if rank == 0 else None
-    times = []
+    speed = Speed(plan, dist.get_world_size())
+    progress = Progress(start + 1, run.steps) if rank == 0 else None
+    times, mfus = [], []
     last_saved = start if args.resume and start else None
-    for step0 in range(start, args.steps):
+    for step0 in range(start, run.steps):
         if tr.on_gpu:
             torch.cuda.synchronize()
         memory = None
@@ -677,7 +790,7 @@ def _train(args, plan, source) -> None:
             from runtime.memory import StepMemory
             memory = StepMemory(tr.parts, tr.optims, tr.on_gpu)
         t0 = time.perf_counter()
-        loss, gnorm = tr.train_step(step0, memory)
+        loss, gnorm, lr = tr.train_step(step0, memory)
         if tr.on_gpu:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -688,8 +801,11 @@ def _train(args, plan, source) -> None:
         else:
             peak = peak.to(tr.device)
             dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
-               "peak_memory_gib": float(peak), "grad_norm": gnorm}
+        tps, mfu = speed.of(dt)
+        mfus.append(mfu)
+        rec = {"step": step0 + 1, "loss": loss, "step_time_s": dt, "tokens_per_s": tps,
+               "mfu": mfu, "peak_memory_gib": float(peak), "grad_norm": gnorm, "lr": lr,
+               "clipped": bool(run.max_grad_norm > 0 and gnorm > run.max_grad_norm)}
         if memory is not None:
             mine = memory.result(tr.pp_rank)
             every = [None] * dist.get_world_size()
@@ -697,16 +813,16 @@ def _train(args, plan, source) -> None:
             rec["measured_memory_gib"] = every
         if rank == 0:
             progress.clear()
-            print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}  {dt:.3f} s  "
-                  f"{rec['tokens_per_s']:.0f} tok/s  peak {rec['peak_memory_gib']:.2f} GiB",
-                  flush=True)
-            progress.step(rec["step"], loss, rec["tokens_per_s"], dt)
+            print(f"step {rec['step']:>5}  loss {loss:.6f}  grad norm {gnorm:.4f}"
+                  f"{' (clipped)' if rec['clipped'] else ''}  lr {lr:.3e}  {dt:.3f} s  "
+                  f"{speed.text(dt)}  peak {rec['peak_memory_gib']:.2f} GiB", flush=True)
+            progress.step(rec["step"], loss, speed.text(dt, short=True), dt)
         if metrics is not None:
             _rank0_write(rank, "--metrics", metrics, lambda: _append(metrics, rec))
         done = step0 + 1
         if args.checkpoint_dir and (
                 (args.checkpoint_every and done % args.checkpoint_every == 0)
-                or done == args.steps):
+                or done == run.steps):
             path = ckpt.save(args.checkpoint_dir, done, tr.train_state(), meta)
             last_saved = done
             if rank == 0:
@@ -723,12 +839,16 @@ def _train(args, plan, source) -> None:
                    "predicted_step_time_s": predicted,
                    "measured_over_predicted": (measured / predicted
                                                if measured and predicted else None),
-                   "tokens_per_s": tokens / measured if measured else None,
+                   "tokens_per_s": speed.of(measured)[0] if measured else None,
+                   "predicted_tokens_per_s": speed.pred_tokens_per_s,
+                   "mfu": speed.of(measured)[1] if measured else None,
+                   "predicted_mfu": speed.pred_mfu,
                    "last_checkpoint_step": last_saved}
         pred = f"{predicted:.4f} s" if predicted else "n/a"
         meas = f"{measured:.4f} s" if measured else "n/a"
         print(f"summary: step time measured {meas} (mean over steps after the first), "
-              f"predicted {pred}", flush=True)
+              f"predicted {pred}"
+              + (f"; {speed.text(measured)}" if measured else ""), flush=True)
     if metrics is not None:
         _rank0_write(rank, "--metrics", metrics, lambda: _append(metrics, {"summary": summary}))
     dist.barrier()

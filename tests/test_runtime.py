@@ -1,6 +1,7 @@
 """Runtime: model, data, checkpoint bookkeeping and refusals (single process, fast)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -226,6 +227,17 @@ def test_single_process_run_learns(tmp_path):
     assert summary["measured_over_predicted"] == pytest.approx(
         summary["measured_step_time_s"] / 0.5)
     assert "step     1" in r.stdout and "summary" in r.stdout
+    # tokens/s and MFU beside the plan's 256 tok/s and 10%: 6 x the matmul parameters per
+    # token plus 12 s^2 h per layer and sample (Narayanan et al. 2021), one CPU's peak
+    m = LLAMA
+    per_token = 4 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 128 * 64   # wq wo, wk wv
+    flops = 6 * per_token * 8 * 16 + 4 * 12 * 8 * 16 * 16 * m.num_heads * m.head_dim
+    t = summary["measured_step_time_s"]
+    assert summary["tokens_per_s"] == pytest.approx(8 * 16 / t)
+    assert summary["mfu"] == pytest.approx(flops / t / (get_gpu("cpu").peak_tflops * 1e12))
+    assert (summary["predicted_tokens_per_s"], summary["predicted_mfu"]) == (256.0, 0.1)
+    assert "tok/s (plan 256)" in r.stdout and "(plan 10.00%)" in r.stdout
+    assert " ep=1 " in r.stdout.splitlines()[0]
 
 
 def _refused(r, match):
@@ -244,13 +256,17 @@ def test_refuses_world_mismatch(tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--steps", "0"], "--steps"),
+    (["--steps", "0"], "--steps must be at least 1, got 0"),
     (["--steps", "x"], "invalid int"),
-    (["--lr", "-1"], "--lr"),
-    (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
-    (["--lr", "inf"], "--lr must be a positive finite number, got inf"),
-    (["--weight-decay", "-0.1"], "--weight-decay must be a finite number >= 0"),
-    (["--weight-decay", "nan"], "--weight-decay must be a finite number >= 0, got nan"),
+    (["--lr", "-1"], "--lr must be greater than 0, got -1.0"),
+    (["--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number, got inf"),
+    (["--weight-decay", "-0.1"], "--weight-decay must be at least 0, got -0.1"),
+    (["--weight-decay", "nan"], "--weight-decay must be a finite number, got nan"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be at least 0, got -1"),
+    (["--lr-decay", "cosin"], '--lr-decay must be one of "cosine", "linear", "constant"'),
+    (["--min-lr-ratio", "2"], "--min-lr-ratio must be at most 1, got 2.0"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be at least 0, got -1.0"),
     (["--timeout", "0"], "--timeout must be a positive number of seconds"),
     (["--timeout", "inf"], "--timeout must be a positive number of seconds"),
     (["--resume"], "--checkpoint-dir"),
@@ -485,3 +501,91 @@ def test_autocast_keeps_the_residual_stream_and_activations_bf16():
                + sum(head_input_bytes(spec, b, s, 1, False, True, 2.0))
                + logits_bytes(spec, b, s, 1))
     assert abs(sum(saved.values()) - weight_copies - planned) <= 0.10 * planned
+
+
+# ---- the learning-rate schedule and clipping -----------------------------------------------
+
+def test_lr_factor_warms_up_then_decays_to_the_minimum():
+    """Linear warm-up over 4 of 20 steps, then cosine from the peak down toward 10%: the
+    values of the closed form (torchtitan's linear_warmup_stable_decay, whose one stable step
+    after the warm-up keeps the last step above the minimum)."""
+    from runtime.optimizer import lr_factor
+    f = [lr_factor(s, 20, 4, "cosine", 0.1) for s in range(20)]
+    assert f[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert f[12] == pytest.approx(0.1 + 0.9 * 0.5)      # half way through the 16 decay steps
+    assert f[19] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 15 / 16)))
+    assert all(a > b for a, b in zip(f[4:], f[5:])) and f[19] > 0.1
+    lin = [lr_factor(s, 20, 4, "linear", 0.0) for s in range(20)]
+    assert lin[12] == pytest.approx(0.5) and lin[19] == pytest.approx(1 / 16)
+    assert [lr_factor(s, 20, 4, "constant", 0.1) for s in (3, 10, 19)] == [1.0] * 3
+    assert lr_factor(0, 20, 0, "cosine", 0.1) == 1.0     # no warm-up
+    assert lr_factor(25, 20, 4, "cosine", 0.1) == pytest.approx(0.1)   # past the schedule
+
+
+def test_run_options_default_when_absent_and_are_checked(tmp_path):
+    from planner.errors import BadInput
+    from planner.plan import RunOptions
+    d = json.loads(Path(make_plan(tmp_path / "p.json")).read_text())
+    assert d["run"] == RunOptions().to_dict()
+    del d["run"]
+    assert Plan.from_dict(d).run == RunOptions()
+    assert RunOptions().warmup == 4 and RunOptions(steps=30, warmup_steps=40).warmup == 30
+    assert RunOptions(steps=5, lr_schedule_steps=50).warmup == 10     # a fifth of the span
+    d["run"] = {"warmup_steps": 3, "max_grad_norm": 0}
+    assert Plan.from_dict(d).run == RunOptions(warmup_steps=3, max_grad_norm=0.0)
+    for bad, msg in (({"lr_decay": "step"}, "run.lr_decay must be one of"),
+                     ({"lr": -1}, "run.lr must be greater than 0"),
+                     ({"warmup": 3}, "unknown key \"warmup\" (did you mean 'warmup_steps'?)")):
+        d["run"] = bad
+        with pytest.raises(BadInput, match=re.escape(msg)):
+            Plan.from_dict(d)
+
+
+def test_one_process_trains_as_torch_adamw_with_lambdalr_and_clip_grad_norm(tmp_path):
+    """The runtime's run (8 micro-batches, warm-up 2 of 6 steps, cosine to 10%, clipping at
+    1.7) against plain torch on the whole batch: torch.optim.AdamW, LambdaLR with the schedule
+    written out here, torch.nn.utils.clip_grad_norm_ (which returns the norm before clipping).
+    Clipping must act on some steps and not on others."""
+    from planner.plan import RunOptions
+    from runtime.data import local_batch, make_source
+    from runtime.model import Transformer
+    from runtime.parallelize import materialize_and_init
+    run = RunOptions(steps=6, lr=3e-3, weight_decay=0.1, warmup_steps=2, lr_decay="cosine",
+                     min_lr_ratio=0.1, max_grad_norm=1.7)
+    path = make_plan(tmp_path / "p.json")
+    d = json.loads(Path(path).read_text())
+    d["run"] = run.to_dict()
+    Path(path).write_text(json.dumps(d))
+    r = run_runtime("--plan", path, "--metrics", tmp_path / "m")
+    assert r.returncode == 0, r.stderr
+    got = [l for l in _metrics(tmp_path / "m") if "step" in l]
+    assert len(got) == 6
+
+    torch.manual_seed(0)
+    model = Transformer(LLAMA)
+    materialize_and_init(model, LLAMA, 0, torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1)
+
+    def schedule(s):
+        if s < 2:
+            return (s + 1) / 2
+        return 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * (s - 2) / 4))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    source = make_source("synthetic", LLAMA.vocab_size, 16, 0)
+    clipped = []
+    for step, g in enumerate(got):
+        x, y = local_batch(source, step, 8, 1, 0)
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.7))
+        assert g["lr"] == pytest.approx(sched.get_last_lr()[0], rel=1e-12), step
+        opt.step()
+        sched.step()
+        assert g["loss"] == pytest.approx(loss.item(), rel=1e-4), step
+        assert g["grad_norm"] == pytest.approx(norm, rel=1e-4), step
+        assert g["clipped"] == (norm > 1.7), step
+        clipped.append(norm > 1.7)
+    assert any(clipped) and not all(clipped), clipped

@@ -2,7 +2,11 @@
 
 Each multi-process launch combines several features; its per-step loss and global gradient norm
 must equal the one-process run of the same model and global batch to a relative 1e-4 (fp32).
-Checkpoints written under one layout resume under another and continue the same curve.
+Every run trains as people train: linear warm-up, cosine decay, and gradients clipped by the
+global norm (over every tp, dp and pp shard), which the one-process runs must show clipping
+(their norm above MAX_GRAD_NORM on some step); the one-process run is itself checked against
+plain torch (tests/test_runtime.py). Checkpoints written under one layout resume under another
+and continue the same curve, schedule included.
 """
 import json
 import os
@@ -16,12 +20,15 @@ import pytest
 pytest.importorskip("torch")
 
 from planner.catalog import get_gpu  # noqa: E402
-from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 RTOL = 1e-4
+MAX_GRAD_NORM = 1.0      # the default (torchtitan's max_norm); these models' norms exceed it
+RUN = RunOptions(steps=STEPS, warmup_steps=2, lr_decay="cosine", min_lr_ratio=0.1,
+                 max_grad_norm=MAX_GRAD_NORM)
 
 LLAMA = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
               vocab_size=128, max_seq_len=32)
@@ -39,7 +46,7 @@ def make_plan(path, model, tp=1, pp=1, dp=1, vpp=1, mbs=1, recompute_per_rank=No
                 batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=mbs,
                             num_microbatches=8 // dp // mbs),
                 stages=make_stages(4, pp, vpp, recompute_per_rank=recompute_per_rank),
-                engine="runtime")
+                engine="runtime", run=RUN)
     plan.validate()
     plan.save(path)
     return path
@@ -68,6 +75,7 @@ def assert_same_curve(got, want, steps):
         for k in ("loss", "grad_norm"):
             a, b = got[s][k], want[s][k]
             assert abs(a - b) <= RTOL * abs(b), f"step {s} {k}: {a} vs one-process {b}"
+        assert got[s]["lr"] == want[s]["lr"], s
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +100,9 @@ def baseline(work):
             assert sorted(m) == list(range(1, STEPS + 1))
             losses = [m[s]["loss"] for s in m]
             assert len({round(v, 6) for v in losses}) == STEPS   # a curve, not a constant
+            assert any(m[s]["grad_norm"] > MAX_GRAD_NORM for s in m), m   # clipping acts
+            lrs = [m[s]["lr"] for s in sorted(m)]
+            assert lrs[0] == RUN.lr / 2 and lrs[1] == RUN.lr and lrs[2] > lrs[3] > lrs[4]
             cache[name] = (m, d / "ck")
         return cache[name]
     return get

@@ -57,8 +57,8 @@ def test_readme_example_runs_as_written(tmp_path):
 
 
 def test_progress_line_on_a_terminal(tmp_path):
-    """stderr a terminal: a line per step with step/total, loss, tokens/s and ETA; the same
-    loss as the step's metrics line."""
+    """stderr a terminal: a line per step with step/total, loss, tokens/s, MFU and ETA; the
+    same loss, tokens/s and MFU as the step's metrics line."""
     import pty
     plan = make_plan(tmp_path / "p.json")
     master, slave = pty.openpty()
@@ -81,13 +81,15 @@ def test_progress_line_on_a_terminal(tmp_path):
     assert p.wait(timeout=60) == 0
     os.close(master)
     text = out.decode()
-    shown = re.findall(r"step (\d+)/3  loss ([0-9.]+)  ([0-9,]+) tok/s  "
+    shown = re.findall(r"step (\d+)/3  loss ([0-9.]+)  ([0-9,]+) tok/s  MFU ([0-9.]+)%  "
                        r"ETA ([0-9.]+ (?:s|min|h))", text)
     assert [int(s) for s, *_ in shown] == [1, 2, 3], text
     m = [json.loads(l) for l in (tmp_path / "m").read_text().splitlines() if '"step"' in l]
-    for (s, loss, _, _), rec in zip(shown, m):
+    for (s, loss, tps, mfu, _), rec in zip(shown, m):
         assert float(loss) == pytest.approx(rec["loss"], abs=1e-4)
-    assert shown[-1][3] == "0.00 s"
+        assert int(tps.replace(",", "")) == round(rec["tokens_per_s"])
+        assert float(mfu) == pytest.approx(100 * rec["mfu"], abs=0.06)
+    assert shown[-1][4] == "0.00 s"
 
 
 def test_no_progress_line_off_a_terminal(tmp_path):
@@ -105,7 +107,7 @@ def test_warns_when_the_plan_predicts_long_steps(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == [
         "runtime: warning: the plan predicts 15.0 min per step on cpux8, 30.0 min for "
-        "--steps 2; re-plan with a smaller --global-batch for quicker steps"]
+        "2 steps; re-plan with a smaller --global-batch for quicker steps"]
     # 50 s per step: no warning
     from planner.plan import Plan
 

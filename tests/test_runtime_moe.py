@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from planner.catalog import get_gpu  # noqa: E402
-from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.catalog.files import load_model_file  # noqa: E402
 from planner.specs import Cluster  # noqa: E402
 from test_runtime_dist import assert_same_curve, launch, steps_of  # noqa: E402
@@ -22,6 +22,9 @@ from test_runtime_dist import assert_same_curve, launch, steps_of  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 MOE = load_model_file(str(ROOT / "examples" / "tiny-moe.json"))   # 4 layers, the first dense
 STEPS = 4
+# warm-up, cosine decay and clipping (the runtime's defaults) over STEPS, also in a shorter run
+# (torchtitan's total_steps): its steps keep the learning rates of the whole run's
+RUN = RunOptions(steps=STEPS, warmup_steps=1, lr_schedule_steps=STEPS)
 
 
 def make_plan(path, pp=1, dp=1, ep=1, tp=1, etp=1, recompute_per_rank=None, model=MOE, **par):
@@ -30,7 +33,7 @@ def make_plan(path, pp=1, dp=1, ep=1, tp=1, etp=1, recompute_per_rank=None, mode
                 batch=Batch(seq_len=16, global_batch_size=8, micro_batch_size=1,
                             num_microbatches=8 // dp),
                 stages=make_stages(4, pp, 1, recompute_per_rank=recompute_per_rank),
-                engine="runtime")
+                engine="runtime", run=RUN)
     plan.validate()
     plan.save(path)
     return path
@@ -247,6 +250,7 @@ def one_process(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     m = steps_of(d / "m.jsonl")
     assert len({round(m[s]["loss"], 6) for s in m}) == STEPS     # a curve, not a constant
+    assert any(m[s]["grad_norm"] > RUN.max_grad_norm for s in m), m     # clipping acts
     return m
 
 

@@ -4,6 +4,10 @@
 checkpoint exists; torchrun must restart the job within a minute, the restarted workers continue
 from the last complete checkpoint, and the whole per-step curve equals an uninterrupted run's.
 Without restarts the job must end (non-zero) within a minute, and a later `--resume` continues.
+The run trains as people train (RUN: linear warm-up, cosine decay, gradients clipped at a norm
+the run's norms exceed on some steps), so "equals" covers the schedule and the clipping: the
+losses, norms and learning rates of every step, and the final parameters and AdamW state, are
+bit-identical to the uninterrupted run's.
 """
 import json
 import os
@@ -18,7 +22,7 @@ import pytest
 pytest.importorskip("torch")
 
 from planner.catalog import get_gpu  # noqa: E402
-from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
+from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -28,13 +32,18 @@ STEPS = 30
 EVERY = 4
 MODEL = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
               vocab_size=128, max_seq_len=64)
+# warm-up over 6 of the 30 steps, cosine decay to 10%; this model's pre-clip norms are ~0.5-0.65
+# at lr 8e-4 (measured): 0.55 clips some steps and not others
+RUN = RunOptions(steps=STEPS, lr=8e-4, warmup_steps=6, lr_decay="cosine", min_lr_ratio=0.1,
+                 max_grad_norm=0.55)
 
 
 def make_plan(path):
     plan = Plan(model=MODEL, cluster=Cluster("cpux2", get_gpu("cpu"), 2, 2),
                 parallelism=Parallelism(tp=1, pp=2, dp=1, schedule="1f1b"),
                 batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=2,
-                            num_microbatches=8), stages=make_stages(4, 2), engine="runtime")
+                            num_microbatches=8), stages=make_stages(4, 2), engine="runtime",
+                run=RUN)
     plan.validate()
     plan.save(path)
     return path
@@ -96,18 +105,41 @@ def uninterrupted(tmp_path_factory):
     assert p.wait(timeout=240) == 0, (d / "stderr").read_text()[-3000:]
     m = steps_of(d / "m.jsonl")
     assert sorted(m) == list(range(1, STEPS + 1))
-    return plan, m
+    lrs = [m[s]["lr"] for s in range(1, STEPS + 1)]
+    assert lrs[:6] == pytest.approx([RUN.lr * (s + 1) / 6 for s in range(6)], rel=1e-12)
+    assert all(a > b for a, b in zip(lrs[6:], lrs[7:])) and lrs[-1] > RUN.min_lr_ratio * RUN.lr
+    clipped = [m[s]["grad_norm"] > RUN.max_grad_norm for s in m]
+    assert any(clipped) and not all(clipped), clipped        # the clipping acts, not always
+    assert [m[s]["clipped"] for s in m] == clipped
+    return plan, m, final_state(d / "ck")
+
+
+def final_state(ck):
+    """Every tensor of the last checkpoint (parameters, AdamW state, schedule step)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = ck.parent / "final.pt"
+    dcp_to_torch_save(str(ck / f"step-{STEPS:08d}"), str(out))
+    return torch.load(out, weights_only=False)
 
 
 def assert_same_curve(got, want):
     assert sorted(got) == list(range(1, STEPS + 1))
     for s in got:       # same layout, same checkpointed state and RNG: identical numbers
-        assert got[s]["loss"] == want[s]["loss"], (s, got[s]["loss"], want[s]["loss"])
-        assert got[s]["grad_norm"] == want[s]["grad_norm"], s
+        for k in ("loss", "grad_norm", "lr"):
+            assert got[s][k] == want[s][k], (s, k, got[s][k], want[s][k])
+
+
+def assert_same_state(got, want):
+    import torch
+    assert sorted(got) == sorted(want) and "lr_scheduler.last_epoch" in want
+    assert int(want["lr_scheduler.last_epoch"]) == STEPS
+    for k, v in want.items():
+        assert (torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v), k
 
 
 def test_killed_rank_restarts_and_continues_exactly(tmp_path, uninterrupted):
-    plan, want = uninterrupted
+    plan, want, want_state = uninterrupted
     p = torchrun(tmp_path, plan, 1)
     try:
         killed_at = kill_after_checkpoint(tmp_path, p)
@@ -123,11 +155,12 @@ def test_killed_rank_restarts_and_continues_exactly(tmp_path, uninterrupted):
     assert resumed >= EVERY and resumed % EVERY == 0, text
     assert took < 60 and time.monotonic() - killed_at > took
     assert_same_curve(steps_of(tmp_path / "m.jsonl"), want)
+    assert_same_state(final_state(tmp_path / "ck"), want_state)
 
 
 def test_killed_rank_without_restarts_ends_the_job_then_resume_continues(tmp_path,
                                                                          uninterrupted):
-    plan, want = uninterrupted
+    plan, want, want_state = uninterrupted
     p = torchrun(tmp_path, plan, 0)
     try:
         killed_at = kill_after_checkpoint(tmp_path, p)
@@ -142,12 +175,13 @@ def test_killed_rank_without_restarts_ends_the_job_then_resume_continues(tmp_pat
     assert p.wait(timeout=240) == 0, (tmp_path / "stderr").read_text()[-3000:]
     assert "resumed from" in (tmp_path / "stdout").read_text()
     assert_same_curve(steps_of(tmp_path / "m.jsonl"), want)
+    assert_same_state(final_state(tmp_path / "ck"), want_state)
 
 
 def test_stalled_rank_fails_the_job_after_timeout(tmp_path, uninterrupted):
     """A rank that stops (SIGSTOP) mid-run: the others give up after --timeout seconds, not
     after minutes."""
-    plan, _ = uninterrupted
+    plan, _, _ = uninterrupted
     p = torchrun(tmp_path, plan, 0, "--timeout", "5")      # the last --timeout counts
     err = tmp_path / "stderr"
     try:
