@@ -157,13 +157,15 @@ def plan_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fixed(a) -> Fixed:
+def _fixed(a, engine=None) -> Fixed:
     vpp = a.vpp
     schedule = a.schedule
     if vpp and vpp > 1 and schedule is None:
         schedule = "interleaved"
     pp = a.pp if a.pp is not None or a.stage_layers is None else len(a.stage_layers)
     recompute = a.recompute or ("selective" if a.recompute_modules else None)
+    if engine is not None and not a.recompute_modules:
+        recompute = engine.native_recompute(recompute)   # torchtitan's "selective" is "op"
     return Fixed(tp=a.tp, pp=pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=recompute, recompute_modules=a.recompute_modules, sp=a.sp,
                  schedule=schedule,
@@ -280,7 +282,7 @@ def run_plan(argv) -> int:
             raise BadInput(f"--profile measures our runtime; it cannot price {engine.name}")
         from planner.profile import apply_profile
         cluster, engine, model_notes = apply_profile(profile, cluster, model)
-    fixed = _fixed(a)
+    fixed = _fixed(a, engine)
     with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
         try:
             # the rejected layouts are only for the text output's Alternatives table

@@ -14,7 +14,6 @@ from planner import validity as V
 from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import PADDED_DISPATCHERS
 from planner.engines import get_engine
-from planner.engines.spec import EQUAL_SPLIT
 from planner.errors import BadInput
 from planner.precision import precision_problem
 from planner.problem import Problem
@@ -61,7 +60,7 @@ def engine_fixed_problems(engine, f):
 
 def check_engine(engine, f) -> None:
     """Exit-2 errors for fixed values the engine cannot run."""
-    for problem in engine_fixed_problems(engine, f):
+    for problem in map(lambda x: V.cited(x, engine), engine_fixed_problems(engine, f)):
         raise BadInput(problem.line)
 
 
@@ -79,8 +78,14 @@ def _known_pp(cluster, f, engine):
 
 def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
     """The Problems of the fixed values (planner.search.Fixed) that can never work, in the
-    order they are checked (a later check may assume an earlier one passed)."""
+    order they are checked (a later check may assume an earlier one passed), each with the
+    engine source that refuses it (planner.validity.cited)."""
     eng = get_engine(engine)
+    for problem in _fixed_problems(model, cluster, f, seq_len, gbs, eng):
+        yield V.cited(problem, eng)
+
+
+def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
     if f.moe_imbalance != 1.0:
         if not (f.moe_imbalance >= 1.0 and math.isfinite(f.moe_imbalance)):
             yield _p("moe_imbalance", ("moe_imbalance",),
@@ -177,9 +182,10 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         if v is not None and n % v:
             yield _p("divides_cluster", (name,), f"--{name} {v} does not divide the cluster's "
                                                  f"{n} GPUs")
-    if f.tp is not None and not V.tp_ok(model, f.tp):
+    if f.tp is not None and not V.tp_ok(model, f.tp, engine=eng):
         yield _p("tp_splits_model", ("tp",), f"--tp {f.tp} does not divide the model's "
-                 f"{V.and_list(V.tp_blockers(model, f.tp))}")
+                 f"{V.and_list(V.tp_blockers(model, f.tp, engine=eng))}",
+                 V.tp_split_source(eng, model, f.tp))
     if f.tp is not None and not eng.tp_fits(cluster, f.tp):
         yield _p("tp_in_domain", ("tp", "cluster"),
                  f"--tp {f.tp} would split tensor-parallel groups over nodes of "
@@ -217,11 +223,6 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         problem = V.zero_under_pp_problem(eng, f.zero, f"--zero {f.zero} with {how}")
         if problem:
             yield problem
-    if pp is not None and f.stage_layers is None:
-        problem = V.equal_split_problem(eng, model.num_layers, pp, n)
-        if problem:
-            yield _p(problem.rule, problem.knobs, f"{how}: {problem.message}", problem.source,
-                     problem.fix)
     if f.dp is not None and not V.batch_ok(gbs, f.dp):
         yield _p("batch_splits", ("global_batch", "dp"),
                  f"--global-batch {gbs} is not divisible by --dp {f.dp}")
@@ -244,7 +245,7 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
                      "--stage-layers needs --pp (one count per pipeline rank)")
         else:
             problems = V.split_blockers(model.num_layers, f.pp, f.vpp or 1, f.stage_layers,
-                                        eng.stage_layers == EQUAL_SPLIT)
+                                        eng)
             if problems:
                 yield _p("stage_layers", ("stage_layers",),
                          f"--stage-layers {','.join(map(str, f.stage_layers))}: "

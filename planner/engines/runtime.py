@@ -73,7 +73,12 @@ RUNTIME = Engine(
              ("mla_with_tp", "runtime/parallelize.py apply_tp (MLA at tp 1 only)"),
              ("moe_tp_needs_sp", "runtime/expert.py (tokens enter the MoE layer split over tp)"),
              ("etp", "runtime/expert.py (each expert split over the tp ranks: etp = tp)"),
-             ("cp", "planner/engines/runtime.py (PyTorch's context_parallel is not wired)")),
+             ("cp", "planner/engines/runtime.py (PyTorch's context_parallel is not wired)"),
+             ("vocab_split", "runtime/pipeline.py loss_fn (a vocabulary tp does not divide "
+                             "falls back to the full logits, full_tensor(), which the plan's "
+                             "vocabulary-parallel loss does not count)"),
+             ("tp_splits_model", "runtime/model.py Attention / runtime/tensor_parallel.py "
+                                 "(local heads and FFN columns are the model's over tp)")),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

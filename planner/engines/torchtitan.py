@@ -52,6 +52,14 @@ TORCHTITAN = Engine(
     pp_keeps_unsharded_grads=True,   # torch's PipelineStage with FSDP2, as it is
     schedules=("gpipe", "1f1b", "interleaved"), stage_layers=ANY_SPLIT,
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
+    # [activation_checkpoint] mode "selective" with selective_ac_option "op" is the per-op
+    # policy priced as "op" (torchtitan/distributed/activation_checkpoint.py: "Valid options:
+    # 'op' or a positive int representing layer frequency")
+    recompute_aliases=(("selective", "op"),),
+    # tok_embeddings RowwiseParallel and output ColwiseParallel (torchtitan/models/llama3/
+    # parallelize.py apply_tp) shard the vocabulary as DTensor does, unevenly where tp does
+    # not divide it (placement_types.py MaskPartial; loss_parallel likewise)
+    vocab_split="uneven",
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and
