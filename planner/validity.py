@@ -115,6 +115,9 @@ RULE_SOURCES = {
     "sp_splits_sequence": "megatron/core/tensor_parallel/mappings.py "
                           "_reduce_scatter_along_first_dim (the sequence divisible by tp)",
     "stage_layers": "megatron/training/arguments.py --pipeline-model-parallel-layout",
+    "tp_splits_model": "megatron/core/transformer/attention.py / megatron/core/tensor_parallel/"
+                       "layers.py: divide() asserts tp divides the heads, query groups and FFN "
+                       "(megatron/core/utils.py ensure_divisibility)",
     "stage_layers_need_pp": "megatron/training/arguments.py --pipeline-model-parallel-layout "
                             "(one stage per pipeline rank)",
     "stages": "megatron/core/transformer/pipeline_parallel_layer_layout.py (contiguous stages "
@@ -129,6 +132,17 @@ RULE_SOURCES = {
     "precision_on_gpu": "Transformer Engine docs, \"Using FP8 and FP4 with Transformer "
                         "Engine\"; NVIDIA and AMD datasheets (planner.precision ARCHS)",
 }
+
+# the rules of what one engine offers (its spec's data): cited by the engine's own statement
+# (Engine.sources) or else its options (ENGINE_OPTIONS)
+ENGINE_RULES = frozenset((
+    "engine_tp", "engine_pp", "engine_sp", "engine_schedule", "engine_recompute",
+    "engine_recompute_modules", "engine_dispatcher", "engine_moe", "engine_capacity_factor",
+    "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
+    "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
+    "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
+    "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
+    "tp_splits_model"))
 
 # where each engine lists what it runs: the citation of a rule of what it offers at all
 ENGINE_OPTIONS = {
