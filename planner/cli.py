@@ -24,6 +24,7 @@ from planner.explain import (alternatives, describe_candidate, ensure_estimate,
 from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
+from planner.vocab import SCHEDULES, schedule_name
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
 
@@ -112,7 +113,7 @@ def plan_parser() -> argparse.ArgumentParser:
                         "core_attn, or searched for the engine)")
     p.add_argument("--sp", dest="sp", action="store_true", default=None)
     p.add_argument("--no-sp", dest="sp", action="store_false")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"))
+    p.add_argument("--schedule", type=schedule_name, choices=SCHEDULES)
     p.add_argument("--top", type=_positive("--top"), default=5, help="alternatives to show")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
     p.add_argument("--out", help="write the plan JSON to this file")

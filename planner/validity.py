@@ -20,7 +20,10 @@ the way every consumer of a plan lays them out:
 
 * tensor parallelism splits the attention heads, the FFN and the vocabulary; the KV heads are
   split too, or (the runtime's grouped-query layout) replicated when they divide tp. The
-  search keeps to splitting them (`tp_ok`), which every engine runs;
+  search keeps to splitting them (`tp_ok`), which every engine runs. The vocabulary is the
+  engine's (Engine.vocab_split): Megatron-LM and Megatron-DeepSpeed pad it to a multiple of
+  128 x tp and the plan is priced padded (Engine.built_model), torchtitan's DTensor shards it
+  unevenly, our runtime needs tp to divide it (its vocabulary-parallel loss);
 * a tp group sits inside the engine's TP domain (ranks are laid out tp innermost; the NVLink
   domain, or the host for engines that place TP per host: Engine.tp_domain): tp divides it
   whenever the job spans more than one;
@@ -34,13 +37,18 @@ the way every consumer of a plan lays them out:
   the GQA groups divisible by cp);
 * the model has a position for every token: seq_len <= max_seq_len with learned positions and
   with rope (the runtime's rule; ALiBi extrapolates);
-* every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers;
+* every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers; any pp
+  up to the layers (`pp_allowed`): Megatron's layout and torchtitan's module lists place any
+  contiguous split, DeepSpeed's PipelineModule the splits its partition methods give
+  (`engine_partitions`: BLOOM-176B's 70 layers over 12 stages);
 * the global batch splits over data parallelism and micro-batches: dp * mbs * m == global batch;
 * interleaved 1F1B: torch's ScheduleInterleaved1F1B runs m micro-batches in rounds of
   max(1, m // pp), so m is a multiple of the rounds (`torch_interleaved_ok`); the search offers
   only m % pp == 0 (Megatron's rule, `interleaved_ok`), which implies it.
 
-The predicates are cheap (the search calls them per candidate); `plan_problems` renders the
+Every Problem carries the engine source that states it (`cited`: the engine's own statement,
+RULE_SOURCES for the rules every engine states alike, the engine's options for what it offers
+at all). The predicates are cheap (the search calls them per candidate); `plan_problems` renders the
 problems of a Plan one line each (Plan.validate raises the first; with runner="runtime" the
 runtime refuses with it before any work); `launch_problems` adds what depends on how the
 runtime was launched. Pure Python: no torch, no numpy.

@@ -9,6 +9,13 @@ costs is the cost model's (planner.cost.*); which names an engine runs is its sp
 # pipeline schedules (planner.cost.schedule prices them; an engine's `schedules` names those
 # it runs)
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# the engines' own names for them, case-insensitive: torchtitan's [parallelism]
+# pipeline_parallel_schedule "GPipe", "1F1B", "Interleaved1F1B" (torch.distributed.pipelining
+# ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B); Megatron's interleaved schedule is
+# its virtual pipeline (--num-virtual-stages-per-pipeline-rank); DeepSpeed's TrainSchedule is
+# its 1F1B (deepspeed/runtime/pipe/schedule.py)
+SCHEDULE_ALIASES = {"interleaved1f1b": "interleaved", "interleaved_1f1b": "interleaved",
+                    "virtual": "interleaved", "trainschedule": "1f1b"}
 # activation recompute modes: none, "selective" (the modules of RECOMPUTE_MODULES asked for),
 # "full" (every layer's forward again), "op" (planner.cost.compute.op_recomputed_gemms)
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -33,3 +40,10 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 # attention core (Korthikanti et al. 2022; Megatron's --recompute-modules default,
 # megatron/core/transformer/transformer_config.py)
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+
+def schedule_name(name: str) -> str:
+    """A pipeline schedule named as this planner or an engine names it (SCHEDULE_ALIASES),
+    as the planner's name; an unknown name comes back as given (lowercased) to be refused."""
+    key = str(name).strip().lower()
+    return SCHEDULE_ALIASES.get(key, key)

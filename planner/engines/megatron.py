@@ -93,8 +93,11 @@ MEGATRON = Engine(
     vocab_split="pad", vocab_pad_multiple=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
     moe_tp_needs_sp=True,   # megatron/training/arguments.py: "sequence parallel must be used
     # with MoE and tensor parallel"
-    sources=(("zero_with_pp", "megatron/training/arguments.py (Megatron-FSDP, ZeRO 2-3, does "
-                              "not combine with pipeline parallelism)"),
+    sources=(("zero_with_pp", "megatron/training/arguments.py (\"--use-torch-fsdp2 is not "
+                              "supported with pipeline parallelism\"); Megatron-FSDP likewise: "
+                              "\"FSDP and PP are mutually exclusive in Megatron's standard "
+                              "path\" (examples/multimodal_dev/scripts/run_qwen35_vl.sh, "
+                              "NVIDIA/Megatron-LM#6081)"),
              ("stage_layers", "megatron/training/arguments.py --pipeline-model-parallel-layout"),
              ("tp_splits_model", "megatron/core/tensor_parallel/layers.py ColumnParallelLinear / "
                                  "megatron/core/transformer/attention.py: divide() asserts tp "
