@@ -186,7 +186,14 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
         yield _p("tp_splits_model", ("tp",), f"--tp {f.tp} does not divide the model's "
                  f"{V.and_list(V.tp_blockers(model, f.tp, engine=eng))}",
                  V.tp_split_source(eng, model, f.tp))
-    if f.tp is not None and not eng.tp_fits(cluster, f.tp):
+    if f.tp is not None and f.tp_comm_overlap and eng.tp_comm_overlap and (f.sp is not False) \
+            and not V.tp_comm_overlap_fits(eng, cluster, f.tp, cluster.num_gpus):
+        yield _p("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
+                 f"--tp {f.tp} groups span NVLink domains of {cluster.nvlink_domain} GPUs: "
+                 f"{eng.name} runs them, but not with its TP communication overlap "
+                 f"(Transformer Engine's userbuffers run inside one domain)",
+                 fix="plan with --no-tp-comm-overlap")
+    if f.tp is not None and not eng.tp_runs(cluster, f.tp):
         yield _p("tp_in_domain", ("tp", "cluster"),
                  f"--tp {f.tp} would split tensor-parallel groups over nodes of "
                  f"{eng.tp_domain(cluster)} GPUs (tp must divide the GPUs per node)")

@@ -130,6 +130,9 @@ RULE_SOURCES = {
                             "(one stage per pipeline rank)",
     "stages": "megatron/core/transformer/pipeline_parallel_layer_layout.py (contiguous stages "
               "covering every layer)",
+    "tp_comm_overlap_in_domain": "transformer_engine/common/comm_gemm_overlap/userbuffers/"
+                                 "userbuffers-host.cpp create_communicator_grouped2 (the "
+                                 "tensor-parallel group inside a node or an MNNVL clique)",
     "tp_in_domain": "megatron/core/parallel_state.py (tp innermost: a tp group is consecutive "
                     "ranks, so it spans domains unless tp divides them); NCCL over NVLink",
     "zero_known": "deepspeed/runtime/zero/config.py ZeroStageEnum (stages 0-3)",
@@ -395,6 +398,14 @@ def tp_allowed(engine, cluster, model, tp: int) -> bool:
     model, and MLA only where the engine splits it."""
     return (tp <= engine.tp_limit(cluster) and engine.tp_fits(cluster, tp)
             and tp_ok(model, tp, engine=engine) and not mla_tp_problem(engine, model, tp))
+
+
+def tp_comm_overlap_fits(engine, cluster, tp: int, world_size: int) -> bool:
+    """Megatron's --tp-comm-overlap (Transformer Engine userbuffers) runs a tp group inside one
+    NVLink domain (transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp
+    create_communicator_grouped2: the tensor group among a node's GPUs, or an MNNVL clique)."""
+    return (tp <= 1 or world_size <= cluster.nvlink_domain
+            or cluster.nvlink_domain % tp == 0)
 
 
 def tp_split_source(engine, model, tp: int) -> str:
@@ -762,9 +773,14 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     if problem:
         add("tp_splits_model", ("tp",), problem, tp_split_source(engine, m, p.tp))
     domain = engine.tp_domain(c) if engine is not None else c.gpus_per_node
-    problem = node_problem(p.tp, p.world_size, domain, p.rank_order)
+    problem = node_problem(p.tp, p.world_size, domain, p.rank_order) \
+        if engine is None or not engine.tp_runs(c, p.tp) else None
     if problem:
         add("tp_in_domain", ("tp", "cluster"), problem)
+    if p.tp_comm_overlap and not tp_comm_overlap_fits(engine, c, p.tp, p.world_size):
+        add("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
+            f"tp_comm_overlap with tp {p.tp} groups spanning NVLink domains of {c.nvlink_domain} "
+            f"GPUs (Transformer Engine's userbuffers overlap runs inside one)")
     if p.sequence_parallel and p.tp > 1 and b.seq_len % (p.tp * p.cp):
         add("sp_splits_sequence", ("sequence_parallel", "seq_len"),
             f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"

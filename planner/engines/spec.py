@@ -344,6 +344,16 @@ class Engine:
             return model
         return replace(model, vocab_size=vocab)
 
+    def tp_runs(self, cluster, tp: int) -> bool:
+        """The engine runs tp groups of `tp` ranks on this cluster at all: inside one host where
+        it places TP per host (our runtime: runtime/train.py check_world), anywhere for the
+        others -- Megatron-Core's tp groups are consecutive ranks and span nodes where tp
+        exceeds them (megatron/core/parallel_state.py; Narayanan et al. 2021 ran tp 16 and 32
+        on 8-GPU DGX A100 nodes, Megatron-LM examples/academic_paper_scripts/sc21/
+        run_figure_15.sh), priced over the inter-node links (planner.cost.comm.group_link).
+        Where the search looks for tp is `tp_fits` / `tp_limit`, a search choice."""
+        return self.tp_fits(cluster, tp) or not self.tp_within_host
+
     def source_of(self, rule: str, default: str = "") -> str:
         """The file or document where this engine states `rule` (`sources`)."""
         return dict(self.sources).get(rule, default)
