@@ -50,9 +50,11 @@ ARCHS = {"fp8": ("hopper", "blackwell", "cdna3", "cdna4"), "mxfp8": ("blackwell"
 #   (15000 each) (GB300 NVL72 product page).
 # - MI300X, MI325X: FP8 2614.9 TFLOP/s dense, 5229.8 with sparsity (AMD Instinct MI300X and
 #   MI325X datasheets; 304 CUs x 4096 FP8 FLOPs a clock x 2.1 GHz).
-# - MI355X: 5033.2 dense: 256 CUs (8 XCDs of 32) x 8192 FP8 FLOPs a clock (AMD at ISSCC 2026:
-#   per-CU FP8 doubled from MI300X's 4096 to 8192, "five petaflops") x 2.4 GHz peak engine
-#   clock (AMD Instinct MI355X, Hot Chips 2025); AMD's MI355X datasheet gives 5.0 PFLOP/s.
+# - MI355X: 5033.2 dense: 256 CUs (8 XCDs of 32 active CUs) x 8192 FP8 FLOPs a clock (AMD at
+#   ISSCC 2026: per-CU FP8 doubled from MI300X's 4096 to 8192, "five petaflops" of FP8) x
+#   2.4 GHz peak engine clock (AMD Instinct MI350 series at Hot Chips 2025: MI355X 1400 W,
+#   2.4 GHz). Its MXFP8 / MXFP6 / MXFP4 formats are not offered here: no engine row or recipe
+#   for them on CDNA 4 is cited yet (planner.precision prices NVIDIA's NVFP4, not MXFP4).
 LOW_PRECISION_PEAK_TFLOPS = {
     "mi300x": {"fp8": 2614.9},
     "mi325x": {"fp8": 2614.9},

@@ -128,7 +128,8 @@ GPUS = {
                   internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # MI355X (CDNA 4, OAM, 8-GPU platform): 288 GB HBM3E at 8000 GB/s (AMD Instinct MI355X
     # datasheet); bf16 2516.6 TFLOP/s dense, half its FP8 5033.2 (planner.precision: 256 CUs x
-    # 8192 FP8 FLOPs a clock x 2.4 GHz; AMD gives 2.5 PFLOP/s FP16/BF16). Memory 288 x
+    # 8192 FP8 FLOPs a clock x 2.4 GHz; CDNA 3 and 4 run bf16 at half the FP8 rate, as the
+    # MI300X datasheet's 1307.4 / 2614.9). Memory 288 x
     # (191.7 / 192) = 287.5 GiB, an estimate. xGMI, inter-node (a 400 Gb/s NIC per GPU) and
     # efficiencies: MI300X's, estimates until profiled.
     "mi355x": Gpu("mi355x", peak_tflops=2516.6, memory_gib=287.5, hbm_gbps=8000.0,
