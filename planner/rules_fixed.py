@@ -60,7 +60,7 @@ def engine_fixed_problems(engine, f):
 
 def check_engine(engine, f) -> None:
     """Exit-2 errors for fixed values the engine cannot run."""
-    for problem in map(lambda x: V.cited(x, engine), engine_fixed_problems(engine, f)):
+    for problem in engine_fixed_problems(engine, f):
         raise BadInput(problem.line)
 
 

@@ -24,9 +24,11 @@ the way every consumer of a plan lays them out:
   engine's (Engine.vocab_split): Megatron-LM and Megatron-DeepSpeed pad it to a multiple of
   128 x tp and the plan is priced padded (Engine.built_model), torchtitan's DTensor shards it
   unevenly, our runtime needs tp to divide it (its vocabulary-parallel loss);
-* a tp group sits inside the engine's TP domain (ranks are laid out tp innermost; the NVLink
-  domain, or the host for engines that place TP per host: Engine.tp_domain): tp divides it
-  whenever the job spans more than one;
+* a tp group sits inside one host for an engine that places TP per host (our runtime:
+  Engine.tp_runs; ranks are laid out tp innermost): tp divides it whenever the job spans more
+  than one. Megatron, DeepSpeed and torchtitan run tp groups over nodes too (priced over the
+  inter-node links), Megatron's TP communication overlap only inside an NVLink domain
+  (`tp_comm_overlap_fits`); the search looks for tp inside the domain (Engine.tp_limit);
 * sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0
   (with context parallelism, each cp rank's s/cp tokens over tp);
 * context parallelism (cp > 1) splits each sequence into 2*cp chunks for the causal load
@@ -48,10 +50,10 @@ the way every consumer of a plan lays them out:
 
 Every Problem carries the engine source that states it (`cited`: the engine's own statement,
 RULE_SOURCES for the rules every engine states alike, the engine's options for what it offers
-at all). The predicates are cheap (the search calls them per candidate); `plan_problems` renders the
-problems of a Plan one line each (Plan.validate raises the first; with runner="runtime" the
-runtime refuses with it before any work); `launch_problems` adds what depends on how the
-runtime was launched. Pure Python: no torch, no numpy.
+at all). The predicates are cheap (the search calls them per candidate); `plan_problems`
+renders the problems of a Plan one line each (Plan.validate raises the first; with
+runner="runtime" the runtime refuses with it before any work); `launch_problems` adds what
+depends on how the runtime was launched. Pure Python: no torch, no numpy.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ others balance the layers' weights (partition_balanced): the stages' decoder lay
 at most one (BALANCED_SPLIT; BLOOM-176B ran 70 layers over 12 stages). The export names the
 method that gives the plan's split.
 The vocabulary: Megatron-DeepSpeed pads it to a multiple of --make-vocab-size-divisible-by
-(128) x tp as Megatron-LM (megatron/tokenizer/tokenizer.py _vocab_size_with_padding). Recompute: activation_checkpoint_interval = 1 checkpoints every layer
+(128) x tp as Megatron-LM (megatron/tokenizer/tokenizer.py _vocab_size_with_padding).
+Recompute: activation_checkpoint_interval = 1 checkpoints every layer
 (no per-stage count); selective recompute is Megatron-DeepSpeed's model-code option for every
 layer. Gradient reduction overlaps backward with zero_optimization.overlap_comm (the export sets
 it); the parameter all-gather after the step is not overlapped with the next forward.
