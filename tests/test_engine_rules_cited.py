@@ -377,3 +377,18 @@ def test_runtime_keeps_tp_inside_a_host(tmp_path, capsys):
     code, _, err = run(capsys, "--model", model, "--engine", "runtime", "--cluster", "a100x64",
                        "--tp", 16, "--no-tp-comm-overlap", limit_s=60)
     one_line(code, err, 2, "tp must divide the GPUs per node")
+
+
+def test_plan_refusals_carry_a_source(tmp_path):
+    """The rules of a whole plan (rule_problems, engine_problems) cite their engine too."""
+    import dataclasses
+    plan = _bloom_plan(tmp_path, [4] + [6] * 11)
+    bad = dataclasses.replace(
+        plan, parallelism=dataclasses.replace(plan.parallelism, schedule="gpipe", zero_stage=3,
+                                              tp_comm_overlap=False),
+        precision="nvfp4")
+    problems = V.rule_problems(bad) + V.runner_problems(bad, get_engine("deepspeed")) \
+        + V.runner_problems(bad, get_engine("runtime")) + V.runner_problems(bad, get_engine("fsdp"))
+    assert len(problems) >= 5
+    for problem in problems:
+        assert problem.source.strip(), problem
