@@ -26,8 +26,8 @@ ANY_SPLIT = "any"         # any contiguous split (Megatron's layout, torchtitan'
 # 'type:<regex>' are partition_balanced over the layers' weights, e.g. BLOOM-176B's 70 layers
 # over 12 stages as 5, 6 x 10, 5 with 'type:transformer|embedding')
 BALANCED_SPLIT = "balanced"
-# the name planner.search reads (`engine.stage_layers == EQUAL_SPLIT`: it places such an
-# engine's layers by planner.layout.even_split only, itself a balanced split)
+# the old name, still read by planner.search (`engine.stage_layers == EQUAL_SPLIT`: it places
+# such an engine's layers without searching the split); the lead renames it there
 EQUAL_SPLIT = BALANCED_SPLIT
 
 
@@ -116,7 +116,7 @@ class Engine:
     max_tp: int | None              # None: up to a node; 1: no tensor parallelism
     sp_choices: tuple               # sequence-parallel settings it offers with tp > 1
     schedules: tuple                # pipeline schedules with pp > 1 (empty: no pipelining)
-    stage_layers: str               # ANY_SPLIT | EQUAL_SPLIT
+    stage_layers: str               # ANY_SPLIT | BALANCED_SPLIT (its partition methods)
     # granularities it offers, each with how many layers of a rank it may cover:
     # (("full", PER_CHUNK), ("selective", ALL_OR_NONE)), ...; "op" is torchtitan's per-op policy
     recompute: tuple
