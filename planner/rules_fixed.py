@@ -257,9 +257,10 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
                 yield _p("stage_layers", ("stage_layers",),
                          f"--stage-layers {','.join(map(str, f.stage_layers))}: "
                          f"{V.and_list(problems)}")
-    if f.sp and f.tp == 1:
-        yield _p("sp_needs_tp", ("sequence_parallel", "tp"), "--sp needs --tp > 1")
-    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len, f.cp or 1):
+    # --sp with --tp 1 is not refused: Megatron disables sequence parallelism at tp 1 with a
+    # warning (megatron/training/arguments.py: "Disabling sequence parallelism because tensor
+    # model parallelism is disabled"), and the search plans tp 1 without it
+    if f.sp and f.tp is not None and f.tp > 1 and not V.sp_ok(f.tp, seq_len, f.cp or 1):
         k = f.tp * (f.cp or 1)
         yield _p("sp_splits_sequence", ("sequence_parallel", "seq_len"),
                  f"--sp shards the sequence over --tp {f.tp}: --seq-len {seq_len} is not "

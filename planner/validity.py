@@ -121,7 +121,6 @@ RULE_SOURCES = {
     "priced_for_engine": "planner/engines/<engine>.py (a plan is priced for one engine)",
     "recompute_modules_need_selective": "megatron/training/arguments.py (--recompute-modules "
                                         "with --recompute-granularity selective)",
-    "sp_needs_tp": "megatron/training/arguments.py (sequence parallelism is disabled at tp 1)",
     "sp_splits_sequence": "megatron/core/tensor_parallel/mappings.py "
                           "_reduce_scatter_along_first_dim (the sequence divisible by tp)",
     "stage_layers": "megatron/training/arguments.py --pipeline-model-parallel-layout",
