@@ -37,8 +37,8 @@ the way every consumer of a plan lays them out:
   runs on flash/fused attention kernels only (TE's and torch's CP attention); Ulysses (a2a)
   splits the heads of a TP rank over cp: (KV heads / tp) % cp == 0 (TE asserts the heads and
   the GQA groups divisible by cp);
-* the model has a position for every token: seq_len <= max_seq_len with learned positions and
-  with rope (the runtime's rule; ALiBi extrapolates);
+* the model has a position for every token: seq_len <= max_seq_len with learned positions (a
+  table of that many rows; rope and ALiBi are computed for any length);
 * every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers; any pp
   up to the layers (`pp_allowed`): Megatron's layout and torchtitan's module lists place any
   contiguous split, DeepSpeed's PipelineModule the splits its partition methods give
@@ -112,9 +112,9 @@ RULE_SOURCES = {
     "moe_imbalance": "planner input (--moe-imbalance is the planner's own pricing knob)",
     "moe_imbalance_needs_moe": "planner input (--moe-imbalance is the planner's own pricing "
                                "knob)",
-    "positions": "runtime/model.py (rope and learned positions up to max_seq_len); "
-                 "megatron/core/models/common/embeddings (learned position table of "
-                 "max_position_embeddings rows)",
+    "positions": "megatron/core/models/common/embeddings/language_model_embedding.py (the "
+                 "learned position table of max_position_embeddings rows); runtime/model.py "
+                 "pos_embeddings",
     "pp_layers": "megatron/core/transformer/transformer_block.py get_num_layers_to_build (every "
                  "pipeline rank and virtual stage builds at least one layer); "
                  "deepspeed/runtime/pipe/module.py",
@@ -263,9 +263,13 @@ def cp_problems(model, seq_len: int, tp: int, cp: int, comm_type: str, flash: bo
 
 
 def has_positions(model, seq_len: int) -> bool:
-    """Learned positions are a table of max_seq_len rows; the runtime also refuses rope beyond
-    max_seq_len. ALiBi has no limit here."""
-    return seq_len <= model.max_seq_len or model.position not in ("learned", "rope")
+    """Learned positions are a table of max_seq_len rows (Megatron's learned_absolute
+    embedding, our runtime's pos_embeddings: runtime/model.py). RoPE and ALiBi have no table:
+    every engine computes them for the sequence it trains (runtime/model.py rope_cos_sin(s);
+    Megatron's RotaryEmbedding for --max-position-embeddings, which its export sets to the
+    sequence), as Megatron-Bridge's llama3_8b_16k/64k/128k recipes train Llama 3 8B (8192
+    positions) at 16K-128K tokens."""
+    return seq_len <= model.max_seq_len or model.position != "learned"
 
 
 def pp_ok(model, pp: int, vpp: int = 1) -> bool:
@@ -793,8 +797,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     if not bad_batch:
         problem = positions_problem(m, b.seq_len)
         if problem:
-            add("positions", ("seq_len",), problem, "runtime/model.py (rope and learned "
-                                                    "positions up to max_seq_len)")
+            add("positions", ("seq_len",), problem)
         if b.micro_batch_size * b.num_microbatches * p.dp != b.global_batch_size:
             add("batch_splits", ("micro_batch_size", "num_microbatches", "dp"),
                 f"micro_batch_size {b.micro_batch_size} x num_microbatches "

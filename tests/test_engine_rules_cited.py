@@ -392,3 +392,19 @@ def test_plan_refusals_carry_a_source(tmp_path):
     assert len(problems) >= 5
     for problem in problems:
         assert problem.source.strip(), problem
+
+
+# ---- positions -------------------------------------------------------------------------------
+
+def test_rope_beyond_the_configs_positions_plans(capsys):
+    """Megatron-Bridge's llama3_8b_16k recipe (llama3_8b_pretrain_16gpu_h100_bf16_16k: Meta-
+    Llama-3-8B, max_position_embeddings 8192, at seq_length 16384, TP 4 PP 2 CP 2 SP on 16
+    H100): refused before ("--seq-len 16384 exceeds the model's 8192 rope positions"). RoPE has
+    no position table; learned positions still bound the sequence."""
+    code, out, err = run(capsys, "--model", "llama3-8b", "--cluster", "h100x16", "--tp", 4,
+                         "--pp", 2, "--cp", 2, "--sp", "--seq-len", 16384, "--global-batch", 64,
+                         "--json", limit_s=60)
+    assert code == 0, err
+    code, _, err = run(capsys, "--model", "gpt3", "--cluster", "h100x8", "--seq-len", 4096,
+                       "--global-batch", 8)
+    one_line(code, err, 2, "exceeds the model's 2048 learned positions")
