@@ -29,6 +29,7 @@ from planner.errors import BadInput
 from planner.bounds import divisors
 from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.catalog.hf import model_from_hf_config
+from planner.engines import get_engine
 from planner.validity import tp_ok
 
 # Catalog models on clusters a user would typically give them.
@@ -91,9 +92,9 @@ def fsdp(model, cluster, seq, gbs, flash) -> Outcome:
 
 def megatron(model, cluster, seq, gbs, flash) -> Outcome:
     tp = min(cluster.gpus_per_node, cluster.num_gpus)
-    if not tp_ok(model, tp):
+    if not tp_ok(model, tp, engine=get_engine("megatron")):   # Megatron pads the vocabulary
         return Outcome(why=f"not divisible: tp={tp} (GPUs per node) does not divide the heads "
-                           f"({model.num_heads}/{model.num_kv_heads} KV), FFN or vocabulary")
+                           f"({model.num_heads}/{model.num_kv_heads} KV) or FFN")
     if cluster.num_gpus % tp:
         return Outcome(why=f"not divisible: tp={tp} does not divide {cluster.num_gpus} GPUs")
     last = Outcome(why="no pipeline degree divides the cluster and the batch")

@@ -26,7 +26,7 @@ from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
 from planner.precision_choice import AUTO, choice_record, search_formats
-from planner.vocab import SCHEDULES
+from planner.vocab import SCHEDULES, schedule_name
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
 
@@ -115,7 +115,7 @@ def plan_parser() -> argparse.ArgumentParser:
                         "core_attn, or searched for the engine)")
     p.add_argument("--sp", dest="sp", action="store_true", default=None)
     p.add_argument("--no-sp", dest="sp", action="store_false")
-    p.add_argument("--schedule", choices=SCHEDULES,
+    p.add_argument("--schedule", type=schedule_name, choices=SCHEDULES,
                    help="pipeline schedule; interleaved-zb, zbv and dualpipev are torch's "
                         "zero-bubble ones (planner.vocab), zbv and dualpipev with 2 chunks per rank")
     p.add_argument("--top", type=_positive("--top"), default=5, help="alternatives to show")
@@ -162,13 +162,15 @@ def plan_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fixed(a) -> Fixed:
+def _fixed(a, engine=None) -> Fixed:
     vpp = a.vpp
     schedule = a.schedule
     if vpp and vpp > 1 and schedule is None:
         schedule = "interleaved"
     pp = a.pp if a.pp is not None or a.stage_layers is None else len(a.stage_layers)
     recompute = a.recompute or ("selective" if a.recompute_modules else None)
+    if engine is not None and not a.recompute_modules:
+        recompute = engine.native_recompute(recompute)   # torchtitan's "selective" is "op"
     return Fixed(tp=a.tp, pp=pp, dp=a.dp, zero=a.zero, mbs=a.micro_batch, vpp=vpp,
                  recompute=recompute, recompute_modules=a.recompute_modules, sp=a.sp,
                  schedule=schedule,
@@ -285,10 +287,10 @@ def run_plan(argv) -> int:
             raise BadInput(f"--profile measures our runtime; it cannot price {engine.name}")
         from planner.profile import apply_profile
         cluster, engine, model_notes = apply_profile(profile, cluster, model)
-    fixed = _fixed(a)
     if a.precision == AUTO and a.recipe:
         raise BadInput("--recipe names the recipe of a fixed --precision; --precision auto "
                        "tries every recipe the engine offers")
+    fixed = _fixed(a, engine)
     with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
         try:
             # the rejected layouts are only for the text output's Alternatives table

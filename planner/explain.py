@@ -167,7 +167,7 @@ def not_divisible(model, cluster, fixed, global_batch: int, engine=None) -> list
     if fixed is None or fixed.tp is None:
         by_reason = {}
         for tp in (t for t in divisors(n) if 2 <= t and eng.tp_fits(cluster, t)):
-            blockers = V.tp_blockers(model, tp)
+            blockers = V.tp_blockers(model, tp, engine=eng)
             if blockers:
                 by_reason.setdefault(", ".join(blockers), []).append(tp)
         for reason, tps in by_reason.items():

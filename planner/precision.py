@@ -28,12 +28,16 @@ DEFAULT_PRECISION = "bf16"
 # Architecture of each catalog GPU (planner.catalog.gpus), for what its tensor cores run.
 ARCH = {"a100": "ampere", "a100-40g": "ampere", "h100": "hopper", "h200": "hopper",
         "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell", "gb300": "blackwell",
-        "mi300x": "cdna3", "cpu": "cpu"}
+        "mi300x": "cdna3", "mi325x": "cdna3", "mi355x": "cdna4", "cpu": "cpu"}
 # FP8 tensor cores: Hopper and Blackwell (NVIDIA H100 / Blackwell datasheets); MXFP8 and NVFP4
 # (block-scaled, OCP microscaling) are Blackwell tensor-core formats (NVIDIA Blackwell
 # architecture technical brief; Transformer Engine docs, "Using FP8 and FP4 with Transformer
 # Engine": MXFP8 and NVFP4 recipes require compute capability 10.0+). A100 (Ampere) has none.
-ARCHS = {"fp8": ("hopper", "blackwell"), "mxfp8": ("blackwell",), "nvfp4": ("blackwell",)}
+# AMD CDNA 3 (MI300X, MI325X) and CDNA 4 (MI355X) Matrix Cores run FP8 (AMD Instinct MI300X and
+# MI325X datasheets: FP8 2614.9 TFLOP/s dense; CDNA 4: OCP FP8, AMD CDNA 4 architecture
+# whitepaper), through ROCm's Transformer Engine and hipBLASLt FP8 GEMMs.
+ARCHS = {"fp8": ("hopper", "blackwell", "cdna3", "cdna4"), "mxfp8": ("blackwell",),
+         "nvfp4": ("blackwell",)}
 
 # Dense (no sparsity) tensor-core peaks, TFLOP/s, from the datasheets the catalog cites:
 # - H100 SXM / H200 SXM: FP8 3958 TFLOP/s with sparsity, 1979 dense (H100, H200 datasheets).
@@ -45,7 +49,17 @@ ARCHS = {"fp8": ("hopper", "blackwell"), "mxfp8": ("blackwell",), "nvfp4": ("bla
 #   sparse (10000 dense each) (GB200 NVL72 product page).
 # - GB300 NVL72: FP8 720 PFLOP/s sparse (5000 dense each), FP4 1080 PFLOP/s dense over 72
 #   (15000 each) (GB300 NVL72 product page).
+# - MI300X, MI325X: FP8 2614.9 TFLOP/s dense, 5229.8 with sparsity (AMD Instinct MI300X and
+#   MI325X datasheets; 304 CUs x 4096 FP8 FLOPs a clock x 2.1 GHz).
+# - MI355X: 5033.2 dense: 256 CUs (8 XCDs of 32 active CUs) x 8192 FP8 FLOPs a clock (AMD at
+#   ISSCC 2026: per-CU FP8 doubled from MI300X's 4096 to 8192, "five petaflops" of FP8) x
+#   2.4 GHz peak engine clock (AMD Instinct MI350 series at Hot Chips 2025: MI355X 1400 W,
+#   2.4 GHz). Its MXFP8 / MXFP6 / MXFP4 formats are not offered here: no engine row or recipe
+#   for them on CDNA 4 is cited yet (planner.precision prices NVIDIA's NVFP4, not MXFP4).
 LOW_PRECISION_PEAK_TFLOPS = {
+    "mi300x": {"fp8": 2614.9},
+    "mi325x": {"fp8": 2614.9},
+    "mi355x": {"fp8": 5033.2},
     "h100": {"fp8": 1979.0},
     "h200": {"fp8": 1979.0},
     "b200": {"fp8": 4500.0, "mxfp8": 4500.0, "nvfp4": 9000.0},

@@ -14,7 +14,6 @@ from planner import validity as V
 from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import PADDED_DISPATCHERS
 from planner.engines import get_engine
-from planner.engines.spec import EQUAL_SPLIT
 from planner.errors import BadInput
 from planner.precision import precision_problem
 from planner.vocab import MULTI_CHUNK_SCHEDULES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
@@ -87,8 +86,14 @@ def _known_pp(cluster, f, engine):
 
 def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
     """The Problems of the fixed values (planner.search.Fixed) that can never work, in the
-    order they are checked (a later check may assume an earlier one passed)."""
+    order they are checked (a later check may assume an earlier one passed), each with the
+    engine source that refuses it (planner.validity.cited)."""
     eng = get_engine(engine)
+    for problem in _fixed_problems(model, cluster, f, seq_len, gbs, eng):
+        yield V.cited(problem, eng)
+
+
+def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
     if f.moe_imbalance != 1.0:
         if not (f.moe_imbalance >= 1.0 and math.isfinite(f.moe_imbalance)):
             yield _p("moe_imbalance", ("moe_imbalance",),
@@ -185,10 +190,18 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         if v is not None and n % v:
             yield _p("divides_cluster", (name,), f"--{name} {v} does not divide the cluster's "
                                                  f"{n} GPUs")
-    if f.tp is not None and not V.tp_ok(model, f.tp):
+    if f.tp is not None and not V.tp_ok(model, f.tp, engine=eng):
         yield _p("tp_splits_model", ("tp",), f"--tp {f.tp} does not divide the model's "
-                 f"{V.and_list(V.tp_blockers(model, f.tp))}")
-    if f.tp is not None and not eng.tp_fits(cluster, f.tp):
+                 f"{V.and_list(V.tp_blockers(model, f.tp, engine=eng))}",
+                 V.tp_split_source(eng, model, f.tp))
+    if f.tp is not None and f.tp_comm_overlap and eng.tp_comm_overlap and (f.sp is not False) \
+            and not V.tp_comm_overlap_fits(eng, cluster, f.tp, cluster.num_gpus):
+        yield _p("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
+                 f"--tp {f.tp} groups span NVLink domains of {cluster.nvlink_domain} GPUs: "
+                 f"{eng.name} runs them, but not with its TP communication overlap "
+                 f"(Transformer Engine's userbuffers run inside one domain)",
+                 fix="plan with --no-tp-comm-overlap")
+    if f.tp is not None and not eng.tp_runs(cluster, f.tp):
         yield _p("tp_in_domain", ("tp", "cluster"),
                  f"--tp {f.tp} would split tensor-parallel groups over nodes of "
                  f"{eng.tp_domain(cluster)} GPUs (tp must divide the GPUs per node)")
@@ -225,11 +238,6 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
         problem = V.zero_under_pp_problem(eng, f.zero, f"--zero {f.zero} with {how}")
         if problem:
             yield problem
-    if pp is not None and f.stage_layers is None:
-        problem = V.equal_split_problem(eng, model.num_layers, pp, n)
-        if problem:
-            yield _p(problem.rule, problem.knobs, f"{how}: {problem.message}", problem.source,
-                     problem.fix)
     if f.dp is not None and not V.batch_ok(gbs, f.dp):
         yield _p("batch_splits", ("global_batch", "dp"),
                  f"--global-batch {gbs} is not divisible by --dp {f.dp}")
@@ -253,14 +261,15 @@ def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
                      "--stage-layers needs --pp (one count per pipeline rank)")
         else:
             problems = V.split_blockers(model.num_layers, f.pp, f.vpp or 1, f.stage_layers,
-                                        eng.stage_layers == EQUAL_SPLIT)
+                                        eng)
             if problems:
                 yield _p("stage_layers", ("stage_layers",),
                          f"--stage-layers {','.join(map(str, f.stage_layers))}: "
                          f"{V.and_list(problems)}")
-    if f.sp and f.tp == 1:
-        yield _p("sp_needs_tp", ("sequence_parallel", "tp"), "--sp needs --tp > 1")
-    if f.sp and f.tp is not None and not V.sp_ok(f.tp, seq_len, f.cp or 1):
+    # --sp with --tp 1 is not refused: Megatron disables sequence parallelism at tp 1 with a
+    # warning (megatron/training/arguments.py: "Disabling sequence parallelism because tensor
+    # model parallelism is disabled"), and the search plans tp 1 without it
+    if f.sp and f.tp is not None and f.tp > 1 and not V.sp_ok(f.tp, seq_len, f.cp or 1):
         k = f.tp * (f.cp or 1)
         yield _p("sp_splits_sequence", ("sequence_parallel", "seq_len"),
                  f"--sp shards the sequence over --tp {f.tp}: --seq-len {seq_len} is not "

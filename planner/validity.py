@@ -20,10 +20,15 @@ the way every consumer of a plan lays them out:
 
 * tensor parallelism splits the attention heads, the FFN and the vocabulary; the KV heads are
   split too, or (the runtime's grouped-query layout) replicated when they divide tp. The
-  search keeps to splitting them (`tp_ok`), which every engine runs;
-* a tp group sits inside the engine's TP domain (ranks are laid out tp innermost; the NVLink
-  domain, or the host for engines that place TP per host: Engine.tp_domain): tp divides it
-  whenever the job spans more than one;
+  search keeps to splitting them (`tp_ok`), which every engine runs. The vocabulary is the
+  engine's (Engine.vocab_split): Megatron-LM and Megatron-DeepSpeed pad it to a multiple of
+  128 x tp and the plan is priced padded (Engine.built_model), torchtitan's DTensor shards it
+  unevenly, our runtime needs tp to divide it (its vocabulary-parallel loss);
+* a tp group sits inside one host for an engine that places TP per host (our runtime:
+  Engine.tp_runs; ranks are laid out tp innermost): tp divides it whenever the job spans more
+  than one. Megatron, DeepSpeed and torchtitan run tp groups over nodes too (priced over the
+  inter-node links), Megatron's TP communication overlap only inside an NVLink domain
+  (`tp_comm_overlap_fits`); the search looks for tp inside the domain (Engine.tp_limit);
 * sequence parallelism shards the sequence over the tp group: tp > 1 and seq_len % tp == 0
   (with context parallelism, each cp rank's s/cp tokens over tp);
 * context parallelism (cp > 1) splits each sequence into 2*cp chunks for the causal load
@@ -32,35 +37,169 @@ the way every consumer of a plan lays them out:
   runs on flash/fused attention kernels only (TE's and torch's CP attention); Ulysses (a2a)
   splits the heads of a TP rank over cp: (KV heads / tp) % cp == 0 (TE asserts the heads and
   the GQA groups divisible by cp);
-* the model has a position for every token: seq_len <= max_seq_len with learned positions and
-  with rope (the runtime's rule; ALiBi extrapolates);
-* every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers;
+* the model has a position for every token: seq_len <= max_seq_len with learned positions (a
+  table of that many rows; rope and ALiBi are computed for any length);
+* every pipeline rank holds at least one layer per model chunk: pp * vpp <= layers; any pp
+  up to the layers (`pp_allowed`): Megatron's layout and torchtitan's module lists place any
+  contiguous split, DeepSpeed's PipelineModule the splits its partition methods give
+  (`engine_partitions`: BLOOM-176B's 70 layers over 12 stages);
 * the global batch splits over data parallelism and micro-batches: dp * mbs * m == global batch;
 * interleaved 1F1B: torch's ScheduleInterleaved1F1B runs m micro-batches in rounds of
   max(1, m // pp), so m is a multiple of the rounds (`torch_interleaved_ok`); the search offers
   only m % pp == 0 (Megatron's rule, `interleaved_ok`), which implies it.
 
-The predicates are cheap (the search calls them per candidate); `plan_problems` renders the
-problems of a Plan one line each (Plan.validate raises the first; with runner="runtime" the
-runtime refuses with it before any work); `launch_problems` adds what depends on how the
-runtime was launched. Pure Python: no torch, no numpy.
+Every Problem carries the engine source that states it (`cited`: the engine's own statement,
+RULE_SOURCES for the rules every engine states alike, the engine's options for what it offers
+at all). The predicates are cheap (the search calls them per candidate); `plan_problems`
+renders the problems of a Plan one line each (Plan.validate raises the first; with
+runner="runtime" the runtime refuses with it before any work); `launch_problems` adds what
+depends on how the runtime was launched. Pure Python: no torch, no numpy.
 """
 from __future__ import annotations
 
 from planner.engines import ENGINES, get_engine
-from planner.engines.spec import ALL_OR_NONE, EQUAL_SPLIT, PER_CHUNK
+from planner.engines.spec import ALL_OR_NONE, BALANCED_SPLIT, PER_CHUNK
 from planner.precision import gpu_precision_problem, precision_problem
 from planner.problem import Problem
 from planner.cost.schedule import schedule_problem, stage_rank
 from planner.vocab import MULTI_CHUNK_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 
+# ---- where each engine refuses: the `source` of every Problem ----------------------------
+
+# Rules every engine states alike, as the engine source that refuses them (Megatron-LM's, with
+# torch's where PyTorch's engines refuse in torch). An engine's own statement of a rule
+# (Engine.sources) comes first; rules of what an engine offers at all (engine_*) cite that
+# engine's options (ENGINE_OPTIONS).
+RULE_SOURCES = {
+    "batch_positive": "megatron/training/arguments.py (batch sizes and --seq-length must be "
+                      "positive)",
+    "positive": "megatron/training/arguments.py (parallel sizes, batch sizes must be positive)",
+    "batch_splits": "megatron/core/num_microbatches_calculator.py (global batch divisible by "
+                    "micro batch x data-parallel size); DeepSpeed train_batch_size assertion "
+                    "(deepspeed/runtime/config.py _batch_assertion)",
+    "capacity_dispatcher": "megatron/core/transformer/transformer_config.py "
+                           "(moe_pad_expert_input_to_capacity with the alltoall dispatcher)",
+    "capacity_needs_moe": "megatron/core/transformer/transformer_config.py "
+                          "(moe_expert_capacity_factor needs num_moe_experts)",
+    "capacity_positive": "megatron/core/transformer/transformer_config.py "
+                         "(moe_expert_capacity_factor)",
+    "cp_comm_known": "megatron/training/arguments.py --cp-comm-type choices",
+    "cp_split": "megatron/core/utils.py get_batch_on_this_cp_rank (seq_len divisible by 2*cp); "
+                "transformer_engine/pytorch/attention (CP needs fused/flash attention)",
+    "dispatcher_needs_moe": "megatron/core/transformer/transformer_config.py "
+                            "(moe_token_dispatcher_type with num_moe_experts)",
+    "divides_cluster": "megatron/core/parallel_state.py initialize_model_parallel (world size "
+                       "divisible by tp x pp x cp)",
+    "world_fits": "megatron/core/parallel_state.py initialize_model_parallel (world size "
+                  "divisible by tp x pp x cp)",
+    "whole_cluster": "megatron/core/parallel_state.py initialize_model_parallel (dp = world "
+                     "size / (tp x pp x cp): every launched rank is in the grid)",
+    "ep_comm_overlap": "megatron/core/transformer/transformer_config.py "
+                       "(overlap_moe_expert_parallel_comm checks)",
+    "ep_needs_moe": "megatron/core/parallel_state.py initialize_model_parallel "
+                    "(expert_model_parallel_size > 1 needs num_moe_experts)",
+    "ep_split": "megatron/core/parallel_state.py initialize_model_parallel (MoE parallel "
+                "folding); megatron/core/transformer/moe/moe_layer.py (num_experts % ep)",
+    "export_features": "the engine's model definition (planner/export/<engine>.py writes what "
+                       "its flags can say)",
+    "flex_needs_ep": "megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher "
+                     "(\"Flex token dispatcher requires TPxEP > 1\")",
+    "interleaved_needs_pp": "megatron/training/arguments.py (virtual pipeline stages need "
+                            "pipeline-model-parallel-size > 1)",
+    "vpp_needs_pp": "megatron/training/arguments.py (virtual pipeline stages need "
+                    "pipeline-model-parallel-size > 1)",
+    "vpp_needs_interleaved": "megatron/core/pipeline_parallel/schedules.py get_forward_backward_"
+                             "func (virtual stages run the interleaved schedule)",
+    "interleaved_rounds": "torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B",
+    "moe_imbalance": "planner input (--moe-imbalance is the planner's own pricing knob)",
+    "moe_imbalance_needs_moe": "planner input (--moe-imbalance is the planner's own pricing "
+                               "knob)",
+    "positions": "megatron/core/models/common/embeddings/language_model_embedding.py (the "
+                 "learned position table of max_position_embeddings rows); runtime/model.py "
+                 "pos_embeddings",
+    "pp_layers": "megatron/core/transformer/transformer_block.py get_num_layers_to_build (every "
+                 "pipeline rank and virtual stage builds at least one layer); "
+                 "deepspeed/runtime/pipe/module.py",
+    "priced_for_engine": "planner/engines/<engine>.py (a plan is priced for one engine)",
+    "recompute_modules_need_selective": "megatron/training/arguments.py (--recompute-modules "
+                                        "with --recompute-granularity selective)",
+    "sp_splits_sequence": "megatron/core/tensor_parallel/mappings.py "
+                          "_reduce_scatter_along_first_dim (the sequence divisible by tp)",
+    "stage_layers": "megatron/training/arguments.py --pipeline-model-parallel-layout",
+    "tp_splits_model": "megatron/core/transformer/attention.py / megatron/core/tensor_parallel/"
+                       "layers.py: divide() asserts tp divides the heads, query groups and FFN "
+                       "(megatron/core/utils.py ensure_divisibility)",
+    "stage_layers_need_pp": "megatron/training/arguments.py --pipeline-model-parallel-layout "
+                            "(one stage per pipeline rank)",
+    "stages": "megatron/core/transformer/pipeline_parallel_layer_layout.py (contiguous stages "
+              "covering every layer)",
+    "tp_comm_overlap_in_domain": "transformer_engine/common/comm_gemm_overlap/userbuffers/"
+                                 "userbuffers-host.cpp create_communicator_grouped2 (the "
+                                 "tensor-parallel group inside a node or an MNNVL clique)",
+    "tp_in_domain": "megatron/core/parallel_state.py (tp innermost: a tp group is consecutive "
+                    "ranks, so it spans domains unless tp divides them); NCCL over NVLink",
+    "zero_known": "deepspeed/runtime/zero/config.py ZeroStageEnum (stages 0-3)",
+    "zero_needs_dp": "deepspeed/runtime/zero (ZeRO partitions over the data-parallel group)",
+    "precision_known": "megatron/training/arguments.py (--fp8-format, --fp4-format)",
+    "recipe_needs_low_precision": "megatron/training/arguments.py (--fp8-recipe with "
+                                  "--fp8-format)",
+    "precision_on_gpu": "Transformer Engine docs, \"Using FP8 and FP4 with Transformer "
+                        "Engine\"; NVIDIA and AMD datasheets (planner.precision ARCHS)",
+}
+
+# the rules of what one engine offers (its spec's data): cited by the engine's own statement
+# (Engine.sources) or else its options (ENGINE_OPTIONS)
+ENGINE_RULES = frozenset((
+    "engine_tp", "engine_pp", "engine_sp", "engine_schedule", "engine_recompute",
+    "engine_recompute_modules", "engine_dispatcher", "engine_moe", "engine_capacity_factor",
+    "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
+    "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
+    "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
+    "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
+    "tp_splits_model"))
+
+# where each engine lists what it runs: the citation of a rule of what it offers at all
+ENGINE_OPTIONS = {
+    "megatron": "megatron/training/arguments.py",
+    "deepspeed": "deepspeed/runtime/config.py; deepspeed/runtime/pipe/engine.py",
+    "torchtitan": "torchtitan/config/job_config.py; torchtitan/distributed/parallel_dims.py",
+    "fsdp": "torch/distributed/fsdp ShardingStrategy; llm-foundry (no tensor, pipeline or "
+            "context parallelism)",
+    "runtime": "runtime/parallelize.py, runtime/pipeline.py",
+}
+
+
+def rule_source(rule: str, engine=None) -> str:
+    """The engine source that states `rule`: the engine's own (Engine.sources), the shared
+    RULE_SOURCES, or, for what an engine offers at all, its options (ENGINE_OPTIONS)."""
+    own = engine.source_of(rule) if engine is not None else ""
+    if own:
+        return own
+    if rule in RULE_SOURCES:
+        return RULE_SOURCES[rule]
+    if engine is not None:
+        return f"{ENGINE_OPTIONS.get(engine.name, 'planner/engines/' + engine.name + '.py')} " \
+               f"(planner/engines/{engine.name}.py)"
+    return ENGINE_OPTIONS["megatron"]
+
+
+def cited(problem: Problem, engine=None) -> Problem:
+    """`problem` with its engine source (`rule_source`) where it has none."""
+    if problem.source:
+        return problem
+    return Problem(problem.rule, problem.knobs, problem.message,
+                   rule_source(problem.rule, engine), problem.fix)
+
+
 # ---- predicates (called per candidate by the search) --------------------------------------
 
 
-def tp_blockers(model, tp: int, replicate_kv: bool = False) -> list:
+def tp_blockers(model, tp: int, replicate_kv: bool = False, engine=None) -> list:
     """The model's dimensions tp does not divide, as "heads (32)", "KV heads (8)", "FFN (130)",
     "vocabulary (128)". `replicate_kv`: KV heads that divide tp are fine (each rank keeps the
-    one KV head its query heads use, as the runtime does)."""
+    one KV head its query heads use, as the runtime does). The vocabulary is the `engine`'s to
+    split (Engine.vocab_splits: Megatron and DeepSpeed pad it, torchtitan shards it unevenly);
+    without an engine tp must divide it."""
     if tp <= 1:
         return []
     out = []
@@ -73,18 +212,24 @@ def tp_blockers(model, tp: int, replicate_kv: bool = False) -> list:
         out.append(f"FFN ({model.ffn_hidden})")
     if model.shared_expert_ffn_hidden % tp:     # a TP-split MLP beside the routed experts
         out.append(f"shared-expert FFN ({model.shared_expert_ffn_hidden})")
-    if model.vocab_size % tp:
+    if not vocab_splits(engine, model.vocab_size, tp):
         out.append(f"vocabulary ({model.vocab_size})")
     return out
 
 
-def tp_ok(model, tp: int, replicate_kv: bool = False) -> bool:
-    """tp splits the heads, the KV heads (or replicates them), the FFN and the vocabulary."""
+def vocab_splits(engine, vocab: int, tp: int) -> bool:
+    """tp splits a vocabulary of `vocab` tokens as `engine` builds it (None: evenly only)."""
+    return engine.vocab_splits(vocab, tp) if engine is not None else vocab % tp == 0
+
+
+def tp_ok(model, tp: int, replicate_kv: bool = False, engine=None) -> bool:
+    """tp splits the heads, the KV heads (or replicates them), the FFN and the vocabulary (as
+    `engine` splits it: `tp_blockers`)."""
     kv = model.num_kv_heads
     return (model.num_heads % tp == 0
             and (kv % tp == 0 or replicate_kv and tp % kv == 0)
             and model.ffn_hidden % tp == 0 and model.shared_expert_ffn_hidden % tp == 0
-            and model.vocab_size % tp == 0)
+            and vocab_splits(engine, model.vocab_size, tp))
 
 
 def sp_ok(tp: int, seq_len: int, cp: int = 1) -> bool:
@@ -120,9 +265,13 @@ def cp_problems(model, seq_len: int, tp: int, cp: int, comm_type: str, flash: bo
 
 
 def has_positions(model, seq_len: int) -> bool:
-    """Learned positions are a table of max_seq_len rows; the runtime also refuses rope beyond
-    max_seq_len. ALiBi has no limit here."""
-    return seq_len <= model.max_seq_len or model.position not in ("learned", "rope")
+    """Learned positions are a table of max_seq_len rows (Megatron's learned_absolute
+    embedding, our runtime's pos_embeddings: runtime/model.py). RoPE and ALiBi have no table:
+    every engine computes them for the sequence it trains (runtime/model.py rope_cos_sin(s);
+    Megatron's RotaryEmbedding for --max-position-embeddings, which its export sets to the
+    sequence), as Megatron-Bridge's llama3_8b_16k/64k/128k recipes train Llama 3 8B (8192
+    positions) at 16K-128K tokens."""
+    return seq_len <= model.max_seq_len or model.position != "learned"
 
 
 def pp_ok(model, pp: int, vpp: int = 1) -> bool:
@@ -130,11 +279,11 @@ def pp_ok(model, pp: int, vpp: int = 1) -> bool:
     return pp * vpp <= model.num_layers
 
 
-def split_blockers(num_layers: int, pp: int, vpp: int, layers, equal_only: bool = False) -> list:
+def split_blockers(num_layers: int, pp: int, vpp: int, layers, engine=None) -> list:
     """Why decoder layers per pipeline rank `layers` cannot lay out pp ranks of vpp model chunks,
     as phrases: one count per rank, all layers placed, at least one per chunk (each rank's
-    layers are split evenly over its chunks: planner.plan.make_stages); `equal_only`: the
-    engine needs the same count on every rank."""
+    layers are split evenly over its chunks: planner.plan.make_stages), and for an `engine`
+    that partitions by its own methods, a split one of them gives (`partition_problem`)."""
     out = []
     if len(layers) != pp:
         out.append(f"{len(layers)} layer counts for pp {pp}")
@@ -143,8 +292,9 @@ def split_blockers(num_layers: int, pp: int, vpp: int, layers, equal_only: bool 
     if min(layers, default=0) < vpp:
         out.append(f"a rank holds {min(layers, default=0)} layers, fewer than its {vpp} "
                    f"model chunks")
-    if equal_only and len(set(layers)) > 1:
-        out.append("the engine puts the same number of layers on every rank")
+    problem = partition_problem(engine, num_layers, layers) if engine and not out else None
+    if problem:
+        out.append(problem.message)
     return out
 
 
@@ -232,8 +382,8 @@ def positions_problem(model, seq_len: int) -> str | None:
             f"({model.position} positions)")
 
 
-def tp_problem(model, tp: int, replicate_kv: bool = True) -> str | None:
-    blockers = tp_blockers(model, tp, replicate_kv)
+def tp_problem(model, tp: int, replicate_kv: bool = True, engine=None) -> str | None:
+    blockers = tp_blockers(model, tp, replicate_kv, engine)
     if not blockers:
         return None
     return f"tp {tp} does not divide the model's {and_list(blockers)}"
@@ -254,7 +404,29 @@ def tp_allowed(engine, cluster, model, tp: int) -> bool:
     TP domain (Engine.tp_fits, the one answer to where a TP group may live), splitting the
     model, and MLA only where the engine splits it."""
     return (tp <= engine.tp_limit(cluster) and engine.tp_fits(cluster, tp)
-            and tp_ok(model, tp) and not mla_tp_problem(engine, model, tp))
+            and tp_ok(model, tp, engine=engine) and not mla_tp_problem(engine, model, tp))
+
+
+def tp_comm_overlap_fits(engine, cluster, tp: int, world_size: int) -> bool:
+    """Megatron's --tp-comm-overlap (Transformer Engine userbuffers) runs a tp group inside one
+    NVLink domain (transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp
+    create_communicator_grouped2: the tensor group among a node's GPUs, or an MNNVL clique)."""
+    return (tp <= 1 or world_size <= cluster.nvlink_domain
+            or cluster.nvlink_domain % tp == 0)
+
+
+def tp_split_source(engine, model, tp: int) -> str:
+    """Where the engine refuses a tp that does not split the model: its vocabulary rule when
+    only the vocabulary is left over, else the heads' and FFN's."""
+    megatron = ("megatron/core/transformer/attention.py / megatron/core/tensor_parallel/"
+                "layers.py: divide() asserts tp divides the heads, query groups and FFN "
+                "(megatron/core/utils.py ensure_divisibility)")
+    if engine is None:
+        return megatron
+    if tp_blockers(model, tp, True, engine) == [f"vocabulary ({model.vocab_size})"]:
+        return engine.source_of("vocab_split", "megatron/core/tensor_parallel/utils.py "
+                                               "VocabUtility.vocab_range_from_global_vocab_size")
+    return engine.source_of("tp_splits_model", megatron)
 
 
 def world_product(p) -> str:
@@ -346,20 +518,52 @@ def _stages(stages) -> str:
         ", ".join(map(str, s))
 
 
-def equal_split_problem(engine, num_layers: int, pp: int,
-                        num_gpus: int | None = None) -> Problem | None:
-    """An engine that puts the same number of layers on every stage needs pp to divide them
-    (the fix: the degrees that divide the layers and, given `num_gpus`, the cluster)."""
-    if engine.stage_layers == EQUAL_SPLIT and pp > 1 and num_layers % pp:
-        fits = [d for d in range(2, num_layers + 1)
-                if num_layers % d == 0 and (num_gpus is None or num_gpus % d == 0)][:6]
-        return Problem("equal_stage_layers", ("pp",),
-                       f"{engine.name} puts the same number of layers on every pipeline stage: "
-                       f"pp {pp} does not divide the model's {num_layers} layers",
-                       source=engine.source_of("stage_layers"),
-                       fix=f"use a --pp dividing {num_layers} ({', '.join(map(str, fits))})"
-                       if fits else "use --pp 1")
+def pp_allowed(engine, model, pp: int) -> bool:
+    """A pipeline degree the engine runs for this model: every rank holds a layer (`pp_ok`);
+    every engine here places any pp up to the layers (DeepSpeed by its partition methods,
+    `engine_partitions`), so no divisibility of the layers is asked."""
+    return pp_ok(model, pp)
+
+
+def default_split(engine, num_layers: int, pp: int) -> list:
+    """Decoder layers per pipeline rank where the placement is not searched: the engine's own
+    partition (DeepSpeed's 'type:transformer', the first stages one layer more), else the even
+    split (planner.layout.even_split, the larger shares last)."""
+    from planner.layout import even_split
+    splits = engine_partitions(engine, num_layers, pp)
+    return list(splits["type:transformer"]) if "type:transformer" in splits else \
+        even_split(num_layers, pp)
+
+
+def engine_partitions(engine, num_layers: int, pp: int) -> dict:
+    """{partition method: decoder layers per stage} the engine's pipeline partitions give
+    (BALANCED_SPLIT engines: DeepSpeed's PipelineModule; empty for any other)."""
+    if engine.stage_layers != BALANCED_SPLIT or engine.stage_partitions is None or pp <= 1:
+        return {}
+    return engine.stage_partitions(num_layers, pp)
+
+
+def partition_method(engine, num_layers: int, counts) -> str | None:
+    """The engine's partition method that gives `counts` (None: none does, or any split
+    runs)."""
+    for method, split in engine_partitions(engine, num_layers, len(counts)).items():
+        if list(counts) == split:
+            return method
     return None
+
+
+def partition_problem(engine, num_layers: int, counts) -> Problem | None:
+    """Decoder layers per pipeline rank the engine's partition methods do not give
+    (DeepSpeed: deepspeed/runtime/pipe/module.py _partition_layers)."""
+    splits = engine_partitions(engine, num_layers, len(counts))
+    if not splits or list(counts) in splits.values():
+        return None
+    shown = "; ".join(f"{','.join(map(str, v))} ({k})" for k, v in splits.items())
+    return Problem("partition_stage_layers", ("stages",),
+                   f"{engine.name}'s PipelineModule partitions {num_layers} layers over "
+                   f"{len(counts)} stages as {shown}, not {','.join(map(str, counts))}",
+                   source=engine.source_of("stage_layers"),
+                   fix=f"use --stage-layers {','.join(map(str, next(iter(splits.values()))))}")
 
 
 def priced_for_problem(plan, engine) -> Problem | None:
@@ -465,14 +669,13 @@ def engine_problems(plan, engine) -> list:
         if p.dp * p.cp > 1 else None
     if problem:
         out.append(problem)
-    if engine.stage_layers == EQUAL_SPLIT and len(set(plan.layer_counts())) > 1:
-        out.append(Problem("equal_stage_layers", ("stages",),
-                           f"{e} splits the layers evenly; the plan holds {plan.layer_counts()} "
-                           f"per rank", source=engine.source_of("stage_layers")))
+    problem = partition_problem(engine, m.num_layers, plan.layer_counts())
+    if problem:
+        out.append(problem)
     problem = recompute_problem(plan, engine)
     if problem:
         out.append(problem)
-    return out
+    return [cited(x, engine) for x in out]
 
 
 def cp_engine_problem(engine, cp: int, comm_type: str | None) -> Problem | None:
@@ -524,7 +727,7 @@ def runner_problems(plan, engine) -> list:
     for first, then what the engine cannot run (exports, `plan launch`, the runtime)."""
     engine = get_engine(engine)
     first = priced_for_problem(plan, engine)
-    return ([first] if first else []) + engine_problems(plan, engine)
+    return ([cited(first, engine)] if first else []) + engine_problems(plan, engine)
 
 
 # ---- a whole plan -------------------------------------------------------------------------
@@ -586,14 +789,18 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
         add("whole_cluster", ("tp", "pp", "dp", "cp"),
             f"{world_product(p)} = {p.world_size} GPUs but the plan's cluster {c.name} has "
             f"{c.num_gpus}; plan for this cluster again (plan --cluster ...)")
-    problem = tp_problem(m, p.tp, replicate_kv=True)
+    problem = tp_problem(m, p.tp, replicate_kv=True, engine=engine)
     if problem:
-        add("tp_splits_model", ("tp",), problem,
-            "megatron/core/transformer/attention.py (heads divided over tp)")
+        add("tp_splits_model", ("tp",), problem, tp_split_source(engine, m, p.tp))
     domain = engine.tp_domain(c) if engine is not None else c.gpus_per_node
-    problem = node_problem(p.tp, p.world_size, domain, p.rank_order)
+    problem = node_problem(p.tp, p.world_size, domain, p.rank_order) \
+        if engine is None or not engine.tp_runs(c, p.tp) else None
     if problem:
         add("tp_in_domain", ("tp", "cluster"), problem)
+    if p.tp_comm_overlap and not tp_comm_overlap_fits(engine, c, p.tp, p.world_size):
+        add("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
+            f"tp_comm_overlap with tp {p.tp} groups spanning NVLink domains of {c.nvlink_domain} "
+            f"GPUs (Transformer Engine's userbuffers overlap runs inside one)")
     if p.sequence_parallel and p.tp > 1 and b.seq_len % (p.tp * p.cp):
         add("sp_splits_sequence", ("sequence_parallel", "seq_len"),
             f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"
@@ -605,8 +812,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     if not bad_batch:
         problem = positions_problem(m, b.seq_len)
         if problem:
-            add("positions", ("seq_len",), problem, "runtime/model.py (rope and learned "
-                                                    "positions up to max_seq_len)")
+            add("positions", ("seq_len",), problem)
         if b.micro_batch_size * b.num_microbatches * p.dp != b.global_batch_size:
             add("batch_splits", ("micro_batch_size", "num_microbatches", "dp"),
                 f"micro_batch_size {b.micro_batch_size} x num_microbatches "
@@ -623,7 +829,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
         add("pp_layers", ("pp", "vpp"),
             f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
     out += [Problem("stages", ("stages",), why) for why in stage_problems(plan)]
-    return out
+    return [cited(x, engine) for x in out]
 
 
 def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) -> list:

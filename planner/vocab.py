@@ -25,6 +25,15 @@ MULTI_CHUNK_SCHEDULES = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
 V_SCHEDULES = ("zbv", "dualpipev")
 # the ones that defer weight gradients (W) into the bubble
 ZERO_BUBBLE_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
+# the engines' own names for them, case-insensitive: torchtitan's [parallelism]
+# pipeline_parallel_schedule "GPipe", "1F1B", "Interleaved1F1B" (torch.distributed.pipelining
+# ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B); Megatron's interleaved schedule is
+# its virtual pipeline (--num-virtual-stages-per-pipeline-rank); DeepSpeed's TrainSchedule is
+# its 1F1B (deepspeed/runtime/pipe/schedule.py); torchtitan's zero-bubble names
+# "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV" (ScheduleInterleavedZeroBubble, ...)
+SCHEDULE_ALIASES = {"interleaved1f1b": "interleaved", "interleaved_1f1b": "interleaved",
+                    "virtual": "interleaved", "trainschedule": "1f1b",
+                    "interleavedzerobubble": "interleaved-zb", "zbvzerobubble": "zbv"}
 # activation recompute modes: none, "selective" (the modules of RECOMPUTE_MODULES asked for),
 # "full" (every layer's forward again), "op" (planner.cost.compute.op_recomputed_gemms)
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -55,3 +64,9 @@ DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 # (torchtitan/components/optimizer/lr_scheduler.py, linear_warmup_stable_decay), or "constant"
 # (the peak rate to the end)
 LR_DECAYS = ("cosine", "linear", "constant")
+
+def schedule_name(name: str) -> str:
+    """A pipeline schedule named as this planner or an engine names it (SCHEDULE_ALIASES),
+    as the planner's name; an unknown name comes back as given (lowercased) to be refused."""
+    key = str(name).strip().lower()
+    return SCHEDULE_ALIASES.get(key, key)

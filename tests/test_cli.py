@@ -89,13 +89,23 @@ def test_nothing_fits_suggests_recompute(capsys):
     (["--model", "llama8b", "--cluster", "h100x8", "--seq-len", "abc"], "integer"),
     (["--model", "llama8b"], "required"),
     (["--model", "llama8b", "--cluster", "h100x8", "--pp", "3"], "does not divide"),
-    (["--model", "llama8b", "--cluster", "h100x8", "--sp", "--tp", "1"], "--sp needs"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, args, needle):
     code, out, err = run(capsys, *args)
     assert code == 2
     assert needle in err
     assert err.startswith("plan: error:") and err.count("\n") == 1
+
+
+def test_sp_at_tp1_plans_without_it(capsys):
+    """Issue 22: --sp --tp 1 used to be refused ("--sp needs --tp > 1"); Megatron disables
+    sequence parallelism at tp 1 with a warning (megatron/training/arguments.py), so the plan
+    is made without it."""
+    code, out, err = run(capsys, "--model", "llama8b", "--cluster", "h100x8", "--sp", "--tp",
+                         "1", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["parallelism"]["tp"] == 1 and plan["parallelism"]["sequence_parallel"] is False
 
 
 def test_bad_files(capsys, tmp_path):

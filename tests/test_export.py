@@ -291,7 +291,7 @@ REFUSED = {
                                     "recompute"),
     "megatron-partial-selective": ("megatron", dict(recompute="selective", rec=[20, 20, 10, 20]),
                                    "recompute"),
-    "deepspeed-uneven": ("deepspeed", dict(layers=[19, 21, 21, 19]), "[19, 21, 21, 19]"),
+    "deepspeed-uneven": ("deepspeed", dict(layers=[19, 21, 21, 19]), "not 19,21,21,19"),
     "deepspeed-vpp": ("deepspeed", dict(schedule="interleaved", vpp=2), "interleaved"),
     "deepspeed-gpipe": ("deepspeed", dict(schedule="gpipe"), "gpipe"),
     "deepspeed-zero2-pp": ("deepspeed", dict(model="llama70b", cluster="h100x64", tp=4, pp=4,

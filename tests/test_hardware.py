@@ -108,7 +108,9 @@ def test_mi300x_cluster_names_the_mi300x():
     assert get_cluster("mi300x16").gpu.name == get_cluster("mi300xx16").gpu.name == "mi300x"
 
 
-@pytest.mark.parametrize("name", ["gb200x100", "gb200x6", "gb300x76"])
+# issue 22: any whole number of 4-GPU trays plans (gb200x100: five racks of 20); only counts
+# that are not whole trays are refused
+@pytest.mark.parametrize("name", ["gb200x102", "gb200x6", "gb300x74"])
 def test_gb_clusters_are_whole_racks_or_trays(capsys, name):
     code, _, err = run(capsys, "--model", "llama8b", "--cluster", name)
     one_line(code, err, needle="NVL72 racks")
@@ -249,7 +251,7 @@ BASE = {"base": "h100", "num_gpus": 16, "gpus_per_node": 4}
     ({"nvlink_domain": True}, "nvlink_domain must be an integer"),
     ({"num_gpus": 24, "nvlink_domain": 16}, "num_gpus 24 is not a multiple of nvlink_domain 16"),
     ({"nvlink_domin": 8}, "did you mean 'nvlink_domain'"),
-    ({"base": "gb200", "gpus_per_node": None, "num_gpus": 100}, "NVL72 racks"),
+    ({"base": "gb200", "gpus_per_node": None, "num_gpus": 102}, "NVL72 racks"),
 ])
 def test_bad_nvlink_domain_is_one_line_exit_2(capsys, tmp_path, change, needle):
     doc = {k: v for k, v in {**BASE, **change}.items() if v is not None}

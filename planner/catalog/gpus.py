@@ -118,6 +118,24 @@ GPUS = {
                   gemm_efficiency=0.47, attn_efficiency=0.27,
                   nvlink_busbw_gbps=300.0, nvlink_p2p_gbps=48.0, nvlink_latency_us=10.0,
                   internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
+    # MI325X (OAM, a drop-in for the MI300X platform): the MI300X's CDNA 3 compute (1307.4
+    # TFLOP/s bf16 dense, FP8 2614.9) with 256 GB HBM3E at 6000 GB/s (AMD Instinct MI325X
+    # datasheet). Memory: 256 x (191.7 / 192) = 255.6 GiB, MI300X's reported fraction, an
+    # estimate. xGMI, inter-node and efficiencies: MI300X's (same silicon and platform).
+    "mi325x": Gpu("mi325x", peak_tflops=1307.4, memory_gib=255.6, hbm_gbps=6000.0,
+                  gemm_efficiency=0.47, attn_efficiency=0.27,
+                  nvlink_busbw_gbps=300.0, nvlink_p2p_gbps=48.0, nvlink_latency_us=10.0,
+                  internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
+    # MI355X (CDNA 4, OAM, 8-GPU platform): 288 GB HBM3E at 8000 GB/s (AMD Instinct MI355X
+    # datasheet); bf16 2516.6 TFLOP/s dense, half its FP8 5033.2 (planner.precision: 256 CUs x
+    # 8192 FP8 FLOPs a clock x 2.4 GHz; CDNA 3 and 4 run bf16 at half the FP8 rate, as the
+    # MI300X datasheet's 1307.4 / 2614.9). Memory 288 x
+    # (191.7 / 192) = 287.5 GiB, an estimate. xGMI, inter-node (a 400 Gb/s NIC per GPU) and
+    # efficiencies: MI300X's, estimates until profiled.
+    "mi355x": Gpu("mi355x", peak_tflops=2516.6, memory_gib=287.5, hbm_gbps=8000.0,
+                  gemm_efficiency=0.47, attn_efficiency=0.27,
+                  nvlink_busbw_gbps=300.0, nvlink_p2p_gbps=48.0, nvlink_latency_us=10.0,
+                  internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # cpu: one process of the CPU runtime (gloo) on a small x86 machine. Rough order-of-magnitude
     # figures for a 2-core VM (fp32 AVX2 ~ 50 GFLOP/s a core, DDR ~ 10 GB/s, loopback TCP ~ 2 GB/s,
     # gloo latency ~ 50 us); meant to be replaced by `python -m profiler` measurements.
@@ -129,7 +147,8 @@ GPUS = {
 
 # "mi300": what `mi300x16` names (catalog cluster names split at the last x before the count)
 GPU_ALIASES = {"a100-80g": "a100", "h100-80g": "h100", "h100-sxm": "h100", "a100-sxm": "a100",
-               "h200-sxm": "h200", "b300-sxm": "b300", "mi300": "mi300x"}
+               "h200-sxm": "h200", "b300-sxm": "b300", "mi300": "mi300x",
+               "mi325": "mi325x", "mi355": "mi355x"}
 
 
 def get_gpu(name: str) -> Gpu:

@@ -17,17 +17,21 @@ def host_size(gpu_name: str, count: int) -> int:
 
 def system_layout(gpu_name: str, count: int) -> tuple:
     """(gpus_per_node, nvlink_domain) of `count` GPUs of a catalog GPU built as its system:
-    8-GPU hosts (fewer GPUs: one host); NVL72 racks, or up to 72 GPUs of one rack in whole
-    trays. BadInput when no such system holds `count`."""
+    8-GPU hosts (fewer GPUs: one host); on NVL72 systems whole 4-GPU trays, the NVLink domain
+    being the GPUs the job uses in each rack: the largest multiple of 4 up to 72 that divides
+    `count` (128 GPUs: two racks of 64; 512: eight of 64; 144: two whole racks), as a
+    scheduler hands a job the same number of trays in each rack it spans (Slurm's
+    topology/block plugin). A cluster JSON's `nvlink_domain` overrides it. BadInput when
+    `count` is not whole trays."""
     if gpu_name not in SYSTEMS:
         g = min(HOST_GPUS, count)
         return g, g
     host, rack = SYSTEMS[gpu_name]
     if count <= host:
         return count, count
-    if count <= rack and count % host == 0:
-        return host, count
-    if count % rack == 0:
-        return host, rack
-    raise BadInput(f"{count} {gpu_name} GPUs are neither whole NVL{rack} racks ({rack}, "
-                   f"{2 * rack}, ...) nor whole {host}-GPU trays of one rack (at most {rack})")
+    if count % host:
+        raise BadInput(f"{count} {gpu_name} GPUs are not whole {host}-GPU trays of NVL{rack} "
+                       f"racks (a multiple of {host}: {count - count % host} or "
+                       f"{count + host - count % host})")
+    domain = max(d for d in range(host, min(rack, count) + 1, host) if count % d == 0)
+    return host, domain

@@ -330,8 +330,10 @@ def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: i
 
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                        engine: Engine | None = None, ranks=None) -> list:
-    """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`)."""
+    """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`), for the model as
+    the engine builds it at this tp (Engine.built_model: Megatron's padded vocabulary)."""
     engine = get_engine(engine)
+    model = engine.built_model(model, c.tp)
     facts = facts_for(engine, cluster.gpu)
     b, s, t, p, v = c.mbs, c.seq_len, c.tp, c.pp, c.vpp
     cp = c.cp

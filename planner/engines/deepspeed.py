@@ -3,11 +3,16 @@
 What it runs: ZeRO stages 0-3 without pipelining; with the PipelineEngine only stages 0 and 1
 (deepspeed/runtime/pipe/engine.py asserts zero stage < 2). Its pipeline schedule is its own
 1F1B-style TrainSchedule (deepspeed/runtime/pipe/schedule.py), no interleaving, no zero-bubble
-or DualPipeV schedule (deepspeedai/DeepSpeed pull request 8576, "Add DualPipeV", is not merged). PipelineModule
-partitions layers 'uniform', by 'parameters' or by 'type:<regex>'
-(deepspeed/runtime/pipe/module.py):
-the planner uses only splits with the same number of decoder layers on every stage, which all
-three methods produce. Recompute: activation_checkpoint_interval = 1 checkpoints every layer
+or DualPipeV schedule (deepspeedai/DeepSpeed pull request 8576, "Add DualPipeV", is not
+merged). PipelineModule partitions layers 'uniform', by 'parameters' or by 'type:<regex>'
+(deepspeed/runtime/pipe/module.py _partition_layers): 'uniform' gives the first
+num_layers % pp stages one layer more (deepspeed/runtime/utils.py partition_uniform), the
+others balance the layers' weights (partition_balanced): the stages' decoder layers differ by
+at most one (BALANCED_SPLIT; BLOOM-176B ran 70 layers over 12 stages). The export names the
+method that gives the plan's split.
+The vocabulary: Megatron-DeepSpeed pads it to a multiple of --make-vocab-size-divisible-by
+(128) x tp as Megatron-LM (megatron/tokenizer/tokenizer.py _vocab_size_with_padding).
+Recompute: activation_checkpoint_interval = 1 checkpoints every layer
 (no per-stage count); selective recompute is Megatron-DeepSpeed's model-code option for every
 layer. Gradient reduction overlaps backward with zero_optimization.overlap_comm (the export sets
 it); the parameter all-gather after the step is not overlapped with the next forward.
@@ -22,17 +27,85 @@ not a setting of the DeepSpeed config this planner exports, so an export could n
 Precision: bf16 only (DeepSpeed's own engine has no FP8 training path found in its sources; FP8
 through Transformer Engine would be model code, not a DeepSpeed setting).
 """
-from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, CONTEXT_GIB, EQUAL_SPLIT, Engine)
+import functools
+
+from planner.engines.megatron import MAKE_VOCAB_SIZE_DIVISIBLE_BY
+from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, BALANCED_SPLIT, CONTEXT_GIB,
+                                  Engine)
 from planner.engines.validation import validation_of
+
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list:
+    """deepspeed/runtime/utils.py partition_uniform: part boundaries, the first
+    num_items % num_parts parts one item larger."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
+
+
+@functools.lru_cache(maxsize=256)
+def partition_balanced(weights: tuple, num_parts: int) -> tuple:
+    """deepspeed/runtime/utils.py partition_balanced, as it is: the contiguous partition
+    minimising the heaviest minus the lightest part's weight (its dynamic programme, its
+    tie-breaking: the last cut of equal cost), as part boundaries."""
+    n, m = len(weights), num_parts
+    if n <= m:
+        return tuple(partition_uniform(n, m))
+    inf = float("inf")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    position = [[0] * (m + 1) for _ in range(n + 1)]
+    dp_max[0][0] = dp_cost[0][0] = 0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                hi, lo = max(dp_max[k][j - 1], part), min(dp_min[k][j - 1], part)
+                if dp_cost[i][j] >= hi - lo:
+                    dp_cost[i][j], dp_max[i][j], dp_min[i][j] = hi - lo, hi, lo
+                    position[i][j] = k
+    parts = [n]
+    for j in range(m, 0, -1):
+        parts.append(position[parts[-1]][j])
+    return tuple(reversed(parts))
+
+
+def transformer_counts(num_layers: int, pp: int) -> dict:
+    """Decoder layers per stage that PipelineModule's partition methods give a GPT of
+    `num_layers` layers (deepspeed/runtime/pipe/module.py _partition_layers), by the
+    partition_method that gives them: 'type:transformer' balances the transformer layers
+    alone (the first stages one more); 'type:transformer|embedding' counts the tied embedding
+    at both ends as a layer each (Megatron-DeepSpeed GPTModelPipe, as BLOOM-176B ran: 5, 6 x
+    10, 5 over 12 stages)."""
+    out = {}
+    for method, weights in (("type:transformer", (1,) * num_layers),
+                            ("type:transformer|embedding", (1,) + (1,) * num_layers + (1,))):
+        bounds = partition_balanced(weights, pp)
+        ends = 1 if method.endswith("embedding") else 0
+        counts = []
+        for a, b in zip(bounds, bounds[1:]):
+            lo, hi = max(a, ends), min(b, ends + num_layers)
+            counts.append(max(0, hi - lo))
+        out.setdefault(tuple(counts), method)
+    return {method: list(counts) for counts, method in out.items()}
+
 
 DEEPSPEED = Engine(
     name="deepspeed", title="DeepSpeed",
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     max_tp=None, sp_choices=(False, True),
-    schedules=("1f1b",), stage_layers=EQUAL_SPLIT,
+    schedules=("1f1b",), stage_layers=BALANCED_SPLIT, stage_partitions=transformer_counts,
+    vocab_split="pad", vocab_pad_multiple=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
     sources=(("zero_with_pp", "deepspeed/runtime/pipe/engine.py (asserts zero stage < 2)"),
-             ("stage_layers", "deepspeed/runtime/pipe/module.py PipelineModule partition_method "
-                              "(the planner uses equal splits only)"),
+             ("stage_layers", "deepspeed/runtime/pipe/module.py PipelineModule._partition_layers "
+                              "('uniform': deepspeed/runtime/utils.py partition_uniform; "
+                              "'parameters', 'type:<regex>': partition_balanced)"),
              ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only; "
                           "DualPipeV is deepspeedai/DeepSpeed PR 8576, not merged)")),
     recompute=(("full", ALL_OR_NONE), ("selective", ALL_OR_NONE)),

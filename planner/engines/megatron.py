@@ -63,6 +63,10 @@ MOE_LAYER_OVERHEAD_S = 4.33e-3
 MOE_EXPERT_OVERHEAD_S = 0.213e-3
 
 
+# --make-vocab-size-divisible-by's default (megatron/training/arguments.py)
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
+
+
 MEGATRON = Engine(
     name="megatron", title="Megatron-LM / Megatron-Core",
     # what planner.export.megatron writes of the model's attention and MTP modules (its
@@ -81,11 +85,26 @@ MEGATRON = Engine(
     # --expert-tensor-parallel-size any divisor (MoE parallel folding);
     # --overlap-moe-expert-parallel-comm (megatron-core >= 0.14)
     moe_dispatchers=("alltoall", "allgather", "flex"), moe_etp="any", ep_comm_overlap=True,
+    # Megatron-LM pads the tokenizer's vocabulary to a multiple of
+    # --make-vocab-size-divisible-by (128) x tp before it builds the model
+    # (megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding;
+    # megatron/training/vocab_utils.py calculate_padded_vocab_size): GPT-2's 50257 tokens are
+    # 50304 at tp 1 and 50688 at tp 4. Megatron-Core's VocabParallelEmbedding then divides the
+    # padded vocabulary over tp (megatron/core/tensor_parallel/utils.py
+    # VocabUtility.vocab_range_from_global_vocab_size).
+    vocab_split="pad", vocab_pad_multiple=MAKE_VOCAB_SIZE_DIVISIBLE_BY,
     moe_tp_needs_sp=True,   # megatron/training/arguments.py: "sequence parallel must be used
     # with MoE and tensor parallel"
-    sources=(("zero_with_pp", "megatron/training/arguments.py (Megatron-FSDP, ZeRO 2-3, does "
-                              "not combine with pipeline parallelism)"),
+    sources=(("zero_with_pp", "megatron/training/arguments.py (\"--use-torch-fsdp2 is not "
+                              "supported with pipeline parallelism\"); Megatron-FSDP likewise: "
+                              "\"FSDP and PP are mutually exclusive in Megatron's standard "
+                              "path\" (examples/multimodal_dev/scripts/run_qwen35_vl.sh, "
+                              "NVIDIA/Megatron-LM#6081)"),
              ("stage_layers", "megatron/training/arguments.py --pipeline-model-parallel-layout"),
+             ("tp_splits_model", "megatron/core/tensor_parallel/layers.py ColumnParallelLinear / "
+                                 "megatron/core/transformer/attention.py: divide() asserts tp "
+                                 "divides the heads, the query groups and the FFN "
+                                 "(megatron/core/utils.py ensure_divisibility)"),
              ("schedule", "megatron/core/pipeline_parallel/schedules.py (1F1B and interleaved; "
                           "no zero-bubble or DualPipe schedule: NVIDIA/Megatron-LM PR 5254 "
                           "closed unmerged)"),

@@ -82,7 +82,12 @@ RUNTIME = Engine(
              ("etp", "runtime/expert.py (each expert split over the tp ranks: etp = tp)"),
              ("cp", "planner/engines/runtime.py (PyTorch's context_parallel is not wired)"),
              ("zero_bubble_zero", "runtime/pipeline.py ShardedGradStage (per-micro-batch "
-                                  "reduce-scatter for the full backward only)")),
+                                  "reduce-scatter for the full backward only)"),
+             ("vocab_split", "runtime/pipeline.py loss_fn (a vocabulary tp does not divide "
+                             "falls back to the full logits, full_tensor(), which the plan's "
+                             "vocabulary-parallel loss does not count)"),
+             ("tp_splits_model", "runtime/model.py Attention / runtime/tensor_parallel.py "
+                                 "(local heads and FFN columns are the model's over tp)")),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,

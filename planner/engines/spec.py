@@ -8,7 +8,7 @@ facts of an engine on a machine through `planner.engines.facts`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # what selective recompute recomputes where nothing else is asked for (planner.vocab)
 from planner.vocab import DEFAULT_RECOMPUTE_MODULES
@@ -20,7 +20,15 @@ ALL_OR_NONE = "all"       # every layer or none (torchtitan, DeepSpeed, FSDP wra
 
 # How a pipeline's layers may be split over its ranks (`Engine.stage_layers`):
 ANY_SPLIT = "any"         # any contiguous split (Megatron's layout, torchtitan's module fqns)
-EQUAL_SPLIT = "equal"     # the same count on every rank (DeepSpeed PipelineModule)
+# counts that differ by at most one layer: what DeepSpeed's PipelineModule partitions produce
+# (deepspeed/runtime/pipe/module.py _partition_layers: 'uniform' is deepspeed/runtime/utils.py
+# partition_uniform, the first num_layers % pp stages one layer more; 'parameters' and
+# 'type:<regex>' are partition_balanced over the layers' weights, e.g. BLOOM-176B's 70 layers
+# over 12 stages as 5, 6 x 10, 5 with 'type:transformer|embedding')
+BALANCED_SPLIT = "balanced"
+# the old name, still read by planner.search (`engine.stage_layers == EQUAL_SPLIT`: it places
+# such an engine's layers without searching the split); the lead renames it there
+EQUAL_SPLIT = BALANCED_SPLIT
 
 
 # ---- figures every PyTorch-based engine shares --------------------------------------------
@@ -108,7 +116,7 @@ class Engine:
     max_tp: int | None              # None: up to a node; 1: no tensor parallelism
     sp_choices: tuple               # sequence-parallel settings it offers with tp > 1
     schedules: tuple                # pipeline schedules with pp > 1 (empty: no pipelining)
-    stage_layers: str               # ANY_SPLIT | EQUAL_SPLIT
+    stage_layers: str               # ANY_SPLIT | BALANCED_SPLIT (its partition methods)
     # granularities it offers, each with how many layers of a rank it may cover:
     # (("full", PER_CHUNK), ("selective", ALL_OR_NONE)), ...; "op" is torchtitan's per-op policy
     recompute: tuple
@@ -119,6 +127,12 @@ class Engine:
     # ZeRO-2 as FSDP SHARD_GRAD_OP: parameters all-gathered again in every micro-batch's
     # forward (kept unsharded to its backward) instead of once after the step
     zero2_gathers_every_microbatch: bool
+    # its own names for a granularity, as (its name, the granularity priced): torchtitan's
+    # "selective" is its per-op policy, priced as "op" (`native_recompute`)
+    recompute_aliases: tuple = ()
+    # BALANCED_SPLIT: (num_layers, pp) -> {partition method: decoder layers per stage}, the
+    # splits its partition methods give (planner.engines.deepspeed.transformer_counts)
+    stage_partitions: object = field(default=None, compare=False, repr=False)
     # TP groups must sit inside one host (torchrun's local ranks), not just one NVLink domain
     tp_within_host: bool = False
     # what its "selective" recompute may recompute of every layer (planner.cost.recompute
@@ -190,6 +204,17 @@ class Engine:
     # "sequence parallel must be used with MoE and tensor parallel"; torchtitan always shards
     # the sequence under tp; our runtime's experts take the tp rank's share of the tokens)
     moe_tp_needs_sp: bool = True
+    # how its tensor parallelism splits the vocabulary (`built_vocab`): "pad" -- the training
+    # script pads it to a multiple of vocab_pad_multiple x tp (Megatron-LM's
+    # --make-vocab-size-divisible-by, default 128: megatron/core/tokenizers/utils/
+    # build_tokenizer.py vocab_size_with_padding; Megatron-DeepSpeed's
+    # megatron/tokenizer/tokenizer.py _vocab_size_with_padding), so any vocabulary runs at any
+    # tp; "uneven" -- DTensor shards it as torch.chunk does, ceil(V / tp) rows a rank (the
+    # vocabulary-parallel embedding and loss mask by each shard's own range:
+    # torch/distributed/tensor/placement_types.py MaskPartial._partition_value,
+    # Shard.local_shard_size_and_offset); "even" -- tp must divide it
+    vocab_split: str = "even"
+    vocab_pad_multiple: int = 1
     # where it states its limits, as ((rule, file or document), ...): the `source` of the
     # planner.validity Problem for that rule
     sources: tuple = ()
@@ -299,6 +324,39 @@ class Engine:
         where a TP group may live, read by the search, the rules and explain."""
         return self.tp_domain(cluster) % tp == 0
 
+    def built_vocab(self, vocab: int, tp: int) -> int:
+        """The vocabulary rows its model builds at tensor parallel degree `tp`, over all tp
+        ranks (what the embedding and the output layer hold and compute): padded, or tp times
+        the largest uneven shard, or the vocabulary itself (`vocab_split`)."""
+        if self.vocab_split == "pad":
+            multiple = self.vocab_pad_multiple * tp
+            return -(-vocab // multiple) * multiple
+        if self.vocab_split == "uneven":
+            return -(-vocab // tp) * tp
+        return vocab
+
+    def vocab_splits(self, vocab: int, tp: int) -> bool:
+        """Its tensor parallelism splits a vocabulary of `vocab` tokens over `tp` ranks."""
+        return self.vocab_split != "even" or vocab % tp == 0
+
+    def built_model(self, model, tp: int):
+        """`model` as this engine builds it at tp: the vocabulary `built_vocab` (what the cost
+        model prices: the embedding, the output layer and the loss)."""
+        vocab = self.built_vocab(model.vocab_size, tp)
+        if vocab == model.vocab_size:
+            return model
+        return replace(model, vocab_size=vocab)
+
+    def tp_runs(self, cluster, tp: int) -> bool:
+        """The engine runs tp groups of `tp` ranks on this cluster at all: inside one host where
+        it places TP per host (our runtime: runtime/train.py check_world), anywhere for the
+        others -- Megatron-Core's tp groups are consecutive ranks and span nodes where tp
+        exceeds them (megatron/core/parallel_state.py; Narayanan et al. 2021 ran tp 16 and 32
+        on 8-GPU DGX A100 nodes, Megatron-LM examples/academic_paper_scripts/sc21/
+        run_figure_15.sh), priced over the inter-node links (planner.cost.comm.group_link).
+        Where the search looks for tp is `tp_fits` / `tp_limit`, a search choice."""
+        return self.tp_fits(cluster, tp) or not self.tp_within_host
+
     def source_of(self, rule: str, default: str = "") -> str:
         """The file or document where this engine states `rule` (`sources`)."""
         return dict(self.sources).get(rule, default)
@@ -311,6 +369,11 @@ class Engine:
     @property
     def pipelines(self) -> bool:
         return bool(self.schedules)
+
+    def native_recompute(self, recompute: str | None) -> str | None:
+        """The granularity priced for `recompute` in this engine's own words (its
+        `recompute_aliases`), else `recompute` itself."""
+        return dict(self.recompute_aliases).get(recompute, recompute)
 
     @property
     def recompute_modes(self) -> tuple:

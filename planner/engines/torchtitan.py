@@ -55,6 +55,25 @@ TORCHTITAN = Engine(
     schedules=("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev"),
     stage_layers=ANY_SPLIT,
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),
+    # [activation_checkpoint] mode "selective" with selective_ac_option "op" is the per-op
+    # policy priced as "op" (torchtitan/distributed/activation_checkpoint.py: "Valid options:
+    # 'op' or a positive int representing layer frequency")
+    recompute_aliases=(("selective", "op"),),
+    # tok_embeddings RowwiseParallel and output ColwiseParallel (torchtitan/models/llama3/
+    # parallelize.py apply_tp) shard the vocabulary as DTensor does, unevenly where tp does
+    # not divide it (placement_types.py MaskPartial; loss_parallel likewise)
+    vocab_split="uneven",
+    sources=(("stage_layers", "torchtitan/distributed/pipeline_parallel.py "
+                              "(module_fqns_per_model_part: any contiguous split; "
+                              "pipeline_parallel_layers_per_stage, "
+                              "pipeline_parallel_first_stage_less_layers)"),
+             ("recompute", "torchtitan/distributed/activation_checkpoint.py (modes full, "
+                           "selective: per-op SAC)"),
+             ("zero0_with_tp_pp", "torchtitan/models/llama3/infra/parallelize.py "
+                                  "parallelize_llama (releases 0.1-0.2: \"DDP has not supported "
+                                  "> 1D parallelism\")"),
+             ("schedule", "torch/distributed/pipelining/schedules.py (GPipe, 1F1B, "
+                          "Interleaved1F1B)")),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and

@@ -11,7 +11,8 @@ So the planner's notes and those settings travel in two top-level keys starting 
 
 DeepSpeed reads only the top-level keys it knows and ignores others (deepspeedai/DeepSpeed#653),
 so the file stays a valid config. Only plans priced for the deepspeed engine are exported
-(planner.engines.runnable): equal layers per stage, 1F1B, ZeRO < 2 with pipelining, every layer
+(planner.engines.runnable): the layers per stage one of PipelineModule's partition methods
+gives (named in "pipeline_module"), 1F1B, ZeRO < 2 with pipelining, every layer
 recomputed or none. Everything else is a real DeepSpeed key:
 train_batch_size = micro batch x gradient_accumulation_steps x data-parallel size (DeepSpeed
 asserts this), zero_optimization.stage, bf16, activation_checkpointing and, for pipelines,
@@ -23,6 +24,8 @@ import json
 
 from planner.export._common import (check_exportable, header, rank_layers, recompute_active,
                                     uses_bf16)
+from planner import validity as V
+from planner.engines import get_engine
 from planner.plan import Plan
 
 
@@ -68,6 +71,9 @@ def deepspeed_config(plan: Plan) -> str:
     if uses_bf16(plan):
         md_args.append("--bf16")
 
+    # the PipelineModule partition method that gives the planned split (an even split: any)
+    method = V.partition_method(get_engine("deepspeed"), m.num_layers, plan.layer_counts()) \
+        or "type:transformer"
     parallelism = {
         "tensor_parallel_size": p.tp,
         "pipeline_parallel_size": p.pp,
@@ -76,7 +82,7 @@ def deepspeed_config(plan: Plan) -> str:
         "planned_layers_per_pipeline_rank": per_rank,
         "pipeline_module": (f"PipelineModule(layers=<{m.num_layers} transformer layers plus "
                             f"embedding and head>, num_stages={p.pp}, "
-                            f"partition_method='type:transformer', "
+                            f"partition_method='{method}', "
                             f"activation_checkpoint_interval={interval})"),
         "megatron_deepspeed_args": md_args,
     }

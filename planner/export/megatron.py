@@ -36,6 +36,7 @@ from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines.runnable import per_chunk_recompute
 from planner.export._common import (check_exportable, fmt_list, header, rank_layers,
                                     recompute_active, stage_layers, uses_bf16)
+from planner.engines import get_engine
 from planner.plan import Plan
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -245,8 +246,13 @@ def _model(plan: Plan, args: list, notes: list) -> None:
                      "the layer spec must supply it")
     args += [("--attention-dropout", repr(float(m.dropout))),
              ("--hidden-dropout", repr(float(m.dropout)))]
+    tp = plan.parallelism.tp
+    engine = get_engine("megatron")
     notes.append(f"vocabulary: {m.vocab_size} tokens from your tokenizer flags; Megatron pads it "
-                 f"to a multiple of 128 x tp = {128 * plan.parallelism.tp}")
+                 f"to a multiple of {engine.vocab_pad_multiple} x tp = "
+                 f"{engine.vocab_pad_multiple * tp} (--make-vocab-size-divisible-by "
+                 f"{engine.vocab_pad_multiple}): {engine.built_vocab(m.vocab_size, tp)} rows, "
+                 f"as priced")
 
 
 def moe_layer_freq(model) -> str:
