@@ -71,6 +71,11 @@ from planner.vocab import MULTI_CHUNK_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 # (Engine.sources) comes first; rules of what an engine offers at all (engine_*) cite that
 # engine's options (ENGINE_OPTIONS).
 RULE_SOURCES = {
+    "zero_bubble_layout": "torch/distributed/pipelining/schedules.py (ScheduleZBVZeroBubble and "
+                          "ScheduleDualPipeV: exactly 2 stages per rank; ScheduleDualPipeV: at "
+                          "least 2 x pp micro-batches)",
+    "zero_bubble_needs_pp": "torch/distributed/pipelining/schedules.py (the multi-stage "
+                            "schedules need more than one pipeline rank)",
     "batch_positive": "megatron/training/arguments.py (batch sizes and --seq-length must be "
                       "positive)",
     "positive": "megatron/training/arguments.py (parallel sizes, batch sizes must be positive)",
@@ -156,7 +161,7 @@ ENGINE_RULES = frozenset((
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
-    "tp_splits_model"))
+    "tp_splits_model", "zero_bubble_zero"))
 
 # where each engine lists what it runs: the citation of a rule of what it offers at all
 ENGINE_OPTIONS = {

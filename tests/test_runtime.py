@@ -287,8 +287,10 @@ def test_refuses_bad_plans(tmp_path):
     _refused(run_runtime("--plan", bad), "not a valid plan")
     alibi = make_plan(tmp_path / "a.json", model=LLAMA.scaled(position="alibi"))
     _refused(run_runtime("--plan", alibi), "ALiBi")
-    # a layout the runtime cannot run is refused before any work
-    long = make_plan(tmp_path / "g.json", model=LLAMA.scaled(max_seq_len=8), tp=2, pp=2,
+    # a layout the runtime cannot run is refused before any work: learned positions are a
+    # table of max_seq_len rows (RoPE has no such limit since the rules layer's mend)
+    long = make_plan(tmp_path / "g.json", model=LLAMA.scaled(max_seq_len=8, position="learned"),
+                     tp=2, pp=2,
                      validate=False)
     _refused(run_runtime("--plan", long, env_extra={"WORLD_SIZE": "4"}), "max_seq_len")
 
