@@ -324,7 +324,7 @@ def _plan(model=LLAMA, tp=1, pp=1, dp=1, vpp=1, nmb=None, seq=16, **par):
 @pytest.mark.parametrize("kw,match", [
     (dict(model=LLAMA.scaled(num_kv_heads=4, ffn_hidden=130), tp=4), r"FFN \(130\)"),
     (dict(tp=2, sequence_parallel=True, seq=15), "seq_len"),
-    (dict(seq=64), "max_seq_len"),
+    (dict(model=LLAMA.scaled(position="learned"), seq=64), "max_seq_len"),
     (dict(model=LLAMA.scaled(num_layers=8), pp=2, vpp=2, schedule="interleaved", nmb=5),
      "interleaved"),
 ])
