@@ -246,7 +246,9 @@ def suggestion_text(s) -> str:
         return f"ZeRO-{s.best.candidate.zero} ({plan})"
     if s.change == "layout":
         return f"another layout: {plan}"
-    return f"{s.num_gpus} GPUs ({plan}, global batch {s.global_batch})"
+    fewest = "the fewest that fit" if s.minimal else "the fewest found"
+    return (f"{s.num_gpus} GPUs, {fewest} in whole hosts of {s.gpus_per_node} ({plan}, step "
+            f"{s.step_time_s:.2f} s, global batch {s.global_batch})")
 
 
 def _nothing_fits_message(model, cluster, fixed, report) -> str:
