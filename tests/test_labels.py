@@ -76,3 +76,32 @@ def test_sweep_peak_is_the_plans_reserved_with_allocated_beside():
     assert r["peak_allocated_gib"] == pytest.approx(best.estimate.peak_memory_gib, abs=0.01)
     assert r["peak_reserved_gib"] > r["peak_allocated_gib"]
     assert "peak_memory_gib" not in df.columns
+
+
+# ---- help and names -----------------------------------------------------------------------
+
+def test_every_flag_has_help_and_the_help_lists_every_subcommand(capsys):
+    from planner.cli import COMMANDS, plan_parser
+    from planner.sweep import sweep_parser
+    from planner.cli import _Parser
+    for parser in (plan_parser(), sweep_parser(_Parser)):
+        bare = [a.option_strings or a.dest for a in parser._actions if not a.help]
+        assert not bare, bare
+    with pytest.raises(SystemExit) as e:
+        plan_parser().parse_args(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert f"  plan {name}" in out, name
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "lama70b", "--cluster", "h100x8"], "did you mean llama70b"),
+    (["--model", "qwen3-32", "--cluster", "h100x8"], "did you mean qwen3-30b-a3b"),
+    (["--model", "llama70b", "--cluster", "h10x8"], "did you mean h100x8?"),
+    (["--model", "llama70b", "--cluster", "h100"], "did you mean h100x<count>"),
+])
+def test_a_misspelt_name_gets_did_you_mean(capsys, args, needle):
+    from cli_helpers import one_line
+    code, _, err = run(capsys, *args)
+    one_line(code, err, expect=2, needle=needle)
