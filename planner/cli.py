@@ -327,6 +327,15 @@ def run_plan(argv) -> int:
     return 0
 
 
+def output_width() -> int:
+    """Columns of the text report: $COLUMNS where set (at least 60), else 120."""
+    import os
+    try:
+        return max(60, int(os.environ["COLUMNS"]))
+    except (KeyError, ValueError):
+        return 120
+
+
 def _check_plot_path(a) -> None:
     if getattr(a, "plot", None):
         from planner.plot import check_path
@@ -349,7 +358,7 @@ def _emit(a, plan: Plan, alts) -> None:
         from planner.export import export
         print(export(plan, a.export))
     else:
-        print(render(plan, alts), end="")
+        print(render(plan, alts, width=output_width()), end="")
         if a.out:
             print(f"plan written to {a.out}")
 

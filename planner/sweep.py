@@ -157,7 +157,14 @@ def _peak(r) -> str:
     return f"{res:.1f} ({alloc:.1f})"
 
 
-def render_table(df, width: int = 160) -> str:
+def render_table(df, width: int | None = None) -> str:
+    """The rows as a table `width` columns wide (default $COLUMNS where set, else 160)."""
+    import os
+    if width is None:
+        try:
+            width = max(60, int(os.environ["COLUMNS"]))
+        except (KeyError, ValueError):
+            width = 160
     import io
 
     from rich.console import Console
@@ -170,7 +177,7 @@ def render_table(df, width: int = 160) -> str:
     for col, just in (("cluster", "left"), ("seq", "right"), ("batch", "right"),
                       ("config", "left"), ("step", "right"), ("tokens/s", "right"),
                       ("tok/s/GPU", "right"), ("MFU", "right"),
-                      ("peak GiB reserved (allocated)", "right"),
+                      ("GiB reserved (allocated)", "right"),
                       ("fits", "left")):
         t.add_column(col, justify=just, no_wrap=col != "config")
     for _, r in df.iterrows():
