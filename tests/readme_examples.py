@@ -8,7 +8,7 @@ with `2>&1`). Blocks of one file run in order, in one scratch directory outside 
 (with `examples/` and `benchmarks/` linked in), with `plan` running this checkout's planner
 and COLUMNS=99 for README.md (its lines stay under 100 columns), 120 for docs/; output lines
 longer than that are shown folded at the last space that fits. What may differ between runs is masked before comparing (MASKS: the
-search time; in torchrun examples every measured time and rate), nothing else.
+search time; in torchrun examples every measured time, rate and peak memory), nothing else.
 
 A generated section, `<!-- generated: NAME -->` ... `<!-- /generated -->`, holds figures
 written from the committed benchmark tables by GENERATORS[NAME]; it is compared too.
@@ -43,6 +43,7 @@ MEASURED = [re.compile(p) for p in (
     r"\d[\d,]*(\.\d+)? (tokens|tok)/s(/GPU)?",       # rates
     r"(?<=MFU )\d+(\.\d+)?%",
     r"(?<=ETA )\S+",
+    r"(?<=peak )\d+(\.\d+)? GiB",                  # measured memory (allocator-dependent)
 )]
 
 
