@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import time
 
 from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
                                today)
-from benchmarks.fidelity import _best_over_zero_stages, cluster_of, fixed_of, load_runs, model_of
+from benchmarks.fidelity import (FIDELITY_MARGIN_GIB, _best_over_zero_stages, cluster_of,
+                                 fixed_of, load_runs, model_of)
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
 from planner.bounds import divisors
 from planner.search import Fixed, default_global_batch, default_seq_len, search
+from planner.suggest import _layout_free
 from planner.engines import get_engine
 from planner.validity import tp_ok
 
@@ -71,9 +74,10 @@ def _oom_reason(result) -> str:
             f"({e.stage_memory_gib[k]['total']:.1f} of {e.capacity_gib:.1f} GiB)")
 
 
-def run_search(model, cluster, fixed, seq, gbs, engine=None) -> Outcome:
+def run_search(model, cluster, fixed, seq, gbs, engine=None, margin_gib=None) -> Outcome:
     try:
-        rep = search(model, cluster, fixed, seq, gbs, top=1, rejected=False, engine=engine)
+        rep = search(model, cluster, fixed, seq, gbs, top=1, rejected=False, engine=engine,
+                     margin_gib=margin_gib)
     except BadInput as e:
         return Outcome(why=f"not divisible: {e}")
     if rep.best is not None:
@@ -83,15 +87,16 @@ def run_search(model, cluster, fixed, seq, gbs, engine=None) -> Outcome:
     return Outcome(why="no candidate")
 
 
-def fsdp(model, cluster, seq, gbs, flash, engine=None) -> Outcome:
+def fsdp(model, cluster, seq, gbs, flash, engine=None, base=None, margin_gib=None) -> Outcome:
     n = cluster.num_gpus
     if gbs % n:
         return Outcome(why=f"not divisible: global batch {gbs} over dp={n}")
-    return run_search(model, cluster, Fixed(tp=1, pp=1, dp=n, zero=3, flash=flash), seq, gbs,
-                      engine)
+    f = dataclasses.replace(base or Fixed(flash=flash), tp=1, pp=1, dp=n, zero=3)
+    return run_search(model, cluster, f, seq, gbs, engine, margin_gib)
 
 
-def megatron(model, cluster, seq, gbs, flash, engine=None) -> Outcome:
+def megatron(model, cluster, seq, gbs, flash, engine=None, base=None,
+             margin_gib=None) -> Outcome:
     tp = min(cluster.gpus_per_node, cluster.num_gpus)
     if not tp_ok(model, tp):
         return Outcome(why=f"not divisible: tp={tp} (GPUs per node) does not divide the heads "
@@ -106,9 +111,10 @@ def megatron(model, cluster, seq, gbs, flash, engine=None) -> Outcome:
         if gbs % dp:
             last = Outcome(why=f"not divisible: global batch {gbs} over dp={dp} (pp={pp})")
             continue
-        f = Fixed(tp=tp, pp=pp, zero=1 if dp > 1 else 0, sp=tp > 1, schedule="1f1b",
-                  recompute="full", flash=flash)
-        out = run_search(model, cluster, f, seq, gbs, engine)
+        f = dataclasses.replace(base or Fixed(flash=flash), tp=tp, pp=pp,
+                                zero=1 if dp > 1 else 0, sp=tp > 1, schedule="1f1b",
+                                recompute="full")
+        out = run_search(model, cluster, f, seq, gbs, engine, margin_gib)
         if out.fits:
             return out
         if out.result is not None or last.result is None:
@@ -130,19 +136,23 @@ def verdict(o: Outcome, best: Outcome) -> str:
             f"+{a[part] - b.get(part, 0.0):.3g} s)")
 
 
-def compare(name, model, cluster, seq, gbs, flash, published=None, engine=None) -> dict:
+def compare(name, model, cluster, seq, gbs, flash, published=None, engine=None, base=None,
+            margin_gib=None) -> dict:
     """The planner's best, the published configuration (given) and the two recipes, all priced
-    for `engine` (default megatron), as one row."""
+    for `engine` (default megatron) under the same assumptions `base` (a Fixed with no layout
+    fixed: precision, kernels, overlaps, MoE routing as the run had them) and memory margin,
+    as one row."""
     t0 = time.perf_counter()
-    best = run_search(model, cluster, Fixed(flash=flash), seq, gbs, engine)
+    base = base or Fixed(flash=flash)
+    best = run_search(model, cluster, base, seq, gbs, engine, margin_gib)
     row = {"workload": name, "model": model.name, "cluster": cluster.name,
            "gpus": cluster.num_gpus, "seq_len": seq, "global_batch": gbs,
            "attention": "flash" if flash else "eager",
            "planner_config": best.config() if best.fits else "",
            "planner_s": best.step, "planner_mfu": (best.result.estimate.mfu if best.fits
                                                    else None)}
-    outs = {"fsdp": fsdp(model, cluster, seq, gbs, flash, engine),
-            "megatron": megatron(model, cluster, seq, gbs, flash, engine)}
+    outs = {"fsdp": fsdp(model, cluster, seq, gbs, flash, engine, base, margin_gib),
+            "megatron": megatron(model, cluster, seq, gbs, flash, engine, base, margin_gib)}
     if published is not None:
         outs = {"published": published, **outs}
     for k, o in outs.items():
@@ -168,7 +178,8 @@ def published_rows(limit=None) -> list:
                                            engine)
         pub = Outcome(res, fits, None if fits or res is None else _oom_reason(res))
         rows.append(compare(run["id"], model, cluster, f["seq_len"], f["global_batch"],
-                            fixed.flash, published=pub, engine=engine))
+                            fixed.flash, published=pub, engine=engine,
+                            base=_layout_free(fixed), margin_gib=FIDELITY_MARGIN_GIB))
         print(_line(rows[-1]), flush=True)
     return rows
 
