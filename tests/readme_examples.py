@@ -212,7 +212,21 @@ def fidelity_table() -> str:
     return "\n".join(out) + f"\n\nFrom [{rel.name}](../{rel}).\n"
 
 
-GENERATORS = {"fidelity-summary": fidelity_summary, "fidelity-table": fidelity_table}
+def plan_quality_summary() -> str:
+    """The committed plan-quality table's tallies, per section, as it states them."""
+    path = latest("plan_quality")
+    out = []
+    for ln in path.read_text().splitlines():
+        if ln.startswith("## "):
+            out.append(f"{ln[3:]}:")
+        elif ln.startswith("- "):
+            out.append(ln)
+    rel = path.relative_to(ROOT)
+    return "\n".join(out) + f"\n\nFrom [{rel.name}](../{rel}).\n"
+
+
+GENERATORS = {"fidelity-summary": fidelity_summary, "fidelity-table": fidelity_table,
+              "plan-quality-summary": plan_quality_summary}
 
 
 def generated_problems(text: str) -> list:
