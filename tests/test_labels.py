@@ -97,7 +97,7 @@ def test_every_flag_has_help_and_the_help_lists_every_subcommand(capsys):
 
 @pytest.mark.parametrize("args,needle", [
     (["--model", "lama70b", "--cluster", "h100x8"], "did you mean llama70b"),
-    (["--model", "qwen3-32", "--cluster", "h100x8"], "did you mean qwen3-30b-a3b"),
+    (["--model", "qwen3-32", "--cluster", "h100x8"], "did you mean qwen3-32b"),
     (["--model", "llama70b", "--cluster", "h10x8"], "did you mean h100x8?"),
     (["--model", "llama70b", "--cluster", "h100"], "did you mean h100x<count>"),
 ])
