@@ -9,7 +9,12 @@ from pathlib import Path
 
 from planner.explain import recompute_label
 
+# The committed tables (`--out benchmarks/results` regenerates them); a run without --out
+# writes to SCRATCH, outside the checkout, so that running a benchmark never edits it.
 RESULTS = Path(__file__).parent / "results"
+SCRATCH = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "planner-benchmarks"
+OUT_HELP = (f"directory for the tables (default {SCRATCH}, outside the checkout; "
+            f"--out benchmarks/results writes the committed ones)")
 
 
 def today() -> str:
@@ -17,7 +22,7 @@ def today() -> str:
 
 
 def out_path(out_dir, stem: str, ext: str, date: str | None = None) -> Path:
-    """benchmarks/results/<stem>_<date>.<ext>."""
+    """<out_dir>/<stem>_<date>.<ext> (out_dir made if missing)."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     return d / f"{stem}_{date or today()}.{ext}"

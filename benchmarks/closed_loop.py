@@ -1,6 +1,6 @@
 """Closing the loop on this CPU machine: profile, plan with the profile, run, compare.
 
-    python -m benchmarks.closed_loop [--steps 8] [--model FILE] [--out benchmarks/results]
+    python -m benchmarks.closed_loop [--steps 8] [--model FILE] [--out DIR]
 
 1. `torchrun --standalone --nproc-per-node 2 -m profiler` (gloo) on a small Llama-shaped model;
 2. plan for `cpux2` with that profile: the best plan and the best plan of each other layout
@@ -8,8 +8,9 @@
 3. run each with the runtime (`torchrun ... -m runtime --plan P --steps N --metrics M`);
 4. print predicted vs measured step time (median of the steps after the first), the catalog-only
    prediction beside it, whether the predicted ranking held, and predicted vs measured memory
-   per rank (params, grads, optimizer, activations, peak); write
-   benchmarks/results/closed_loop.{md,json}.
+   per rank (params, grads, optimizer, activations, peak); write closed_loop.{md,json} and the
+   measured profile under --out (default outside the checkout; `--out benchmarks/results`
+   writes the committed tables, the committed profile stays benchmarks/profiles/).
 """
 from __future__ import annotations
 
@@ -24,14 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._common import OUT_HELP, SCRATCH
 from planner.catalog import get_cluster, get_model
 from planner.cost.price import candidate_of, price
 from planner.profile import apply_profile, load_profile
 from planner.search import Fixed, search, to_plan
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results"
-PROFILES = Path(__file__).parent / "profiles"
 
 # A Llama-shaped model small enough for two CPU processes: GQA (8 heads, 4 KV heads),
 # SwiGLU, RMSNorm, RoPE; tp=2 divides heads, KV heads, FFN and vocabulary.
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wait-quiet", type=float, default=120.0,
                     help="seconds to wait for a quiet machine before each run")
     ap.add_argument("--quiet-load", type=float, default=1.5)
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(SCRATCH), help=OUT_HELP)
     a = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="closed_loop_"))
@@ -174,8 +174,8 @@ def main(argv=None) -> int:
     if a.profile:
         prof_path = Path(a.profile)
     else:
-        PROFILES.mkdir(parents=True, exist_ok=True)
-        prof_path = PROFILES / f"cpux2-{model.name}.json"
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        prof_path = Path(a.out) / f"cpux2-{model.name}.json"
         print(f"[1/3] profiling {model.name} on 2 gloo processes -> {prof_path}", flush=True)
         torchrun(["-m", "profiler", "--model", model_path, "--seq-len", str(SEQ_LEN),
                   "--statistic", a.statistic, "--out", str(prof_path)]

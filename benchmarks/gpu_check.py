@@ -6,7 +6,7 @@ beside the plan's prediction (issue #10, item 5).
     python -m benchmarks.gpu_check --cpu-dry-run        # the same path on CPU, tiny model
 
 World 1 (NCCL on the GPU, gloo on CPU), bf16 autocast (the runtime on CUDA), tp = pp = dp = 1.
-Writes, under --out (default: $OUT when set, else benchmarks/results): `gpu_check.md`,
+Writes, under --out (default: $OUT when set, else outside the checkout): `gpu_check.md`,
 `gpu_check.json`, the profile `profile.json` and each run's metrics and log; on a GPU it also
 copies the table and profile into benchmarks/results/gpu_check_<date>.{md,json} and
 benchmarks/profiles/<gpu>x1-gpu-check.json when that tree is writable. Every stage has a time
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks._common import SCRATCH
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +69,9 @@ PLAN_CMD = [sys.executable, "-c", "import sys; from planner.cli import main; "
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks/results"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(SCRATCH / "gpu_check"),
+                    help="directory for the table, profile, metrics and logs (default $OUT, else "
+                         f"{SCRATCH / 'gpu_check'}, outside the checkout)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="run the same path on CPU with examples/tiny-llama.json")
     a = ap.parse_args(argv)

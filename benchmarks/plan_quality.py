@@ -14,21 +14,25 @@ sequence length, global batch, attention kernels):
 Each loser gets its reason: slower by x% (and the part of the step that grew most), out of
 memory on stage k by y GiB, or not divisible.
 
-    python -m benchmarks.plan_quality [--out benchmarks/results] [--only-published|--only-catalog]
+    python -m benchmarks.plan_quality [--out DIR] [--only-published|--only-catalog] [--limit N]
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import time
 
-from benchmarks._common import RESULTS, describe, machine, markdown_table, out_path, today
-from benchmarks.fidelity import _best_over_zero_stages, fixed_of, load_runs
+from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
+                               today)
+from benchmarks.fidelity import (FIDELITY_MARGIN_GIB, _best_over_zero_stages, cluster_of,
+                                 fixed_of, load_runs, model_of)
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
 from planner.bounds import divisors
 from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.catalog.hf import model_from_hf_config
+from planner.suggest import _layout_free
 from planner.engines import get_engine
 from planner.validity import tp_ok
 
@@ -71,9 +75,10 @@ def _oom_reason(result) -> str:
             f"({e.stage_memory_gib[k]['total']:.1f} of {e.capacity_gib:.1f} GiB)")
 
 
-def run_search(model, cluster, fixed, seq, gbs) -> Outcome:
+def run_search(model, cluster, fixed, seq, gbs, engine=None, margin_gib=None) -> Outcome:
     try:
-        rep = search(model, cluster, fixed, seq, gbs, top=1, rejected=False)
+        rep = search(model, cluster, fixed, seq, gbs, top=1, rejected=False, engine=engine,
+                     margin_gib=margin_gib)
     except BadInput as e:
         return Outcome(why=f"not divisible: {e}")
     if rep.best is not None:
@@ -83,14 +88,16 @@ def run_search(model, cluster, fixed, seq, gbs) -> Outcome:
     return Outcome(why="no candidate")
 
 
-def fsdp(model, cluster, seq, gbs, flash) -> Outcome:
+def fsdp(model, cluster, seq, gbs, flash, engine=None, base=None, margin_gib=None) -> Outcome:
     n = cluster.num_gpus
     if gbs % n:
         return Outcome(why=f"not divisible: global batch {gbs} over dp={n}")
-    return run_search(model, cluster, Fixed(tp=1, pp=1, dp=n, zero=3, flash=flash), seq, gbs)
+    f = dataclasses.replace(base or Fixed(flash=flash), tp=1, pp=1, dp=n, zero=3)
+    return run_search(model, cluster, f, seq, gbs, engine, margin_gib)
 
 
-def megatron(model, cluster, seq, gbs, flash) -> Outcome:
+def megatron(model, cluster, seq, gbs, flash, engine=None, base=None,
+             margin_gib=None) -> Outcome:
     tp = min(cluster.gpus_per_node, cluster.num_gpus)
     if not tp_ok(model, tp, engine=get_engine("megatron")):   # Megatron pads the vocabulary
         return Outcome(why=f"not divisible: tp={tp} (GPUs per node) does not divide the heads "
@@ -105,9 +112,10 @@ def megatron(model, cluster, seq, gbs, flash) -> Outcome:
         if gbs % dp:
             last = Outcome(why=f"not divisible: global batch {gbs} over dp={dp} (pp={pp})")
             continue
-        f = Fixed(tp=tp, pp=pp, zero=1 if dp > 1 else 0, sp=tp > 1, schedule="1f1b",
-                  recompute="full", flash=flash)
-        out = run_search(model, cluster, f, seq, gbs)
+        f = dataclasses.replace(base or Fixed(flash=flash), tp=tp, pp=pp,
+                                zero=1 if dp > 1 else 0, sp=tp > 1, schedule="1f1b",
+                                recompute="full")
+        out = run_search(model, cluster, f, seq, gbs, engine, margin_gib)
         if out.fits:
             return out
         if out.result is not None or last.result is None:
@@ -129,17 +137,23 @@ def verdict(o: Outcome, best: Outcome) -> str:
             f"+{a[part] - b.get(part, 0.0):.3g} s)")
 
 
-def compare(name, model, cluster, seq, gbs, flash, published=None) -> dict:
+def compare(name, model, cluster, seq, gbs, flash, published=None, engine=None, base=None,
+            margin_gib=None) -> dict:
+    """The planner's best, the published configuration (given) and the two recipes, all priced
+    for `engine` (default megatron) under the same assumptions `base` (a Fixed with no layout
+    fixed: precision, kernels, overlaps, MoE routing as the run had them) and memory margin,
+    as one row."""
     t0 = time.perf_counter()
-    best = run_search(model, cluster, Fixed(flash=flash), seq, gbs)
+    base = base or Fixed(flash=flash)
+    best = run_search(model, cluster, base, seq, gbs, engine, margin_gib)
     row = {"workload": name, "model": model.name, "cluster": cluster.name,
            "gpus": cluster.num_gpus, "seq_len": seq, "global_batch": gbs,
            "attention": "flash" if flash else "eager",
            "planner_config": best.config() if best.fits else "",
            "planner_s": best.step, "planner_mfu": (best.result.estimate.mfu if best.fits
                                                    else None)}
-    outs = {"fsdp": fsdp(model, cluster, seq, gbs, flash),
-            "megatron": megatron(model, cluster, seq, gbs, flash)}
+    outs = {"fsdp": fsdp(model, cluster, seq, gbs, flash, engine, base, margin_gib),
+            "megatron": megatron(model, cluster, seq, gbs, flash, engine, base, margin_gib)}
     if published is not None:
         outs = {"published": published, **outs}
     for k, o in outs.items():
@@ -154,24 +168,26 @@ def compare(name, model, cluster, seq, gbs, flash, published=None) -> dict:
     return row
 
 
-def published_rows() -> list:
+def published_rows(limit=None) -> list:
     rows = []
-    for run in load_runs():
-        model = model_from_hf_config(run["model"], run["model"].get("_name", run["id"]))
-        cluster = get_cluster(run["cluster"])
+    for run in load_runs()[:limit]:
+        model, cluster = model_of(run), cluster_of(run)
+        engine = get_engine(run["engine"])
         f = run["fixed"]
         fixed = fixed_of(run)
-        res, fits = _best_over_zero_stages(model, cluster, run, run.get("zero_stages", [None]))
+        res, fits = _best_over_zero_stages(model, cluster, run, run.get("zero_stages", [None]),
+                                           engine)
         pub = Outcome(res, fits, None if fits or res is None else _oom_reason(res))
         rows.append(compare(run["id"], model, cluster, f["seq_len"], f["global_batch"],
-                            fixed.flash, published=pub))
+                            fixed.flash, published=pub, engine=engine,
+                            base=_layout_free(fixed), margin_gib=FIDELITY_MARGIN_GIB))
         print(_line(rows[-1]), flush=True)
     return rows
 
 
-def catalog_rows() -> list:
+def catalog_rows(limit=None) -> list:
     rows = []
-    for m, c in CATALOG:
+    for m, c in CATALOG[:limit]:
         model, cluster = get_model(m), get_cluster(c)
         seq = default_seq_len(model)
         gbs = default_global_batch(seq, cluster.num_gpus)
@@ -222,14 +238,16 @@ def _tally(rows, key) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(SCRATCH), help=OUT_HELP)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--only-published", action="store_true")
     g.add_argument("--only-catalog", action="store_true")
+    ap.add_argument("--limit", type=int, metavar="N",
+                    help="only the first N workloads of each table (a quick check)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    pub = [] if a.only_catalog else published_rows()
-    cat = [] if a.only_published else catalog_rows()
+    pub = [] if a.only_catalog else published_rows(a.limit)
+    cat = [] if a.only_published else catalog_rows(a.limit)
     md = [f"# Plan quality ({today()})", "",
           "The planner's best plan against the published configuration and two recipes a user "
           "would otherwise pick, all scored by the same cost model (`planner.cost`). "
@@ -262,7 +280,8 @@ def main(argv=None):
         for r in pub + cat:
             w.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()})
     print(f"wrote {p}, {pc}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

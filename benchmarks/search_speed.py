@@ -17,7 +17,7 @@ For each (model, cluster):
   other candidates are counted as skipped, and the optimum is then only checked over the
   enumerated part (the table says which).
 
-    python -m benchmarks.search_speed [--out benchmarks/results] [--repeat 3] [--quick]
+    python -m benchmarks.search_speed [--out DIR] [--repeat 3] [--quick] [--only M:C,...]
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ from collections import Counter
 
 import numpy as np
 
-from benchmarks._common import RESULTS, describe, machine, markdown_table, out_path, today
+from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
+                               today)
 from planner.catalog import get_cluster, get_model
 from planner.cost.stage import capacity_bytes, evaluate, stage_coefficients
 import planner.search as S
@@ -394,7 +395,7 @@ HEADERS = ["model", "cluster", "GPUs", "process wall s", "process CPU s", "searc
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(SCRATCH), help=OUT_HELP)
     ap.add_argument("--repeat", type=int, default=3, help="runs per timing; the best is kept")
     ap.add_argument("--quick", action="store_true", help="no exhaustive enumeration")
     ap.add_argument("--max-splits", type=int, default=MAX_SPLITS)
@@ -438,7 +439,13 @@ def main(argv=None):
                               "import_wall_s": imp_wall, "import_cpu_s": imp_cpu,
                               "rows": rows}, indent=1, default=str))
     print(f"wrote {p}, {pj}")
+    missed = [r for r in rows if r.get("target_met") is False]
+    for r in missed:
+        print(f"target failed: {r['model']} on {r['cluster']} {r['process_wall_s']:.2f} s > "
+              f"{r['target_s']:g} s")
+    print("targets: " + (f"{len(missed)} failed" if missed else "all met"))
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -29,6 +29,13 @@ from planner.precision_choice import AUTO, choice_record, search_formats
 from planner.vocab import SCHEDULES, schedule_name
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
+SUBCOMMANDS = """subcommands (each with --help):
+  plan show PLAN.json [--export E] [--json] [--plot F]   explain or export a saved plan
+  plan sweep --model M --clusters C1,C2 [...]            the best plan at each point of a grid
+  plan launch PLAN.json --nnodes N [--slurm]             torchrun / SLURM lines for a plan
+  plan models                                            the catalog's models
+
+exit codes: 0 a plan that fits, 2 bad input, 3 nothing fits (with what would fit)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,26 +86,32 @@ def _non_negative_gib(s):
 
 def plan_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="plan", description="Plan how to split a model over a cluster.",
-                epilog="subcommands: plan show PLAN.json [--export E]; plan sweep --model M "
-                       "--clusters C1,C2; plan launch PLAN.json --nnodes N [--slurm] "
-                       "(each with --help)")
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SUBCOMMANDS)
     p.add_argument("--model", required=True, help="catalog name (llama70b, ...) or config.json")
     p.add_argument("--cluster", required=True, help="<gpu>x<count> (h100x32) or cluster JSON")
     p.add_argument("--seq-len", type=_positive("--seq-len"),
                    help="tokens per sequence (default: the model's context, at most 8192)")
     p.add_argument("--global-batch", type=_positive("--global-batch"),
                    help="sequences per step (default: 4M tokens, >= 1 sequence per 8 GPUs)")
-    p.add_argument("--tp", type=_positive("--tp"))
-    p.add_argument("--pp", type=_positive("--pp"))
-    p.add_argument("--dp", type=_positive("--dp"))
+    p.add_argument("--tp", type=_positive("--tp"),
+                   help="tensor-parallel degree (default: searched, within a node's NVLink)")
+    p.add_argument("--pp", type=_positive("--pp"),
+                   help="pipeline-parallel degree (default: searched)")
+    p.add_argument("--dp", type=_positive("--dp"),
+                   help="data-parallel degree (default: what tp x cp x pp leave of the GPUs)")
     p.add_argument("--cp", type=_positive("--cp"),
                    help="context-parallel degree (default: searched where the engine has CP)")
     p.add_argument("--cp-comm-type", choices=CP_COMM_TYPES,
                    help="context-parallel K/V exchange: p2p ring, all_gather or a2a (Ulysses) "
                         "(default: searched among the engine's)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
-    p.add_argument("--micro-batch", type=_positive("--micro-batch"))
-    p.add_argument("--vpp", type=_positive("--vpp"))
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3),
+                   help="ZeRO stage: 1 shards the optimizer states over dp, 2 the gradients "
+                        "too, 3 the parameters too (default: searched among the engine's)")
+    p.add_argument("--micro-batch", type=_positive("--micro-batch"),
+                   help="sequences per micro-batch (default: searched)")
+    p.add_argument("--vpp", type=_positive("--vpp"),
+                   help="virtual pipeline stages per rank (> 1: the interleaved schedule; "
+                        "default: searched where the engine interleaves)")
     p.add_argument("--stage-layers", type=_layer_counts, metavar="N,N,...",
                    help="decoder layers per pipeline rank, in rank order (default: placed by "
                         "the search; --pp defaults to their count); each rank's layers are "
@@ -108,16 +121,22 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--etp", type=_positive("--etp"),
                    help="expert tensor parallelism (MoE models; searched when absent)")
     p.add_argument("--recompute", choices=("none", "selective", "full", "op"),
-                   help="op: torchtitan's per-op selective checkpointing")
+                   help="activation recompute: none, selective (modules of every layer), full "
+                        "(whole layers, as many as memory needs) or op (torchtitan's per-op "
+                        "selective checkpointing) (default: searched)")
     p.add_argument("--recompute-modules", type=_module_names, metavar="M,M",
                    help="what selective recompute recomputes of every layer (Megatron's "
                         "--recompute-modules; implies --recompute selective; default "
                         "core_attn, or searched for the engine)")
-    p.add_argument("--sp", dest="sp", action="store_true", default=None)
-    p.add_argument("--no-sp", dest="sp", action="store_false")
+    p.add_argument("--sp", dest="sp", action="store_true", default=None,
+                   help="sequence parallelism with tp > 1 (default: searched where optional)")
+    p.add_argument("--no-sp", dest="sp", action="store_false",
+                   help="no sequence parallelism")
     p.add_argument("--schedule", type=schedule_name, choices=SCHEDULES,
-                   help="pipeline schedule; interleaved-zb, zbv and dualpipev are torch's "
-                        "zero-bubble ones (planner.vocab), zbv and dualpipev with 2 chunks per rank")
+                   help="pipeline schedule with pp > 1 (default: searched among the engine's; "
+                        "--vpp > 1 implies interleaved); interleaved-zb, zbv and dualpipev are "
+                        "torch's zero-bubble ones, zbv and dualpipev with 2 chunks per rank; "
+                        "engine names (Interleaved1F1B, ZBVZeroBubble, ...) accepted")
     p.add_argument("--top", type=_positive("--top"), default=5, help="alternatives to show")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
     p.add_argument("--out", help="write the plan JSON to this file")
@@ -253,7 +272,9 @@ def suggestion_text(s) -> str:
         return f"ZeRO-{s.best.candidate.zero} ({plan})"
     if s.change == "layout":
         return f"another layout: {plan}"
-    return f"{s.num_gpus} GPUs ({plan}, global batch {s.global_batch})"
+    fewest = "the fewest that fit" if s.minimal else "the fewest found"
+    return (f"{s.num_gpus} GPUs, {fewest} in whole hosts of {s.gpus_per_node} ({plan}, step "
+            f"{s.step_time_s:.2f} s, global batch {s.global_batch})")
 
 
 def _nothing_fits_message(model, cluster, fixed, report) -> str:
@@ -329,6 +350,15 @@ def run_plan(argv) -> int:
     return 0
 
 
+def output_width() -> int:
+    """Columns of the text report: $COLUMNS where set (at least 60), else 120."""
+    import os
+    try:
+        return max(60, int(os.environ["COLUMNS"]))
+    except (KeyError, ValueError):
+        return 120
+
+
 def _check_plot_path(a) -> None:
     if getattr(a, "plot", None):
         from planner.plot import check_path
@@ -351,18 +381,18 @@ def _emit(a, plan: Plan, alts) -> None:
         from planner.export import export
         print(export(plan, a.export))
     else:
-        print(render(plan, alts), end="")
+        print(render(plan, alts, width=output_width()), end="")
         if a.out:
             print(f"plan written to {a.out}")
 
 
 def run_show(argv) -> int:
     p = _Parser(prog="plan show", description="Explain or export a saved plan.")
-    p.add_argument("plan")
+    p.add_argument("plan", help="a plan JSON (plan ... --out FILE)")
     p.add_argument("--export", choices=EXPORT_FORMATS,
                    help="the plan's own engine (plan with --engine E to export to E)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--plot")
+    p.add_argument("--json", action="store_true", help="print the plan JSON")
+    p.add_argument("--plot", help="write the schedule and memory picture (PNG)")
     a = p.parse_args(argv)
     _check_plot_path(a)
     plan = ensure_estimate(Plan.load(a.plan, whole_cluster=True))
@@ -373,8 +403,9 @@ def run_show(argv) -> int:
 
 def run_launch(argv) -> int:
     p = _Parser(prog="plan launch", description="torchrun command lines for a saved plan.")
-    p.add_argument("plan")
-    p.add_argument("--nnodes", type=_positive("--nnodes"), required=True)
+    p.add_argument("plan", help="a plan JSON (plan ... --engine runtime --out FILE)")
+    p.add_argument("--nnodes", type=_positive("--nnodes"), required=True,
+                   help="hosts to launch on")
     p.add_argument("--slurm", action="store_true", help="write a SLURM batch script instead")
     a = p.parse_args(argv)
     plan = Plan.load(a.plan)

@@ -246,6 +246,70 @@ def alternatives(model, cluster, report, best, fixed=None) -> list:
 
 # ---- the report ----------------------------------------------------------------------------
 
+def count_label(n: float) -> str:
+    """A parameter count in T, B, M or K as fits: 70.6B, 1.3T, 6.4M."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def custom_gpu_changes(gpu) -> tuple | None:
+    """None for a catalog GPU as the catalog has it; else the figures that differ from the
+    catalog GPU of its name (a cluster file's "base"), all of them when the name is not in
+    the catalog."""
+    from planner.catalog.gpus import GPUS
+    base = GPUS.get(gpu.name)
+    if base is None:
+        return tuple(f.name for f in dataclasses.fields(gpu) if f.name != "name")
+    return tuple(f.name for f in dataclasses.fields(gpu)
+                 if getattr(gpu, f.name) != getattr(base, f.name)) or None
+
+
+def gpu_label(gpu) -> str:
+    """The GPU's name, and "custom" with what differs where it is not the catalog's."""
+    from planner.catalog.gpus import GPUS
+    changed = custom_gpu_changes(gpu)
+    if changed is None:
+        return gpu.name
+    if gpu.name not in GPUS:
+        return f"custom GPU {gpu.name!r}"
+    return f"custom GPU (catalog {gpu.name} with {', '.join(changed)} changed)"
+
+
+def trust_label(engine, gpu) -> str:
+    """How far to trust the predictions on this GPU: the engine's median error on its published
+    runs where they ran on this catalog GPU, else "not validated" (and on which GPUs they
+    are)."""
+    from planner.engines.validation import VALIDATED_GPUS, validated_on
+    if engine.validation is None:
+        return "not validated"
+    if custom_gpu_changes(gpu) is None and validated_on(engine.name, gpu.name):
+        return engine.trust()
+    where = "a custom GPU" if custom_gpu_changes(gpu) is not None else gpu.name
+    v = engine.validation
+    return (f"not validated on {where} (its {v.runs} published runs, median +/-"
+            f"{v.median_abs_error_pct:.0f}%, ran on {', '.join(VALIDATED_GPUS[engine.name])})")
+
+
+def precision_label(plan: Plan) -> str:
+    """What the block linears run in on the plan's device: the plan's precision (and recipe),
+    or fp32 on a CPU, where the runtime runs without autocast (runtime/train.py: bf16 autocast
+    on CUDA only) and the catalog's cpu figures are fp32 (planner/catalog/gpus.py)."""
+    if plan.cluster.gpu.name == "cpu":
+        return "fp32"
+    prec = getattr(plan, "precision", "bf16")
+    return prec + (f" ({plan.recipe})" if getattr(plan, "recipe", None) else "")
+
+
+def attention_label(plan: Plan) -> str:
+    """The attention kernel priced; on a CPU, SDPA's CPU flash kernel (torch 2.13 selects
+    SDPBackend.FLASH_ATTENTION for the runtime's causal and masked calls, fp32)."""
+    if plan.cluster.gpu.name == "cpu" and plan.attention == "flash":
+        return "flash attention (SDPA's CPU kernel)"
+    return f"{plan.attention} attention"
+
+
 def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> str:
     """The full report. `alternatives`: [(description, step_time_s or None, why_lost)]."""
     buf = io.StringIO()
@@ -253,14 +317,13 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     e, m, c = plan.estimate, plan.model, plan.cluster
     fits = e.get("fits", False)
     cap = e.get("capacity_gib", c.gpu.memory_gib)
-    con.print(f"Plan for {m.name} ({m.num_params() / 1e9:.1f}B params, {m.num_layers} layers) "
-              f"on {c.name} ({c.num_gpus} x {c.gpu.name}, {c.gpus_per_node} per node)")
+    con.print(f"Plan for {m.name} ({count_label(m.num_params())} params, {m.num_layers} "
+              f"layers) on {c.name} ({c.num_gpus} x {gpu_label(c.gpu)}, {c.gpus_per_node} "
+              f"per node)")
     from planner.engines import get_engine
     engine = get_engine(plan.engine)
-    prec = getattr(plan, "precision", "bf16")
-    prec += f" ({plan.recipe})" if getattr(plan, "recipe", None) else ""
-    con.print(f"  engine {engine.name} ({engine.title}), {prec}, {plan.attention} attention; "
-              f"predictions {engine.trust()}")
+    con.print(f"  engine {engine.name} ({engine.title}), {precision_label(plan)}, "
+              f"{attention_label(plan)}; predictions {trust_label(engine, c.gpu)}")
     con.print(f"  {summary_line(plan)}")
     con.print(f"  seq_len={plan.batch.seq_len} global_batch={plan.batch.global_batch_size} "
               f"sequences")

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from planner.bounds import MAX_GPUS
+from planner.catalog.systems import SYSTEMS
 from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
 from planner.engines import get_engine
@@ -17,7 +18,9 @@ from planner.search import (Fixed, Result, check_fixed, default_global_batch, de
                             enumerate_candidates, search, states_per_gpu_bound)
 from planner.specs import Cluster
 
-MAX_DOUBLINGS = 8
+# GPU counts searched one by one (each not ruled out by the memory bound) before the rest
+# are tried at doublings only; a Suggestion says whether its count is proven the smallest
+MAX_COUNTS_SEARCHED = 12
 
 
 def _fits(model, cluster, fixed, seq_len, gbs, engine, margin_gib):
@@ -29,15 +32,44 @@ def _fits(model, cluster, fixed, seq_len, gbs, engine, margin_gib):
     return r.best
 
 
-def _more_gpus(cluster: Cluster, n: int) -> Cluster:
-    """The cluster with n GPUs (a multiple of its count): hosts joined by NVLink (an NVL72
-    rack) stay as they are, more of them; otherwise hosts of up to 8, each its NVLink domain."""
-    if cluster.nvlink_domain > cluster.gpus_per_node:
-        gpn, domain = cluster.gpus_per_node, cluster.nvlink_domain
+def _domain(cluster: Cluster) -> int:
+    """GPUs a full NVLink domain of the cluster's system holds: its own, or where its hosts
+    share one larger than a host, the catalog system's (a gb200x8 is 8 GPUs of a 72-GPU
+    rack: planner.catalog.systems.SYSTEMS)."""
+    if cluster.nvlink_domain <= cluster.gpus_per_node:
+        return cluster.nvlink_domain
+    return max(cluster.nvlink_domain, SYSTEMS.get(cluster.gpu.name, (0, 0))[1])
+
+
+def gpu_counts(cluster: Cluster):
+    """The GPU counts above the cluster's, ascending, in the cluster's own node granularity:
+    whole hosts of `gpus_per_node` (h100x16: 24, 32, ...; a 7-GPU host: 14, 21, ...), and
+    where hosts share a larger NVLink domain (an NVL72 rack of 4-GPU trays) whole trays
+    until the domain is full, whole domains beyond (planner.catalog.systems). A user adds
+    whole hosts: 20 GPUs on 8-GPU hosts leave 4 of the third host idle and cost 24."""
+    n, gpn, domain = cluster.num_gpus, cluster.gpus_per_node, _domain(cluster)
+    if domain > gpn:
+        k = n // gpn + 1
+        while k * gpn <= domain:
+            yield k * gpn
+            k += 1
+        step = domain
     else:
-        gpn = domain = max(cluster.gpus_per_node, min(8, n))
+        step = gpn
+    k = max(n, domain if domain > gpn else 0) // step + 1
+    while k * step <= MAX_GPUS:             # planner.bounds: no cluster beyond it is planned
+        yield k * step
+        k += 1
+
+
+def _more_gpus(cluster: Cluster, n: int) -> Cluster:
+    """The cluster with n GPUs (one of gpu_counts): more of the same hosts; hosts joined by
+    NVLink (an NVL72 rack) fill their domain first, then more whole domains."""
+    gpn, domain = cluster.gpus_per_node, _domain(cluster)
+    if domain > gpn:
+        domain = min(n, domain)
     return dataclasses.replace(cluster, name=f"{cluster.gpu.name}x{n}", num_gpus=n,
-                               gpus_per_node=gpn, nvlink_domain=domain)
+                               gpus_per_node=min(gpn, n), nvlink_domain=domain)
 
 
 def _hopeless(model, cluster: Cluster, engine, margin_gib) -> bool:
@@ -64,13 +96,16 @@ class Suggestion:
     full recompute; "zero": the ZeRO stage searched; "layout": the layout searched again;
     "gpus": a larger cluster), `fixed` the constraints searched (`delta`: the fields changed
     from the user's), `best` the best plan found under them on `num_gpus` GPUs with global
-    batch `global_batch`."""
+    batch `global_batch`. `minimal` (a "gpus" tip): every smaller count of gpu_counts was
+    searched or ruled out by the memory bound, so none fits."""
     change: str
     fixed: Fixed
     delta: dict
     best: Result
     num_gpus: int
     global_batch: int
+    minimal: bool = True
+    gpus_per_node: int = 0
 
     @property
     def step_time_s(self) -> float:
@@ -88,13 +123,17 @@ def _delta(before: Fixed, after: Fixed) -> dict:
 
 def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                 engine=None, margin_gib=None) -> list:
-    """[Suggestion]: a fixed recompute made full, a fixed ZeRO stage searched, a fixed layout
-    searched again; when none of those fits, the fewest doublings of the GPUs that fit."""
+    """[Suggestion], the changes on the given GPUs first, smallest change first: a fixed
+    recompute made full, a fixed ZeRO stage searched, a fixed layout searched again; when none
+    of those fits, the smallest GPU count of gpu_counts that fits (counts whose GPUs cannot
+    hold the model states, states_per_gpu_bound, are skipped unsearched)."""
     tips = []
 
-    def tip(change, f, best, n=cluster.num_gpus, g=gbs):
+    def tip(change, f, best, n=cluster.num_gpus, g=gbs, minimal=True,
+            gpn=cluster.gpus_per_node):
         tips.append(Suggestion(change=change, fixed=f, delta=_delta(fixed, f), best=best,
-                               num_gpus=n, global_batch=g))
+                               num_gpus=n, global_batch=g, minimal=minimal,
+                               gpus_per_node=gpn))
 
     def fits(cl, f, s, g):
         if _hopeless(model, cl, engine, margin_gib):
@@ -120,18 +159,21 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         if best is not None:
             tip("layout", f, best)
     if not tips:
-        n = cluster.num_gpus
-        for _ in range(MAX_DOUBLINGS):
-            n *= 2
-            if n > MAX_GPUS:            # planner.bounds: no cluster beyond it is planned
-                break
+        f = _layout_free(fixed, recompute=fixed.recompute,
+                         recompute_modules=fixed.recompute_modules)
+        searched, last = 0, None
+        for n in gpu_counts(cluster):
             bigger = _more_gpus(cluster, n)
+            if _hopeless(model, bigger, engine, margin_gib):
+                continue            # a sound bound: no layout on n GPUs holds the model states
+            if searched >= MAX_COUNTS_SEARCHED and n < 2 * last:
+                continue            # past the one-by-one budget: doublings only
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
-            f = _layout_free(fixed, recompute=fixed.recompute,
-                             recompute_modules=fixed.recompute_modules)
-            best = fits(bigger, f, seq_len, g)
+            best = _fits(model, bigger, f, seq_len, g, engine, margin_gib)
+            searched, last = searched + 1, n
             if best is not None:
-                tip("gpus", f, best, n, g)
+                tip("gpus", f, best, n, g, minimal=searched <= MAX_COUNTS_SEARCHED,
+                    gpn=bigger.gpus_per_node)
                 break
     return tips
 

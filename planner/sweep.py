@@ -4,8 +4,8 @@ global batches.
     plan sweep --model llama70b --clusters h100x32,h100x64,h100x128 [--seq-lens 4096,8192]
                [--global-batches 256,512] [--csv FILE] [--plot FILE.png] [--json]
 
-One row per point: the chosen configuration, step time, tokens/s, MFU, peak memory and whether
-it fits. A point where nothing fits (or whose inputs cannot be split, e.g. a global batch the
+One row per point: the chosen configuration, step time, tokens/s, MFU, peak memory (reserved,
+as `plan` shows it, and allocated) and whether it fits. A point where nothing fits (or whose inputs cannot be split, e.g. a global batch the
 GPUs cannot divide) is a row saying so, not an error. Exit 0 when some point fits, 3 when none
 does, 2 for bad input (an unknown model or cluster, a malformed list, an unwritable file).
 
@@ -27,7 +27,7 @@ from planner.suggest import diagnose_no_configuration
 COLUMNS = ["model", "cluster", "gpus", "seq_len", "global_batch", "fits", "config", "tp", "pp",
            "dp", "zero", "sp", "micro_batch", "num_microbatches", "schedule", "vpp",
            "recompute_layers", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
-           "peak_memory_gib", "capacity_gib", "note"]
+           "peak_reserved_gib", "peak_allocated_gib", "capacity_gib", "note"]
 
 
 def _list(kind, conv):
@@ -107,7 +107,8 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
                 over = max(c.estimate.overflow_gib())
                 row["note"] = (f"nothing fits; closest {describe_candidate(c.candidate)} "
                                f"over by {over:.1f} GiB")
-                row["peak_memory_gib"] = round(c.estimate.peak_memory_gib, 2)
+                row["peak_reserved_gib"] = round(c.estimate.peak_reserved_gib, 2)
+                row["peak_allocated_gib"] = round(c.estimate.peak_memory_gib, 2)
                 row["capacity_gib"] = round(c.estimate.capacity_gib, 2)
             else:
                 row["note"] = "nothing fits"
@@ -120,7 +121,8 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
                    recompute_layers=sum(r.recompute), step_time_s=e.step_time_s,
                    tokens_per_s=e.tokens_per_s,
                    tokens_per_s_per_gpu=e.tokens_per_s / cluster.num_gpus, mfu=e.mfu,
-                   peak_memory_gib=round(e.peak_memory_gib, 2),
+                   peak_reserved_gib=round(e.peak_reserved_gib, 2),
+                   peak_allocated_gib=round(e.peak_memory_gib, 2),
                    capacity_gib=round(e.capacity_gib, 2))
         rows.append(row)
     if progress:
@@ -146,7 +148,23 @@ def _axes(df) -> list:
     return [("gpus" if a == "cluster" and by_gpus.is_unique else a) for a in axes]
 
 
-def render_table(df, width: int = 160) -> str:
+def _peak(r) -> str:
+    """Peak memory per GPU as `plan` shows it: reserved (what the caching allocator holds, the
+    figure a fit is judged on), allocated tensors beside it."""
+    res, alloc = r["peak_reserved_gib"], r["peak_allocated_gib"]
+    if res is None or res != res:         # NaN: nothing was priced
+        return "-"
+    return f"{res:.1f} ({alloc:.1f})"
+
+
+def render_table(df, width: int | None = None) -> str:
+    """The rows as a table `width` columns wide (default $COLUMNS where set, else 160)."""
+    import os
+    if width is None:
+        try:
+            width = max(60, int(os.environ["COLUMNS"]))
+        except (KeyError, ValueError):
+            width = 160
     import io
 
     from rich.console import Console
@@ -158,7 +176,8 @@ def render_table(df, width: int = 160) -> str:
               title_justify="left")
     for col, just in (("cluster", "left"), ("seq", "right"), ("batch", "right"),
                       ("config", "left"), ("step", "right"), ("tokens/s", "right"),
-                      ("tok/s/GPU", "right"), ("MFU", "right"), ("peak GiB", "right"),
+                      ("tok/s/GPU", "right"), ("MFU", "right"),
+                      ("GiB reserved (allocated)", "right"),
                       ("fits", "left")):
         t.add_column(col, justify=just, no_wrap=col != "config")
     for _, r in df.iterrows():
@@ -166,12 +185,11 @@ def render_table(df, width: int = 160) -> str:
             t.add_row(r["cluster"], str(r["seq_len"]), str(r["global_batch"]), r["config"],
                       f"{r['step_time_s']:.2f} s", f"{r['tokens_per_s']:,.0f}",
                       f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['mfu'] * 100:.1f}%",
-                      f"{r['peak_memory_gib']:.1f}", "yes")
+                      _peak(r), "yes")
         else:
             t.add_row(r["cluster"], str(r["seq_len"]), str(r["global_batch"]), r["note"],
                       "-", "-", "-", "-",
-                      "-" if r["peak_memory_gib"] is None or r["peak_memory_gib"] != r[
-                          "peak_memory_gib"] else f"{r['peak_memory_gib']:.1f}", "NO")
+                      _peak(r), "NO")
     con.print(t)
     return buf.getvalue()
 

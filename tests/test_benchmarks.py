@@ -121,3 +121,81 @@ def test_markdown_table():
     assert lines[0] == "| a | b | c |" and lines[1] == "|:---|---:|:---|"
     assert lines[2] == "| x\\|y | 1.50 |  |" and lines[3] == "| z | 2 | yes |"
     assert not math.isnan(len(md))
+
+
+# ---- every entry point, end to end on a small slice, writing outside the checkout ----------
+
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import _common
+from benchmarks import closed_loop, fidelity, gpu_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _written(tmp_path, stem):
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(stem))
+
+
+def test_default_output_is_outside_the_checkout():
+    assert not _common.SCRATCH.resolve().is_relative_to(ROOT)
+    for mod in (fidelity, pq, ss, closed_loop):
+        ap_defaults = [a for a in mod.__dict__.values() if a is _common.SCRATCH]
+        assert ap_defaults, mod.__name__       # each takes the scratch directory by default
+
+
+def test_plan_quality_runs_end_to_end(tmp_path, capsys):
+    assert pq.main(["--limit", "1", "--out", str(tmp_path)]) == 0
+    assert _written(tmp_path, "plan_quality") == [f"plan_quality_{_common.today()}.csv",
+                                                  f"plan_quality_{_common.today()}.md"]
+    out = capsys.readouterr().out
+    assert "## Published runs" in out and "## Catalog models on typical clusters" in out
+
+
+@pytest.mark.parametrize("args,stem", [(["--cp", "--no-sensitivity"], "fidelity_cp"),
+                                       (["--moe"], "fidelity_moe")])
+def test_fidelity_runs_end_to_end(tmp_path, capsys, args, stem):
+    assert fidelity.main(args + ["--no-plot", "--out", str(tmp_path)]) == 0
+    assert _written(tmp_path, stem)
+    if "--moe" not in args:
+        assert "targets: all met" in capsys.readouterr().out
+
+
+def test_fidelity_names_the_target_it_fails():
+    rows = [{"engine": "megatron", "fit": "held out", "error_pct": e}
+            for e in [1.0] * 9 + [30.0]]
+    failed = fidelity.failed_targets(rows, {"all_fit": True})
+    assert failed == [f"megatron max |error| 30.0% > {fidelity.MAX_TARGET_PCT:.0f}%"]
+    rows = [{"engine": "fsdp", "fit": "yes", "error_pct": 12.0}] * 10
+    failed = fidelity.failed_targets(rows, {"all_fit": False})
+    assert failed == [f"fsdp median |error| 12.0% > {fidelity.MEDIAN_TARGET_PCT:.0f}%",
+                      "a published configuration is predicted not to fit"]
+
+
+def test_search_speed_runs_end_to_end(tmp_path, capsys):
+    rc = ss.main(["--only", "llama3-8b:h100x8", "--quick", "--repeat", "1",
+                  "--out", str(tmp_path)])
+    assert rc == 0 and "targets: all met" in capsys.readouterr().out   # no target on this one
+    assert _written(tmp_path, "search_speed")
+
+
+@pytest.mark.slow
+def test_closed_loop_runs_end_to_end(tmp_path):
+    # the committed profile (no torchrun for it), one plan, two steps, one round
+    prof = ROOT / "benchmarks/profiles/cpux2-tiny-llama.json"
+    before = prof.read_bytes()
+    rc = closed_loop.main(["--profile", str(prof), "--steps", "2", "--alternatives", "0",
+                           "--rounds", "1", "--wait-quiet", "0", "--out", str(tmp_path)])
+    assert rc == 0 and (tmp_path / "closed_loop.md").exists()
+    assert prof.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_gpu_check_cpu_dry_run_end_to_end(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-dry-run",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "gpu_check.md").exists()

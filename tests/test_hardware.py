@@ -282,8 +282,10 @@ def test_bad_domain_in_python_is_badinput():
 def test_more_gpus_keeps_hosts_and_domains():
     c = _more_gpus(get_cluster("gb200x72"), 144)
     assert (c.num_gpus, c.gpus_per_node, c.nvlink_domain) == (144, 4, 72)
-    c = _more_gpus(get_cluster("h100x2"), 4)           # was refused: domain 2 on 4-GPU hosts
-    assert (c.gpus_per_node, c.nvlink_domain) == (4, 4)
+    c = _more_gpus(get_cluster("h100x2"), 4)           # more of the same 2-GPU hosts
+    assert (c.gpus_per_node, c.nvlink_domain) == (2, 2)
+    c = _more_gpus(get_cluster("gb200x8"), 12)         # trays of one rack fill its domain
+    assert (c.num_gpus, c.gpus_per_node, c.nvlink_domain) == (12, 4, 12)
     c = _more_gpus(get_cluster("h100x8"), 16)
     assert (c.gpus_per_node, c.nvlink_domain) == (8, 8)
 

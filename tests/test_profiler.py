@@ -59,6 +59,7 @@ def _cand(**kw):
 
 # ---- the profile itself ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_profile_validates_and_names_what_it_measured(prof):
     p = load_profile(prof["path"])
     d = p.data
@@ -89,6 +90,7 @@ def test_profile_validates_and_names_what_it_measured(prof):
     assert 0.0 <= d["overlap"]["overlap_slowdown"] <= 1.0
 
 
+@pytest.mark.slow
 def test_measured_figures_flow_into_the_estimate(prof):
     p = load_profile(prof["path"])
     model = get_model(prof["model"])
@@ -104,6 +106,7 @@ def test_measured_figures_flow_into_the_estimate(prof):
     assert k.mem_layer["activations"] == pytest.approx(pt["saved_bytes"])
 
 
+@pytest.mark.slow
 def test_slower_layers_in_the_profile_raise_the_prediction(prof, tmp_path):
     model = get_model(prof["model"])
     catalog = get_cluster("cpux2")
@@ -134,6 +137,7 @@ def test_slower_layers_in_the_profile_raise_the_prediction(prof, tmp_path):
         evaluate(model, base, c, [2], [0], engine=base_engine).step_time_s * 1.05
 
 
+@pytest.mark.slow
 def test_plan_cli_uses_the_profile(prof, tmp_path, capsys):
     out = tmp_path / "plan.json"
     rc = plan_main(["--model", prof["model"], "--cluster", "cpux2", "--seq-len", str(SEQ),
@@ -165,6 +169,7 @@ def _bad_files(tmp_path, good: dict) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_bad_profiles_are_one_line_exit_2(prof, tmp_path, capsys):
     for what, path in _bad_files(tmp_path, prof["data"]).items():
         with pytest.raises(BadInput):
@@ -176,6 +181,7 @@ def test_bad_profiles_are_one_line_exit_2(prof, tmp_path, capsys):
         assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_profile_of_other_hardware_is_refused(prof, capsys):
     rc = plan_main(["--model", "llama3-8b", "--cluster", "h100x8", "--profile",
                     str(prof["path"])])
@@ -196,6 +202,7 @@ def test_profiler_cli_errors_are_one_line(tmp_path):
 
 # ---- merging and the planner's independence from torch -----------------------------------
 
+@pytest.mark.slow
 def test_merge_keeps_the_slower_node(prof, tmp_path):
     slow = copy.deepcopy(prof["data"])
     slow["hardware"]["hosts"] = ["node-b"]
@@ -233,6 +240,7 @@ def test_large_models_are_scaled_down_on_cpu_and_say_so():
     assert note and "llama3-70b" in note and "ratio" in note
 
 
+@pytest.mark.slow
 def test_min_statistic_pairs_forward_and_backward_of_one_repeat(prof):
     """The fastest step is the fastest repeat, not min(forward) + min(backward)."""
     d = copy.deepcopy(prof["data"])

@@ -412,6 +412,7 @@ def _vocab_parallel_worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_vocab_parallel_cross_entropy(tmp_path):
     """Logits split over the vocabulary on 3 ranks: the loss and its gradient equal the
     whole-vocabulary cross entropy's."""

@@ -143,6 +143,7 @@ TRAINED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_fixed_draws_train_one_step_under_torchrun(name, tmp_path):
     model, cluster, seq, gbs, fixed = TRAINED[name]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow      # every test here runs torchrun with 2-8 processes
 
 from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402

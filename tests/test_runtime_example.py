@@ -19,10 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_runtime_example() -> list:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Train a plan — `runtime/`", 1)[1]
-    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
-    return [l for l in block.splitlines() if l.strip()]
+    """The commands of the README's runtime example (its `console slow` block, which
+    tests/test_readme.py also compares with the output the README shows)."""
+    import readme_examples as rx
+    blocks = [b for b in rx.parse((ROOT / "README.md").read_text())
+              if any(c.line.startswith("torchrun ") and " -m runtime " in c.line
+                     for c in b.commands)]
+    return [c.line for c in blocks[0].commands]
 
 
 @pytest.mark.slow

@@ -387,6 +387,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_full_disk_on_one_rank_stops_every_rank_in_one_line(reference, tmp_path):
     """dp 2 under torchrun; rank 1's disk fills while it writes the step-2 checkpoint: both
     ranks stop at the same point (no hang until --timeout), rank 0 prints one line naming the

@@ -5,6 +5,7 @@ systems.py  how a catalog GPU's hosts and NVLink domains are built
 files.py    model, cluster and GPU files (and a plan's cluster) read into planner.specs types
 hf/         Hugging Face config.json readers, one module per model family
 """
+import difflib
 import os
 import re
 
@@ -36,6 +37,12 @@ def _check_arg(name, what: str) -> None:
                        f"{what} must not contain control characters (got {show(name)})")
 
 
+def did_you_mean(name: str, known) -> str:
+    """ "did you mean X?" for the known names closest to `name` (difflib), else ""."""
+    close = difflib.get_close_matches(name.lower()[:MAX_NAME], list(known), n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}? " if close else ""
+
+
 def get_model(name: str) -> Model:
     """A catalog name or alias, or a path to a Hugging Face config.json (or its model
     directory)."""
@@ -45,7 +52,8 @@ def get_model(name: str) -> Model:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in MODELS:
         known = ", ".join(list(MODELS) + list(ALIASES))
-        raise BadInput(f"unknown model {name[:80]!r}; known: {known} (or a path to a "
+        hint = did_you_mean(name, list(MODELS) + list(ALIASES))
+        raise BadInput(f"unknown model {name[:80]!r}; {hint}known: {known} (or a path to a "
                        f"config.json or a model directory)")
     return MODELS[key]
 
@@ -79,9 +87,19 @@ def get_cluster(name: str) -> Cluster:
         return load_cluster_file(name)
     m = re.fullmatch(r"([a-z0-9\-]+?)x([0-9]+)", name.lower())
     if not m:
-        raise BadInput(f"unknown cluster {name[:80]!r}; write <gpu>x<count> with gpu in "
+        close = difflib.get_close_matches(name.lower()[:MAX_NAME], list(GPUS), n=3,
+                                          cutoff=0.6)
+        hint = f"did you mean {' or '.join(g + 'x<count>' for g in close)}? " if close else ""
+        raise BadInput(f"unknown cluster {name[:80]!r}; {hint}write <gpu>x<count> with gpu in "
                        f"{', '.join(GPUS)} (e.g. h100x32), or a path to a cluster JSON")
-    gpu = get_gpu(m.group(1))
+    try:
+        gpu = get_gpu(m.group(1))
+    except BadInput:
+        close = [f"{g}x{m.group(2)}" for g in difflib.get_close_matches(
+            m.group(1)[:MAX_NAME], list(GPUS), n=3, cutoff=0.6)]
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise BadInput(f"unknown GPU {m.group(1)[:60]!r} in cluster {name[:80]!r}; {hint}"
+                       f"known GPUs: {', '.join(GPUS)}") from None
     digits = m.group(2).lstrip("0") or "0"
     # the count is compared as digits first: no int() of a 5000-digit number, no loop over it
     if len(digits) > len(str(MAX_GPUS)) or int(digits) > MAX_GPUS:

@@ -13,6 +13,19 @@ VALIDATION = {
     "torchtitan": (43, 6.4),
 }
 
+# engine: the GPUs its published runs ran on, from the "<engine> <gpu>" rows of TABLE; a plan on
+# any other GPU (or a custom one) is not validated by them
+VALIDATED_GPUS = {
+    "fsdp": ("h100",),
+    "megatron": ("a100", "b200", "h100"),
+    "torchtitan": ("a100", "h100", "h200"),
+}
+
+
+def validated_on(engine: str, gpu_name: str) -> bool:
+    """Whether published runs of `engine` on this catalog GPU validate its predictions."""
+    return gpu_name in VALIDATED_GPUS.get(engine, ())
+
 
 def validation_of(engine: str) -> Validation | None:
     v = VALIDATION.get(engine)

@@ -1,0 +1,91 @@
+"""planner.suggest's "would fit": the smallest GPU count in the cluster's node granularity,
+checked against a brute force that searches every count; the memory bound it skips counts by
+is sound (no count it skips fits)."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from planner.catalog import get_cluster, get_gpu, get_model
+from planner.search import Fixed, search
+from planner.specs import Cluster, Model
+from planner import suggest as sg
+
+
+def tiny(layers=8, hidden=1024):
+    return Model("tiny", num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden, num_heads=8,
+                 num_kv_heads=8, vocab_size=32000, max_seq_len=4096)
+
+
+def cluster(gib, n, gpn):
+    return Cluster(f"h100x{n}", dataclasses.replace(get_gpu("h100"), memory_gib=gib), n, gpn)
+
+
+def brute_force_fewest(model, c, fixed, seq, gbs, limit):
+    """Search every count of the node granularity above the cluster's, up to `limit`."""
+    for n in range(c.num_gpus + 1, limit + 1):
+        if n % c.gpus_per_node:
+            continue
+        big = sg._more_gpus(c, n)
+        g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
+        try:
+            r = search(model, big, fixed, seq, g, top=1, rejected=False)
+        except Exception:                 # noqa: BLE001  (no configuration: does not fit)
+            continue
+        if r.best is not None:
+            return n, r.best.estimate.step_time_s
+        assert not sg._hopeless(model, big, None, None) or r.best is None
+    return None, None
+
+
+@pytest.mark.parametrize("gib,n,gpn,seq,gbs", [
+    (3.0, 1, 1, 2048, 16), (2.6, 2, 2, 2048, 16), (3.2, 3, 3, 1024, 24), (2.8, 4, 4, 2048, 32),
+    (4.0, 2, 2, 4096, 8)])
+def test_fewest_gpus_match_a_brute_force_over_counts(gib, n, gpn, seq, gbs):
+    model, c = tiny(), cluster(gib, n, gpn)
+    assert search(model, c, Fixed(), seq, gbs, top=1, rejected=False).best is None
+    tips = sg.suggestions(model, c, Fixed(), seq, gbs)
+    want_n, want_step = brute_force_fewest(model, c, Fixed(), seq, gbs, limit=64)
+    assert want_n is not None
+    assert [t.change for t in tips] == ["gpus"]
+    assert tips[0].num_gpus == want_n and tips[0].minimal
+    assert tips[0].step_time_s == pytest.approx(want_step, rel=1e-9)
+
+
+def test_the_memory_bound_never_skips_a_count_that_fits():
+    model = tiny()
+    for gib, n in itertools.product((2.4, 3.0, 4.0), range(1, 13)):
+        c = cluster(gib, n, 1)
+        if sg._hopeless(model, c, None, None):
+            assert search(model, c, Fixed(), 1024, 12, top=1, rejected=False).best is None
+
+
+def test_counts_are_whole_hosts_and_nvl72_trays_then_racks():
+    take = lambda name, k=6: list(itertools.islice(sg.gpu_counts(get_cluster(name)), k))  # noqa
+    assert take("h100x16") == [24, 32, 40, 48, 56, 64]
+    assert take("h100x7") == [14, 21, 28, 35, 42, 49]
+    assert take("gb200x64", 4) == [68, 72, 144, 216]
+    assert take("gb200x144", 2) == [216, 288]
+
+
+def test_llama70b_on_16_and_7_h100s_would_fit_on_24_and_21():
+    # 24 = 3 hosts of 8 (tp 8 pp 3; 20 GPUs at tp 4 pp 5 would leave half a host idle)
+    model = get_model("llama70b")
+    for name, want in (("h100x16", 24), ("h100x7", 21)):
+        c = get_cluster(name)
+        r = search(model, c, Fixed(), 8192, 512, top=1, rejected=False)
+        assert r.best is None
+        tips = sg.suggestions(model, c, Fixed(), 8192, 512)
+        assert tips[0].change == "gpus" and tips[0].num_gpus == want and tips[0].minimal
+        # and the count below it, in whole hosts, fits nowhere
+        below = sg._more_gpus(c, want - c.gpus_per_node) if want - c.gpus_per_node > c.num_gpus \
+            else c
+        assert search(model, below, Fixed(), 8192, 512, top=1, rejected=False).best is None
+
+
+def test_a_change_on_the_given_gpus_comes_before_more_gpus():
+    model, c = get_model("llama70b"), get_cluster("h100x32")
+    tips = sg.suggestions(model, c, Fixed(recompute="none", tp=8, pp=4, mbs=4, zero=0), 8192, 64)
+    assert tips and all(t.num_gpus == 32 for t in tips)
+    assert [t.change for t in tips][0] == "recompute"
