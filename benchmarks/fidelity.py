@@ -218,7 +218,7 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
     as the fit does), the ZeRO stage the published one, else among those the engine offered
     then (`zero_stages` in the data; any stage with any_zero=True).
     """
-    engine = get_engine(engine or run.get("engine", "megatron"))
+    engine = engine_of(run, engine)
     model = model_of(run)
     cluster = cluster_of(run)
     zero_stages = [None] if any_zero else run.get("zero_stages", [None])
@@ -242,6 +242,20 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
         # for tests: the chosen candidate must honour every published knob
         "candidate": c, "layers": list(best.layers), "recompute": list(best.recompute),
     }
+
+
+# Megatron's gradient buffer as the row's recipe ran it: bf16 (2 B per parameter, reduced in
+# bf16) where the row says grad_reduce_in_fp32 false (`grad_dtype_source`: every Megatron-Bridge
+# performance recipe), else the engine's fp32 accumulation (Megatron-LM's default for --bf16).
+BF16_GRAD_BYTES = 2.0
+
+
+def engine_of(run, engine=None):
+    """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype."""
+    e = get_engine(engine or run.get("engine", "megatron"))
+    if run["fixed"].get("grad_reduce_in_fp32") is False:
+        e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
+    return e
 
 
 def model_of(run):
