@@ -80,8 +80,8 @@ def test_step_time_follows_from_the_printed_figures(runs):
         p = r["published"]
         if "Throughput (T/s)" in p:         # llm-foundry
             expected = int(p["GlobalBatchSize (T)"]) / int(p["Throughput (T/s)"])
-        else:                                # Megatron-Bridge
-            v = p["_variant"]
+        else:                                # Megatron-Bridge, NeMo
+            v = p.get("_variant")
             expected = (int(_printed(p["GBS"], v)) * int(_printed(p["Sequence Length"], v))
                         / (float(_printed(p["Tokens / sec / GPU"], v))
                            * int(_printed(p["#-GPUs"], v))))
