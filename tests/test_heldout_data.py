@@ -80,6 +80,8 @@ def test_step_time_follows_from_the_printed_figures(runs):
         p = r["published"]
         if "Throughput (T/s)" in p:         # llm-foundry
             expected = int(p["GlobalBatchSize (T)"]) / int(p["Throughput (T/s)"])
+        elif "Median tokens/second" in p:    # torchao / torchtitan: per-GPU tokens/s, local batch 1
+            expected = r["fixed"]["seq_len"] / float(p["Median tokens/second"])
         else:                                # Megatron-Bridge, NeMo
             v = p.get("_variant")
             expected = (int(_printed(p["GBS"], v)) * int(_printed(p["Sequence Length"], v))
@@ -97,6 +99,13 @@ def test_layout_matches_the_gpu_count(runs):
         assert f["tp"] * f["pp"] * f["dp"] * f.get("cp", 1) == n, r["id"]
         if "micro_batch" in f:
             assert f["global_batch"] % f["dp"] == 0 or "GradAccum" in r["published"], r["id"]
+
+
+def test_memory_rows_name_what_was_measured(runs):
+    for r in runs:
+        if "memory_gib" in r:
+            assert r["memory_gib"] > 0 and r["memory_kind"], r["id"]
+            assert str(r["memory_gib"]) in r["quote"], r["id"]
 
 
 def test_planner_reads_every_row(runs):
