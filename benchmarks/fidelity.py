@@ -264,10 +264,34 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
 BF16_GRAD_BYTES = 2.0
 
 
+# Rows whose source says the same without carrying the field: every Megatron-Bridge
+# performance row (the recipes' grad_reduce_in_fp32 = False, the rows' `grad_dtype_source` in
+# published_runs_2.json), and NeMo-Framework-Launcher configs whose optimizer sets
+# grad_sync_dtype: bf16 (NeMo 1.x: the distributed optimizer's grad_reduce_in_fp32 is
+# grad_sync_dtype == fp32).
+BF16_GRAD_LAUNCHER_CONFIGS = {
+    "launcher_scripts/conf/training/nemotron/nemotron_340b.yaml":
+        "NVIDIA/NeMo-Framework-Launcher launcher_scripts/conf/training/nemotron/"
+        "nemotron_340b.yaml @24c3d6bb9e and @26e42fa91d: optim.grad_sync_dtype: bf16",
+}
+
+
+def bf16_gradients(run) -> bool:
+    """Whether the row's recipe reduced bf16 gradients (BF16_GRAD_BYTES)."""
+    f = run["fixed"].get("grad_reduce_in_fp32")
+    if f is not None:
+        return f is False
+    if run.get("engine", "megatron") != "megatron":
+        return False
+    launcher = run.get("launcher_config", "")
+    return run["id"].startswith("mbridge-") or any(k in launcher
+                                                   for k in BF16_GRAD_LAUNCHER_CONFIGS)
+
+
 def engine_of(run, engine=None):
     """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype."""
     e = get_engine(engine or run.get("engine", "megatron"))
-    if run["fixed"].get("grad_reduce_in_fp32") is False:
+    if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
     return e
 
