@@ -288,11 +288,30 @@ def bf16_gradients(run) -> bool:
                                                    for k in BF16_GRAD_LAUNCHER_CONFIGS)
 
 
+def fp8_primary_weights(run) -> bool:
+    """Whether the row's recipe kept FP8 primary weights (planner.precision
+    TE_FP8_PARAM_RECIPES): `fixed.fp8_param_gather` where the row says, else every
+    Megatron-Bridge performance row in FP8 / MXFP8 (scripts/performance/utils/precision.py
+    get_precision_config takes the bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed
+    presets, which set fp8_param_gather = True: src/megatron/bridge/training/mixed_precision.py
+    @618e1c40b, since @958fb9b7d 2025-07-16, before the first performance scripts)."""
+    f = run["fixed"].get("fp8_param_gather")
+    if f is not None:
+        return bool(f)
+    if "FP8_PARAMS=True" in run.get("quote_context", ""):   # MLPerf NeMo config_common.sh
+        return True
+    return (run["id"].startswith("mbridge-") and run.get("engine", "megatron") == "megatron"
+            and run.get("recipe") in ("tensorwise", "delayed", "mxfp8"))
+
+
 def engine_of(run, engine=None):
-    """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype."""
+    """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype
+    and its FP8 primary weights."""
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
+    if fp8_primary_weights(run) and e.lowp_library == "te":
+        e = dataclasses.replace(e, lowp_library="te_fp8_params")
     return e
 
 
@@ -873,7 +892,8 @@ def figures_applied(values: dict):
     from planner.catalog.gpus import GPUS
     from planner.engines import ENGINES
     import planner.precision as P
-    saved = (dict(GPUS), dict(ENGINES), dict(P.TE_RECIPES), dict(P.TORCHAO_RECIPES))
+    saved = (dict(GPUS), dict(ENGINES), dict(P.TE_RECIPES), dict(P.TORCHAO_RECIPES),
+             dict(P.TE_FP8_PARAM_RECIPES))
     try:
         (a100,) = values["A100 GEMM efficiency"]
         for g in ("a100", "a100-40g"):
@@ -885,6 +905,7 @@ def figures_applied(values: dict):
         (te,) = values["Transformer Engine low-precision GEMM"]
         for k, rec in saved[2].items():
             P.TE_RECIPES[k] = dataclasses.replace(rec, gemm_scale=te)
+            P.TE_FP8_PARAM_RECIPES[k] = dataclasses.replace(saved[4][k], gemm_scale=te)
         # torchao's tensorwise GEMM is Transformer Engine's figure (planner.precision
         # TORCHAO_GEMM_SCALE: the same cuBLASLt kernel), derived, so it moves with it
         ao = te
@@ -902,6 +923,7 @@ def figures_applied(values: dict):
         ENGINES.clear(), ENGINES.update(saved[1])
         P.TE_RECIPES.clear(), P.TE_RECIPES.update(saved[2])
         P.TORCHAO_RECIPES.clear(), P.TORCHAO_RECIPES.update(saved[3])
+        P.TE_FP8_PARAM_RECIPES.clear(), P.TE_FP8_PARAM_RECIPES.update(saved[4])
 
 
 def _prior(fig, values) -> tuple:

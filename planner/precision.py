@@ -16,6 +16,7 @@ bf16 master weights cast per step; the optimizer never sees FP8).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from planner.errors import BadInput
@@ -152,7 +153,25 @@ TORCHAO_RECIPES = {
     "rowwise": Recipe("rowwise", TORCHAO_GEMM_SCALE * ROWWISE_GEMM_SCALE, 5.0, 5.0, **_AO),
     "mxfp8": Recipe("mxfp8", TORCHAO_GEMM_SCALE, 5.0, 5.0, **_AO),
 }
-LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES}
+# Transformer Engine with FP8 primary weights (Megatron-Core --fp8-param-gather: the model is
+# built under te.fp8_model_init, each linear weight a Float8Tensor; Megatron-Bridge's FP8
+# presets bf16_with_fp8_delayed_scaling_mixed / bf16_with_fp8_current_scaling_mixed /
+# bf16_with_mxfp8_mixed set fp8_param_gather = True, src/megatron/bridge/training/
+# mixed_precision.py @618e1c40b; MLPerf's NeMo GPT-3 FP8_PARAMS=True): the quantised weight
+# and its transpose (Hopper) or row- and column-wise copies (MXFP8) are the parameters, so no
+# bf16 linear weight is kept beside them (the fp32 master stays in the optimizer): the bytes
+# per linear parameter beyond a bf16 weight are the copies' less the bf16 weight's.
+BF16_WEIGHT_BYTES = 2.0
+def fp8_param_recipe(r: Recipe) -> Recipe:
+    """`r` with FP8 primary weights: the copies are the weights, no bf16 weight beside them."""
+    return dataclasses.replace(r, weight_copy_bytes=max(r.weight_copy_bytes - BF16_WEIGHT_BYTES,
+                                                        0.0))
+
+
+FP8_PARAM_RECIPE_NAMES = ("tensorwise", "delayed", "mxfp8")
+TE_FP8_PARAM_RECIPES = {k: fp8_param_recipe(r) if k in FP8_PARAM_RECIPE_NAMES else r
+                        for k, r in TE_RECIPES.items()}
+LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES, "te_fp8_params": TE_FP8_PARAM_RECIPES}
 RECIPES = tuple(dict.fromkeys([*TE_RECIPES, *TORCHAO_RECIPES]))
 
 
