@@ -1102,6 +1102,25 @@ def loso_markdown(result, seconds: float) -> str:
         lines.append(f"| {fig.name} ({', '.join(f'{v:.4g}' for v in base[fig.name])}) | "
                      f"{', '.join(fig.constants)} in {fig.home} | {fig.fit_on} | "
                      f"{fig.procedure} | {fig.crosses} |")
+    lines += ["", "## Cross-GPU error", "",
+              "Each figure on the rows it prices on GPUs it was not fitted on (held-out error).",
+              "", "| figure | fitted on GPUs | other GPUs | runs | median abs % | p90 abs % | "
+              "mean signed % |", "|:---|:---|:---|---:|---:|---:|---:|"]
+    fitted_on = loso_runs()
+    scored = {row["run"] for row in result["rows"]}
+    runs = {r["id"]: r for r in fitted_on + (load_runs(DATA_HELDOUT)
+                                             if DATA_HELDOUT.exists() else [])
+            if r["id"] in scored}
+    for fig in FIGURES:
+        fit_gpus = sorted({cluster_of(r).gpu.name for r in fitted_on if fig.production(r)})
+        sel = [row for row in result["rows"] if row["run"] in runs
+               and PRICES[fig.name](runs[row["run"]]) and row["gpu"] not in fit_gpus]
+        for g in sorted({row["gpu"] for row in sel}):
+            mine = [row for row in sel if row["gpu"] == g]
+            v = _abs_stats([row["loso_error_pct"] for row in mine])
+            lines.append(f"| {fig.name} | {', '.join(fit_gpus)} | {g} | {v['runs']} | "
+                         f"{v['median_abs_pct']:.1f} | {v['p90_abs_pct']:.1f} | "
+                         f"{v['mean_signed_pct']:+.1f} |")
     lines += ["", "## Refits per family left out", "",
               "| family left out | figure | refitted values | on |", "|:---|:---|:---|:---|"]
     for fam, how in result["refits"].items():
