@@ -72,12 +72,17 @@ not dominated. No CP row is a fit row of any figure (in the leave-one-source-out
 after these rows were added (dcac41f): the Transformer Engine FP8 GEMM scale was refitted
 1.10 -> 0.85 once the TP communication overlap was priced (96c3d74, on the Megatron-Bridge 70B
 H100 rows, these held out), the dropless MoE host figures were fitted later still, and the
-torchao and eager figures were revised for issue 22. The Megatron-Bridge rows are priced with the TP communication overlap their recipes ran
-(fixed.tp_comm_overlap). Their H100 405B CP 2 rows are predicted 6-15% slow, the B200 ones 2-10%
-slow (FP8 tensorwise 9-10%, MXFP8 2%): the H100 rows need 64 of 126 layers recomputed to fit 80 GB in the planner's memory model,
-which Megatron-Bridge's recipe may avoid with settings the table does not print. The torchtitan
-405B rows' measured memory is 16-29% above the prediction (44-50% before torch's pipeline stage
-was seen to keep FSDP's gradients and parameters unsharded through the step,
+torchao and eager figures were revised for issue 22. The Megatron-Bridge rows are priced with
+the TP communication overlap their recipes ran (fixed.tp_comm_overlap), their bf16 gradient
+buffers and FP8 primary weights (benchmarks.fidelity bf16_gradients, fp8_primary_weights:
+the performance recipes' grad_reduce_in_fp32 = False and fp8_param_gather = True). Their H100
+405B CP 2 rows are predicted 2-10% fast, the B200 ones 7-8% (FP8 tensorwise) and 14% (MXFP8)
+fast. Before issue 22 the H100 rows needed 64 of 126 layers recomputed to fit 80 GB in the
+planner's memory model and were predicted 6-15% slow: the fp32 gradients and the bf16 weights
+beside their FP8 copies that the recipes do not keep; they now fit with none (58.9 GiB).
+The torchtitan 405B rows' measured memory is 16-29% above the prediction (44-50% before
+torch's pipeline stage was seen to keep FSDP's gradients and parameters unsharded through the
+step,
 planner.engines.spec pp_keeps_unsharded_grads), as for the same TP x PP float8 runs without
 CP; the CP 8 row stays in tests/test_fidelity.py KNOWN_MEMORY_GAPS: an open finding, not a CP
 term."""
@@ -378,7 +383,8 @@ MOE_NOTES = """Notes.
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
   4.78 ms; 4.33 before the rows were mended for issue 22), and the host's issuing of the
-  grouped GEMMs, per local expert (MOE_EXPERT_OVERHEAD_S = 0.200 ms; 0.213 before: Transformer Engine's grouped linear does host work per
+  grouped GEMMs, per local expert (MOE_EXPERT_OVERHEAD_S = 0.200 ms; 0.213 before:
+  Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
   and EP communication) does not cover it: between two syncs the GPU runs only what the host
   has issued. Fitted together on the 13 rows of the 26.04 and 26.04.01 releases (`python -m
@@ -1182,7 +1188,8 @@ def verdict_markdown(v) -> str:
         f"Over all {v['rows']} evaluable published rows (dense and MoE tables), every one a "
         "configuration that ran:", "",
         f"- said \"fits\", measured above capacity (measured reserved + context > GPU memory): "
-        f"{len(v['fits_then_oom'])} of {v['measured']} rows with measured memory ({ids(v['fits_then_oom'])});",
+        f"{len(v['fits_then_oom'])} of {v['measured']} rows with measured memory "
+        f"({ids(v['fits_then_oom'])});",
         f"- said \"does not fit\" though it ran, no margin: {len(v['refused_ran'])} "
         f"({ids(v['refused_ran'])});",
         f"- the same at `plan`'s default margin (3% of the GPU's memory): "
