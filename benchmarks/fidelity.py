@@ -281,9 +281,32 @@ BF16_GRAD_LAUNCHER_CONFIGS = {
 }
 
 
+# What a source's recipe set of the memory knobs the rows do not carry, read from the recipe
+# itself: (source prefix, the knobs, where).
+RECIPE_MEMORY_FACTS = (
+    ("mlcommons/training_results_v5.0 NVIDIA/results/eos-dfw_",
+     {"grad_reduce_in_fp32": False, "fp8_param_gather": True},
+     "mlcommons/training_results_v5.0 @0fdc28f0 NVIDIA/benchmarks/llama31_405b/implementations/"
+     "eos-dfw_n{64,256,304,320,1024}_ngc25.01_nemo: config_common.sh FP8_PARAMS=True "
+     "(conf/custom.yaml optim.fp8_params -> pretrain.py MegatronMixedPrecision fp8_params and "
+     "DistributedDataParallelConfig fp8_param_gather), pretrain.py grad_reduce_in_fp32=False"),
+)
+
+
+def recipe_fact(run, knob: str):
+    """`knob` as the row says, else as its source's recipe set it (RECIPE_MEMORY_FACTS), else
+    None."""
+    if knob in run["fixed"]:
+        return run["fixed"][knob]
+    for prefix, facts, _ in RECIPE_MEMORY_FACTS:
+        if run.get("source", "").startswith(prefix) and knob in facts:
+            return facts[knob]
+    return None
+
+
 def bf16_gradients(run) -> bool:
     """Whether the row's recipe reduced bf16 gradients (BF16_GRAD_BYTES)."""
-    f = run["fixed"].get("grad_reduce_in_fp32")
+    f = recipe_fact(run, "grad_reduce_in_fp32")
     if f is not None:
         return f is False
     if run.get("engine", "megatron") != "megatron":
@@ -300,7 +323,7 @@ def fp8_primary_weights(run) -> bool:
     get_precision_config takes the bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed
     presets, which set fp8_param_gather = True: src/megatron/bridge/training/mixed_precision.py
     @618e1c40b, since @958fb9b7d 2025-07-16, before the first performance scripts)."""
-    f = run["fixed"].get("fp8_param_gather")
+    f = recipe_fact(run, "fp8_param_gather")
     if f is not None:
         return bool(f)
     if "FP8_PARAMS=True" in run.get("quote_context", ""):   # MLPerf NeMo config_common.sh
