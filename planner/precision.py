@@ -17,6 +17,7 @@ bf16 master weights cast per step; the optimizer never sees FP8).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from planner.errors import BadInput
@@ -84,16 +85,23 @@ ELEMENT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
 # overlap was modelled the same grid chose 1.10 (2.2x bf16: it absorbed the TP communication
 # priced exposed). Applied to MXFP8 and NVFP4 too, an assumption (B200 held-out rows).
 TE_GEMM_SCALE = 0.85
-# torchao's float8 GEMMs (torchtitan): the figure chosen on the same 6 rows before the TP
-# overlap was modelled, 1.10 (grid 0.80 ... 1.20, median |error| 19.5, 15.4, 11.8, 8.6, 5.6,
-# 3.0, 0.6, 1.6, 3.7%), kept: torchtitan's FP8 rows are held out at it and its rowwise
-# figure below was fitted relative to it. Not refitted on torchao's own rows (an open point).
-TORCHAO_GEMM_SCALE = 1.10
-# torchao's rowwise float8 GEMM (per-row scales, a CUTLASS/_scaled_mm rowwise kernel) against
-# its tensorwise one: fitted by grid (0.40 ... 0.75 in 0.05 steps; median |error| 9.2, 2.2,
-# 3.5, 8.2, 12.0, 15.3, 18.1, 20.5%) on torchtitan's two 70B rowwise rows (torchtitan asynctp
-# benchmark, 2025-06); the two 8B rowwise rows held out.
-ROWWISE_GEMM_SCALE = 0.45
+# torchao's float8 GEMMs (torchtitan): derived, not fitted: torchao's Float8Linear calls
+# torch._scaled_mm, whose tensorwise path is cuBLASLt's FP8 GEMM (pytorch aten/src/ATen/native/
+# cuda/Blas.cpp, _scaled_mm_out_cuda -> at::cuda::blas::scaled_gemm), the kernel Transformer
+# Engine runs too, so Transformer Engine's figure. (It was 1.10, the grid's choice on the
+# Megatron-Bridge 70B rows while TP communication was priced exposed, kept after that was
+# mended: ~19% faster FP8 GEMMs than Transformer Engine's on the same cuBLASLt kernel. A grid
+# on torchtitan's two 70B tensorwise rows does not identify it: the vanilla-TP row wants ~0.97
+# and the async-TP one more than 1.30, their gap being the TP overlap, not the GEMM; at 0.85
+# they are +3.5% / +20.5%. torchtitan's FP8 median |error| 6.4% at 1.10, 7.9% at 0.85.)
+TORCHAO_GEMM_SCALE = TE_GEMM_SCALE
+# torchao's rowwise float8 GEMM (per-row scales: _scaled_mm's rowwise path is a CUTLASS kernel,
+# at::cuda::detail::f8f8bf16_rowwise in aten/src/ATen/native/cuda/RowwiseScaledMM.cu, not
+# cuBLASLt) against its tensorwise one: fitted by grid (0.40 ... 0.75 in 0.05 steps, least
+# median |error|: 18.8, 11.5, 5.5, 2.1, 3.8% at 0.40 ... 0.60, 0.65) on torchtitan's two 70B
+# rowwise rows (torchtitan asynctp benchmark, 2025-06), with the tensorwise figure above; the
+# two 8B rowwise rows held out (`python -m benchmarks.fidelity --fit-figures` reruns it).
+ROWWISE_GEMM_SCALE = 0.60
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,25 @@ TORCHAO_RECIPES = {
     "rowwise": Recipe("rowwise", TORCHAO_GEMM_SCALE * ROWWISE_GEMM_SCALE, 5.0, 5.0, **_AO),
     "mxfp8": Recipe("mxfp8", TORCHAO_GEMM_SCALE, 5.0, 5.0, **_AO),
 }
-LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES}
+# Transformer Engine with FP8 primary weights (Megatron-Core --fp8-param-gather: the model is
+# built under te.fp8_model_init, each linear weight a Float8Tensor; Megatron-Bridge's FP8
+# presets bf16_with_fp8_delayed_scaling_mixed / bf16_with_fp8_current_scaling_mixed /
+# bf16_with_mxfp8_mixed set fp8_param_gather = True, src/megatron/bridge/training/
+# mixed_precision.py @618e1c40b; MLPerf's NeMo GPT-3 FP8_PARAMS=True): the quantised weight
+# and its transpose (Hopper) or row- and column-wise copies (MXFP8) are the parameters, so no
+# bf16 linear weight is kept beside them (the fp32 master stays in the optimizer): the bytes
+# per linear parameter beyond a bf16 weight are the copies' less the bf16 weight's.
+BF16_WEIGHT_BYTES = 2.0
+def fp8_param_recipe(r: Recipe) -> Recipe:
+    """`r` with FP8 primary weights: the copies are the weights, no bf16 weight beside them."""
+    return dataclasses.replace(r, weight_copy_bytes=max(r.weight_copy_bytes - BF16_WEIGHT_BYTES,
+                                                        0.0))
+
+
+FP8_PARAM_RECIPE_NAMES = ("tensorwise", "delayed", "mxfp8")
+TE_FP8_PARAM_RECIPES = {k: fp8_param_recipe(r) if k in FP8_PARAM_RECIPE_NAMES else r
+                        for k, r in TE_RECIPES.items()}
+LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES, "te_fp8_params": TE_FP8_PARAM_RECIPES}
 RECIPES = tuple(dict.fromkeys([*TE_RECIPES, *TORCHAO_RECIPES]))
 
 

@@ -13,12 +13,17 @@ from planner.catalog import get_model
 # unpermute keeping no expert outputs, each row's pipeline layout and selective recompute
 # modules as its recipe ran them, and the dropless host stall (per MoE layer, and per local
 # expert where the layer's GPU work does not hide it) fitted on that table's 26.04 / 26.04.01
-# rows (benchmarks/results/fidelity_moe_2026-12-02.md: 10.5% over the 10 BF16 rows, 8.9% over
-# all 42, 9.0% over the 29 rows held out of the fit), rounded up. Lowering these needs physics,
-# never a constant chosen on the held-out rows.
-BF16_MEDIAN_GUARD_PCT = 11.0
-ALL_MEDIAN_GUARD_PCT = 9.5
-HELD_OUT_MEDIAN_GUARD_PCT = 10.0
+# rows, rounded up. They were 10.5% over the 10 BF16 rows, 8.9% over all 42, 9.0% over the 29
+# rows held out of the fit until the rows were mended for issue 22 (item 4, reported even where
+# worse): the three GPT-OSS-120B B200 ep8 rows run their recipe's layernorm + moe_act recompute
+# and every row its recipe's bf16 gradients (`recompute_source`, `grad_dtype_source`), and the
+# host stall was refitted on the mended rows (4.33 -> 4.78 ms, 0.213 -> 0.200 ms): now 14.4%,
+# 10.2% and 11.3% (benchmarks/results/fidelity_moe_2026-12-02.md), the GPT-OSS B200 rows
+# predicted 31-35% fast. Lowering these needs physics, never a constant chosen on the held-out
+# rows.
+BF16_MEDIAN_GUARD_PCT = 15.0
+ALL_MEDIAN_GUARD_PCT = 10.5
+HELD_OUT_MEDIAN_GUARD_PCT = 12.0
 
 
 @pytest.fixture(scope="module")

@@ -146,3 +146,45 @@ def test_fsdp2_without_gradient_sync_accumulates_unsharded_fp32_gradients():
         assert all(p.grad is None for p in net.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def _mbridge_70b_fp8_row():
+    from benchmarks import fidelity
+    return next(r for r in fidelity.load_runs()
+                if r["id"] == "mbridge-26.04-h100-llama370b-fp8-64gpu-tp4pp8cp1epnonevp5-gbs256")
+
+
+def _rank0_states(run):
+    """(params, grads) GiB and decoder layers of pipeline rank 0 for `run` as the fidelity
+    table prices it."""
+    from benchmarks import fidelity
+    from planner.search import search
+    rep = search(fidelity.model_of(run), fidelity.cluster_of(run), fidelity.fixed_of(run),
+                 run["fixed"]["seq_len"], run["fixed"]["global_batch"], top=1,
+                 engine=fidelity.engine_of(run), margin_gib=0.0, rejected=False)
+    best = rep.best or rep.closest
+    m = best.estimate.stage_memory_gib[0]
+    return m["params"], m["grads"], best.layers[0]
+
+
+def test_fp8_primary_weights_and_bf16_gradients_count_what_they_remove():
+    """Megatron-Bridge's FP8 recipes keep FP8 primary weights and bf16 gradient buffers
+    (benchmarks.fidelity fp8_primary_weights, bf16_gradients): against the same row priced with
+    bf16 weights beside their FP8 copies and fp32 gradients, rank 0 holds 2 B less per linear
+    parameter of its layers and 2 B less gradient per parameter, counted from the model's
+    shapes here (Llama 3 70B at tp 4: the layers the plan puts on rank 0)."""
+    from benchmarks import fidelity
+    from planner.catalog import get_model
+    run = _mbridge_70b_fp8_row()
+    assert fidelity.fp8_primary_weights(run) and fidelity.bf16_gradients(run)
+    plain = {**run, "id": "plain-" + run["id"],
+             "fixed": {**run["fixed"], "fp8_param_gather": False, "grad_reduce_in_fp32": True}}
+    p_fp8, g_bf16, layers = _rank0_states(run)
+    p_plain, g_fp32, layers_plain = _rank0_states(plain)
+    assert layers == layers_plain
+    m = get_model("llama3-70b")
+    h, f = m.hidden, m.ffn_hidden
+    kv = m.num_kv_heads * m.head_dim
+    linear = layers * (h * (h + 2 * kv) + h * h + 3 * h * f) / 4          # per tp rank
+    assert p_plain - p_fp8 == pytest.approx(2 * linear / 2 ** 30, rel=1e-3)
+    assert g_fp32 == pytest.approx(2 * g_bf16, rel=1e-6)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
 from planner.cost.memory import (activation_bytes, head_input_bytes, logits_bytes,
                                   lowp_saved_input_savings)
+from planner.engines.eager import CUBLAS_GEMM_FRACTION
 from planner.engines.spec import Engine
 from planner.specs import Gpu
 
@@ -37,7 +38,11 @@ def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
     """The GPU as the engine's kernels drive it."""
     changes = {}
     if engine.gemm_scale != 1.0:
-        changes["gemm_efficiency"] = gpu.gemm_efficiency * engine.gemm_scale
+        # an engine's own GEMM scale (the eager engines': planner.engines.eager) is relative to
+        # cuBLAS's large-GEMM fraction of the GPU's peak, the catalog's figure but where that
+        # is a Megatron fit (CUBLAS_GEMM_FRACTION)
+        changes["gemm_efficiency"] = (CUBLAS_GEMM_FRACTION.get(gpu.name, gpu.gemm_efficiency)
+                                      * engine.gemm_scale)
     if engine.attn_scale != 1.0:
         changes["attn_efficiency"] = gpu.attn_efficiency * engine.attn_scale
     if engine.overlap_slowdown is not None:

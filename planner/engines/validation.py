@@ -1,17 +1,29 @@
-"""How far to trust each engine's predictions: its median |error| on published runs.
+"""How far to trust each engine's predictions: its |error| on published runs no fit has seen.
 
-Written from the committed fidelity table (`python -m benchmarks.fidelity`, which prints these
-lines); tests/test_fidelity.py checks that they match the table, so they cannot drift from it.
+Read from planner/engines/trust.json, which `python -m benchmarks.fidelity --loso` generates
+(leave one source out: every fitted figure of the planner refitted without one source family of
+published runs, that family's rows predicted with the refitted figures), per engine (MoE
+models apart) and GPU generation (planner.precision ARCH), with the in-sample median (the
+committed figures, fitted on some of those rows) beside it. tests/test_fidelity_loso.py checks
+the file against the committed table it names.
 """
-from planner.engines.spec import Validation
+from __future__ import annotations
 
-TABLE = "benchmarks/results/fidelity_2026-12-02.md"
-# engine: (runs, median |error| %), from the "scope" rows of TABLE
-VALIDATION = {
-    "fsdp": (77, 2.7),
-    "megatron": (44, 4.9),
-    "torchtitan": (43, 6.4),
-}
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.engines.spec import Validation
+from planner.precision import ARCH
+
+TRUST_FILE = Path(__file__).with_name("trust.json")
+_TRUST = json.loads(TRUST_FILE.read_text())
+TABLE = _TRUST["table"]
+# scope ("megatron", "megatron moe", ...) -> GPU generation ("all", "hopper", ...) -> figures
+TRUST = _TRUST["engines"]
+# engine: (runs, held-out median |error| %), over all its dense-model rows
+VALIDATION = {e: (v["all"]["runs"], v["all"]["held_out_median_abs_pct"])
+              for e, v in TRUST.items() if " " not in e}
 
 # engine: the GPUs its published runs ran on, from the "<engine> <gpu>" rows of TABLE; a plan on
 # any other GPU (or a custom one) is not validated by them
@@ -27,6 +39,42 @@ def validated_on(engine: str, gpu_name: str) -> bool:
     return gpu_name in VALIDATED_GPUS.get(engine, ())
 
 
-def validation_of(engine: str) -> Validation | None:
-    v = VALIDATION.get(engine)
-    return Validation(runs=v[0], median_abs_error_pct=v[1], table=TABLE) if v else None
+@dataclass(frozen=True)
+class HeldOutValidation(Validation):
+    """Validation whose median is held out (leave one source out), with its p90 and the
+    in-sample median beside it, over the runs of one GPU generation or all."""
+    p90_abs_error_pct: float = 0.0
+    in_sample_median_abs_error_pct: float = 0.0
+    scope: str = ""
+
+    def describe(self, engine: str) -> str:
+        return (f"+/-{self.median_abs_error_pct:.0f}% (median |error| over {self.runs} published "
+                f"{engine} runs{self.scope} held out of every fit, p90 "
+                f"{self.p90_abs_error_pct:.0f}%; {self.in_sample_median_abs_error_pct:.0f}% "
+                f"in-sample)")
+
+
+def scope_of(engine: str, moe: bool = False) -> str:
+    return f"{engine} moe" if moe and f"{engine} moe" in TRUST else engine
+
+
+def validation_of(engine: str, gpu: str | None = None,
+                  moe: bool = False) -> HeldOutValidation | None:
+    """The held-out figures of `engine` (MoE models apart where it has MoE rows), on `gpu`'s
+    generation where it has published runs there, else over all its runs."""
+    scopes = TRUST.get(scope_of(engine, moe))
+    if not scopes:
+        return None
+    gen = ARCH.get(gpu) if gpu else None
+    key = gen if gen in scopes else "all"
+    v = scopes[key]
+    return HeldOutValidation(runs=v["runs"], median_abs_error_pct=v["held_out_median_abs_pct"],
+                             table=TABLE, p90_abs_error_pct=v["held_out_p90_abs_pct"],
+                             in_sample_median_abs_error_pct=v["in_sample_median_abs_pct"],
+                             scope=f" on {gen.title()} GPUs" if key != "all" else "")
+
+
+def trust_on(engine, gpu: str | None = None, moe: bool = False) -> str:
+    """What `plan` prints as its trust band for `engine` on `gpu` (a catalog GPU name)."""
+    v = validation_of(engine.name, gpu, moe)
+    return v.describe(engine.name) if v else "not validated"

@@ -1,0 +1,149 @@
+"""Megatron-Bridge performance-summary-archive.md: dense Llama rows on GB200 / GB300 / B300
+(systems none of the data files holds)."""
+import subprocess, re, json
+REPO = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
+COMMIT = subprocess.check_output(["git", "-C", REPO, "rev-parse", "HEAD"], text=True).strip()
+PATH = "docs/performance-summary-archive.md"
+TEXT = subprocess.check_output(["git", "-C", REPO, "show", f"{COMMIT}:{PATH}"], text=True)
+URL = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMIT}/{PATH}"
+EXISTING = json.load(open(__import__("pathlib").Path(__file__).resolve().parents[1] / "published_runs_2.json"))["runs"]
+MODELS = {}
+for r in EXISTING:
+    if r["id"].startswith("mbridge-"):
+        MODELS.setdefault(r["published"].get("Model") or
+                          ("LLAMA3_70B" if "llama370b" in r["id"] else "LLAMA3.1_405B" if "405b" in r["id"] else "LLAMA3_8B"),
+                          r["model"])
+SYSTEMS = {"DGX-GB200": ("gb200", "GB200 (DGX-GB200 NVL72)", 4), "DGX-GB300": ("gb300", "GB300 (DGX-GB300 NVL72)", 4),
+           "DGX-B300": ("b300", "B300 (DGX-B300)", 8)}
+PREC = {"FP8": ("fp8", "tensorwise"), "FP8-CS": ("fp8", "tensorwise"), "MXFP8": ("mxfp8", "mxfp8"),
+        "FP8-MX": ("mxfp8", "mxfp8"), "BF16": ("bf16", None)}
+MODEL_KEY = {"LLAMA3_8B": "llama38b", "LLAMA3_70B": "llama370b", "LLAMA3.1_405B": "llama31405b"}
+HF = {"LLAMA3_8B": "meta-llama/Meta-Llama-3-8B config.json", "LLAMA3_70B": "meta-llama/Meta-Llama-3-70B config.json",
+      "LLAMA3.1_405B": "meta-llama/Llama-3.1-405B config.json"}
+
+def split_paren(v):
+    m = re.fullmatch(r"(.+?)\s*\((.+)\)", v.strip())
+    return (m.group(1).strip(), m.group(2).strip()) if m else (v.strip(), None)
+
+def rows():
+    out = []
+    rel = section = sub = None
+    hdr = None
+    for ln in TEXT.splitlines():
+        if ln.startswith("## ") and "NeMo Container" in ln:
+            rel = ln[3:].split()[0]; continue
+        if ln.startswith("### "):
+            section = ln[4:].strip(); continue
+        if ln.startswith("#### "):
+            sub = ln[5:].strip(); hdr = None; continue
+        if section != "Pre-Training Performance" or not ln.startswith("|"):
+            continue
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if cells[0] in ("System", "Model"):
+            hdr = cells; continue
+        if set(cells[0]) <= set("-"):
+            continue
+        pub = dict(zip(hdr, cells))
+        system = pub.get("System") or sub.split("System: ")[1]
+        model = pub.get("Model") or sub.split("Model: ")[1]
+        if system not in SYSTEMS or model not in MODEL_KEY:
+            continue
+        variants = [("value outside parentheses", 0)]
+        if any("(" in v for v in cells):
+            variants.append(("value inside parentheses", 1))
+        for vname, vi in variants:
+            val = {k: (split_paren(v)[vi] if split_paren(v)[vi] is not None else split_paren(v)[0]) for k, v in pub.items()}
+            corrections = []
+            if "Precision" in pub:
+                ptxt = val["Precision"]
+            else:
+                # 25.09: no precision column; outside = FP8-CS, inside = MXFP8 (the table's note and
+                # the 25.11 table's 'FP8-CS (FP8-MX)' for the same rows), as published_runs_2.json reads it
+                ptxt = "FP8-CS" if vi == 0 else "FP8-MX"
+                corrections.append("the 25.09 table prints no precision column; read as in published_runs_2.json's 25.09 "
+                                   "B200 rows: the value outside the parentheses is FP8 current scaling, the one inside MXFP8 "
+                                   "(the table's note: 'the numbers in parentheses indicate the use of different quantization "
+                                   "granularities: In case of GB200 and B200 systems, 32x32')")
+            if ptxt not in PREC:
+                continue       # NVFP4: not evaluated here
+            prec, recipe = PREC[ptxt]
+            if ptxt == "FP8":
+                corrections.append("'FP8' read as FP8 current scaling (tensorwise), as published_runs_2.json reads the 26.x H100 "
+                                   "rows: the 25.11 tables print FP8-CS for these models and the Blackwell perf recipes are named *_fp8cs_config")
+            gpu, hw, gpn = SYSTEMS[system]
+            n = int(val["#-GPUs"]); gbs = int(val["GBS"]); mbs = int(val["MBS"]); seq = int(val["Sequence Length"])
+            tp = int(val["TP"]); pp = int(val["PP"]); cp = int(val["CP"])
+            vp = None if val["VP"] == "n/a" else int(val["VP"])
+            ep = None if val["EP"] == "n/a" else int(val["EP"])
+            fsdp = int(val["FSDP"]) if "FSDP" in val else None
+            dp = n // (tp * pp * cp)
+            assert dp * tp * pp * cp == n
+            tps = float(val["Tokens / sec / GPU"])
+            fixed = {"tp": tp, "pp": pp, "dp": dp}
+            if cp > 1:
+                fixed["cp"] = cp
+            if vp is not None and (pp > 1):
+                fixed["vpp"] = vp
+            uncertain = []
+            if "GA" in val and mbs * int(val["GA"]) * dp * cp // cp != gbs:
+                uncertain.append(f"MBS {mbs} x GA {val['GA']} x DP {dp} != GBS {gbs} as printed for this variant: micro_batch left to the planner")
+                fixed.update({"global_batch": gbs, "seq_len": seq})
+            else:
+                fixed.update({"micro_batch": mbs, "global_batch": gbs, "seq_len": seq})
+            uncertain += ["recompute, sequence parallelism, CUDA graphs and communication overlaps are not printed in the table",
+                         f"the NVLink domain of a {n}-GPU {system} job is not printed"]
+            extra = {}
+            if fsdp is None:
+                uncertain.append("this table prints no FSDP column: DDP or Megatron FSDP not printed, ZeRO stage left to the planner")
+            elif fsdp > 0:
+                fixed["zero"] = 3
+                extra["fsdp_source"] = ("FSDP column > 0: Megatron FSDP with sharding group #GPUs/(TP x PP) (the archive's "
+                                        "Nomenclature); priced as ZeRO-3 as published_runs_2.json's H100 Llama3 8B FSDP row is")
+            else:
+                extra["zero_stages"] = [0, 1]
+            if tp > 1:
+                fixed["tp_comm_overlap"] = True
+                extra["tp_comm_overlap_source"] = (
+                    f"Megatron-Bridge src/megatron/bridge/perf_recipes/llama/{gpu}/llama3*.py at {COMMIT[:10]} (a later version "
+                    "than the release) sets cfg.comm_overlap.tp_comm_overlap_cfg (userbuffers_*) for the FP8/MXFP8/BF16 tp>1 recipes")
+                uncertain.append("tp_comm_overlap read from the recipes at HEAD, not at the release")
+            if vp is not None and vp == 1 and pp == 1:
+                pass
+            tag = ptxt.lower().replace("-", "")
+            vptxt = "none" if vp is None else str(vp)
+            eptxt = "none" if ep is None else str(ep)
+            rid = (f"mbridge-{rel}-{gpu}-{MODEL_KEY[model]}-{tag}-{n}gpu-tp{tp}pp{pp}cp{cp}ep{eptxt}vp{vptxt}-gbs{gbs}"
+                   + ("-alt" if vi else ""))
+            pub_rec = dict(pub); pub_rec["_variant"] = vname
+            row = {
+                "id": rid,
+                "source": f"NVIDIA-NeMo/Megatron-Bridge {PATH} {rel} / Pre-Training Performance / {sub}"
+                          + (f" / System: {system}" if sub.startswith("Model:") else ""),
+                "url": URL, "repo": "NVIDIA-NeMo/Megatron-Bridge", "path": PATH, "commit": COMMIT,
+                "quote": ln.strip(),
+                "quote_context": f"## {rel} NeMo Container / ### Pre-Training Performance / #### {sub}; header: | " + " | ".join(hdr) + " |",
+                "engine": "megatron", "hardware": hw,
+                "model": MODELS[model],
+                "model_source": f"Hugging Face {HF[model]} (the values published_runs_2.json's Megatron-Bridge rows carry)",
+                "cluster": f"{gpu}x{n}", "gpus_per_node": gpn,
+                "fixed": fixed, "precision": prec, "step_time_s": round(gbs * seq / (tps * n), 4),
+                "published": pub_rec,
+                "derivation": f"step_time = GBS * seq_len / (Tokens_per_sec_per_GPU * #GPUs) = {gbs} * {seq} / ({val['Tokens / sec / GPU']} * {n})",
+                "needs": [p for p in (["cp"] if cp > 1 else []) + ([prec] if prec != "bf16" else [])],
+                "uncertain": uncertain,
+                "notes": "Megatron-Bridge performance recipes (scripts/performance at the release). "
+                         "FSDP = 0: DDP with the distributed optimizer not printed (zero_stages 0 or 1 as published_runs_2.json's rows).",
+                **extra,
+            }
+            if recipe:
+                row["recipe"] = recipe
+            if corrections:
+                row["corrections"] = corrections
+            out.append(row)
+    return out
+
+if __name__ == "__main__":
+    import collections
+    r = rows()
+    print(len(r), len(set(x["id"] for x in r)))
+    for x in r: print(x["id"], x["step_time_s"], x["fixed"])

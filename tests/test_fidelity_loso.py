@@ -1,0 +1,131 @@
+"""Leave-one-source-out fidelity (benchmarks.fidelity --loso) and the trust band it writes.
+
+Bounds, not today's values: the issue-22 targets where they hold, regression bounds with an
+xfail for the target where it does not yet (an open finding, reported in the table).
+"""
+import csv
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from benchmarks import fidelity
+from planner.engines import ENGINES
+from planner.engines.validation import TABLE, TRUST, trust_on, validation_of
+
+ROOT = Path(__file__).parent.parent
+MEDIAN_TARGET, P90_TARGET, MIN_ROWS = 10.0, 25.0, 10
+
+
+@pytest.fixture(scope="module")
+def all_rows():
+    csv_path = ROOT / TABLE.replace(".md", ".csv")
+    return list(csv.DictReader(open(csv_path)))
+
+
+@pytest.fixture(scope="module")
+def loso_rows(all_rows):
+    """The rows of the three fitted-on files, each scored without its family; the held-out
+    file's rows (never fitted on) are held to their own targets in test_fidelity_heldout.py."""
+    return [r for r in all_rows if not r["family"].startswith("held out: ")]
+
+
+def test_trust_file_matches_the_committed_table():
+    """planner/engines/trust.json says what the committed leave-one-source-out table says."""
+    text = (ROOT / TABLE).read_text()
+    for scope, gens in TRUST.items():
+        assert scope.split()[0] in ENGINES
+        for gen, v in gens.items():
+            m = re.search(rf"^\| {re.escape(scope)} \| {gen} \| (\d+) \| ([\d.]+) \| ([\d.]+) \| "
+                          rf"([\d.]+) \|", text, re.M)
+            assert m, (scope, gen)
+            assert (int(m.group(1)), float(m.group(2)), float(m.group(3)),
+                    float(m.group(4))) == (v["runs"], v["held_out_median_abs_pct"],
+                                           v["held_out_p90_abs_pct"],
+                                           v["in_sample_median_abs_pct"]), (scope, gen)
+
+
+def test_trust_band_is_held_out_and_per_generation():
+    megatron = ENGINES["megatron"]
+    line = trust_on(megatron, "a100")
+    assert "held out of every fit" in line and "Ampere" in line and "in-sample" in line
+    assert validation_of("megatron", "a100").runs == TRUST["megatron"]["ampere"]["runs"]
+    # a generation with no published run falls back to all of the engine's runs
+    assert validation_of("megatron", "mi300x").runs == TRUST["megatron"]["all"]["runs"]
+    assert ENGINES["megatron"].trust() == validation_of("megatron").describe("megatron")
+
+
+def _scopes(rows):
+    out = {}
+    for r in rows:
+        out.setdefault(r["engine"] + (" moe" if r["family"].startswith("Megatron-Bridge MoE")
+                                      else ""), []).append(r)
+    return out
+
+
+def _stats(rows, col):
+    a = sorted(abs(float(r[col])) for r in rows)
+    return statistics.median(a), fidelity._p90(a)
+
+
+def test_dense_engines_within_issue_targets_held_out(loso_rows):
+    for scope, rows in _scopes(loso_rows).items():
+        if scope.endswith(" moe") or len(rows) < MIN_ROWS:
+            continue
+        med, p90 = _stats(rows, "loso_error_pct")
+        assert med <= MEDIAN_TARGET and p90 <= P90_TARGET, (scope, med, p90)
+
+
+# MoE rows held out: release drift (the 25.09 token-drop rows 33-49% slow, the GPT-OSS-120B
+# B200 rows 21-35% fast) the static model does not follow (benchmarks/results/fidelity_moe_*.md)
+MOE_MEDIAN_BOUND, MOE_P90_BOUND = 20.0, 45.0
+
+
+def test_moe_held_out_regression_bound(loso_rows):
+    med, p90 = _stats(_scopes(loso_rows)["megatron moe"], "loso_error_pct")
+    assert med <= MOE_MEDIAN_BOUND and p90 <= MOE_P90_BOUND, (med, p90)
+
+
+@pytest.mark.xfail(strict=True, reason="open finding: MoE held out beyond the issue-22 target")
+def test_moe_within_issue_targets_held_out(loso_rows):
+    med, p90 = _stats(_scopes(loso_rows)["megatron moe"], "loso_error_pct")
+    assert med <= MEDIAN_TARGET and p90 <= P90_TARGET
+
+
+def test_no_published_configuration_predicted_not_to_fit_held_out(loso_rows):
+    assert all(r["fits"] == "True" and r["loso_fits"] == "True" for r in loso_rows)
+
+
+def test_every_family_is_scored(loso_rows, all_rows):
+    fams = {r["family"] for r in loso_rows}
+    runs = fidelity.loso_runs()
+    assert fams == {fidelity.family_of(r) for r in runs}
+    assert len(loso_rows) == len(runs)
+    if fidelity.DATA_HELDOUT.exists():       # and the trust band counts the held-out file too
+        assert len(all_rows) == len(runs) + len(fidelity.heldout_table()[0])
+
+
+def test_grid_procedures_reproduce_the_committed_figures():
+    """A real refit: each grid procedure, run on its production fit rows, gives the
+    committed value (the least-squares ones: `python -m benchmarks.fidelity --fit-figures`)."""
+    runs, values = fidelity.loso_runs(), fidelity.committed_figures()
+    for fig in fidelity.FIGURES:
+        if fig.procedure != "grid":
+            continue
+        rows = [r for r in runs if fig.production(r)]
+        assert rows, fig.name
+        assert fidelity.refit(fig, rows, values) == values[fig.name], fig.name
+
+
+def test_leaving_a_family_out_refits_without_it():
+    """Leaving torchtitan out leaves the rowwise figure no row: its prior; its rows are then
+    predicted with it, and nothing fitted on them is used."""
+    runs = [r for r in fidelity.loso_runs() if r["engine"] == "torchtitan"
+            or fidelity.FIGURES[1].production(r)]
+    res = fidelity.loso(runs, families=["torchtitan"], log=lambda m: None)
+    how = res["refits"]["torchtitan"]
+    assert how["torchao rowwise float8 GEMM"][0] == (1.0,)
+    assert "eager-PyTorch kernel figures" not in how      # not fitted on torchtitan rows
+    rowwise = [r for r in res["rows"] if "rowwise" in r["run"]]
+    assert rowwise and all(r["loso_error_pct"] != r["in_sample_error_pct"] for r in rowwise)
