@@ -1091,11 +1091,13 @@ class SharedCoefficients:
         layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
         got = self._pooled.get(layout)
         if got is None:
-            states = self.states(c)
-            D, Q = self._kind_counts()
-            _, dense, moe = states[0]
-            got = self._pooled[layout] = sum(fixed for fixed, _, _ in states) + D * dense + Q * moe
+            got = self._pooled[layout] = self._pooled_of(self.states(c))
         return got
+
+    def _pooled_of(self, states: list) -> float:
+        D, Q = self._kind_counts()
+        _, dense, moe = states[0]
+        return sum(fixed for fixed, _, _ in states) + D * dense + Q * moe
 
     def _most_layers(self, room: float, dense: float, moe: float) -> int:
         """Most layers whose states fit in `room`, the lighter kind first (as many of it as
@@ -1119,6 +1121,10 @@ class SharedCoefficients:
         those of every layer. (A hair of slack keeps float rounding on the safe side.)"""
         room, L = cap * (1 + 1e-9), self.model.num_layers
         states = self.states(c)
+        # the model states alone first (the kept activations, >= 0, only add): a candidate
+        # failing here needs no figure of its own
+        if not self._states_fit(states, room, c.vpp):
+            return False
         fig = self._layer_figures(c)
         kd, km = fig["kept_dense"] * (1 - 1e-9), fig["kept_moe"] * (1 - 1e-9)
         infl = self.in_flight(c)
@@ -1132,6 +1138,18 @@ class SharedCoefficients:
                 return False
             total += n
         return total >= L
+
+    def _states_fit(self, states: list, room: float, v: int) -> bool:
+        """states_can_fit with no activations kept: the model states alone."""
+        if self._pooled_of(states) > room * len(states):
+            return False
+        total = 0
+        for fixed, dense, moe in states:
+            n = self._most_layers(room - fixed, dense, moe)
+            if n < v:
+                return False
+            total += n
+        return total >= self.model.num_layers
 
     def states_overflow_gib(self, c: Candidate, budget) -> float:
         """A lower bound on max(overflow_gib()) of c's heuristic placement (the even split):
@@ -1230,7 +1248,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if not shared.states_can_fit(c, cap):
             pruned_mem += 1
             infeasible.append((c, None, rules_for(engine, c, f)))
-            rejected_bounds[c] = shared.quick_bound(c)
+            if rejected:   # what rejected_layouts orders by; unused otherwise
+                rejected_bounds[c] = shared.quick_bound(c)
             continue
         live.append((shared.quick_bound(c, rules_for(engine, c, f), cap), idx, c))
     live.sort(key=lambda x: (x[0], x[1]))
@@ -1249,7 +1268,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if too_big.get(family, math.inf) < c.mbs:
             pruned_mem += 1
             infeasible.append((c, None, rules))
-            rejected_bounds[c] = shared.quick_bound(c)
+            if rejected:   # what rejected_layouts orders by; unused otherwise
+                rejected_bounds[c] = shared.quick_bound(c)
             return None
         coeffs = shared.coefficients(c)
         caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
