@@ -43,7 +43,8 @@ from planner.cost.facts import facts_for
 from planner.cost.context import cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import in_flight
-from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
+from planner.cost.stage import (Candidate, capacity_bytes, exposed_comm_array, memory_budget,
+                                stage_coefficients)
 # the one price of a placement; candidate_of (a saved plan's candidate) kept importable here
 from planner.cost.price import candidate_of, price  # noqa: F401
 from planner.engines import get_engine
@@ -436,32 +437,48 @@ def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate,
     return out
 
 
-def _vector_exposed(k, c_layer, c_fixed, h_layer, h_fixed, n):
-    """StageCoeffs.exposed_comm, vectorised over n."""
-    comm = c_fixed + n * c_layer
-    return np.where(comm > 0, np.maximum(c_layer, comm - h_fixed - n * h_layer)
-                    + k.overlap_slowdown * comm, 0.0)
+def _stacked(values) -> np.ndarray:
+    """One figure per pipeline rank, as a column (ranks along the first axis)."""
+    return np.asarray(values, dtype=float)[:, None]
 
 
-def _rank_min_times(k, L: int, v: int, cap: float, c: Candidate, rules: Rules):
-    """Least per-micro-batch time of rank k holding n = v, v+1, ... layers (inf if n cannot fit)."""
-    n = np.arange(v, L + 1, dtype=float)
-    mem0 = k.mem_total_fixed() + n * k.mem_total_layer()
+def _least_recompute(mem0, save, n, cap: float, c: Candidate, rules: Rules):
+    """Least recomputed layers (inf: none fits) of ranks whose memory with no recompute is
+    mem0 (ranks x layer counts [x MoE counts]), each recomputed layer saving `save` (per rank,
+    broadcast as mem0)."""
     if c.recompute == "none":
-        r = np.where(mem0 <= cap, 0.0, np.inf)
-    elif rules.all_layers_recomputed:
-        r = np.where(mem0 - n * k.mem_rec <= cap, n, np.inf)
-    elif k.mem_rec > 0:
-        r = np.maximum(0.0, np.ceil((mem0 - cap) / k.mem_rec))
-        r = np.where(r <= n, r, np.inf)
-    else:
-        r = np.where(mem0 <= cap, 0.0, np.inf)
+        return np.where(mem0 <= cap, 0.0, np.inf)
+    if rules.all_layers_recomputed:
+        return np.where(mem0 - n * save <= cap, n, np.inf)
+    pos = save > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.maximum(0.0, np.ceil((mem0 - cap) / np.where(pos, save, 1.0)))
+    return np.where(pos, np.where(r <= n, r, np.inf), np.where(mem0 <= cap, 0.0, np.inf))
+
+
+def _with_exposures(t, coeffs, n):
+    """t (ranks x layer counts) plus each rank's ZeRO-2/3 exposure with n layers
+    (planner.cost.stage.exposed_comm_array, StageCoeffs.exposed_comm over arrays)."""
+    slow = _stacked([k.overlap_slowdown for k in coeffs])
+    for j in range(2):
+        e = [k.exposures()[j] for k in coeffs]
+        if any(x[0] > 0 or x[1] > 0 for x in e):
+            cl, cf, hl, hf = (_stacked(col) for col in zip(*e))
+            t = t + exposed_comm_array(cl, cf, hl, hf, slow, n)
+    return t
+
+
+def _rank_min_times(coeffs, L: int, v: int, cap: float, c: Candidate, rules: Rules):
+    """Least per-micro-batch time of each rank holding n = v, v+1, ... layers (inf if n cannot
+    fit): (n, ranks x n times)."""
+    n = np.arange(v, L + 1, dtype=float)
+    mem0 = (_stacked([k.mem_total_fixed() for k in coeffs])
+            + n * _stacked([k.mem_total_layer() for k in coeffs]))
+    r = _least_recompute(mem0, _stacked([k.mem_rec for k in coeffs]), n, cap, c, rules)
     with np.errstate(invalid="ignore"):
-        t = k.t_fixed + n * k.t_layer + np.where(np.isfinite(r), r * k.t_rec, np.inf)
-    for e in k.exposures():
-        if e[0] > 0 or e[1] > 0:
-            t = t + _vector_exposed(k, *e, n)
-    return n, t
+        t = (_stacked([k.t_fixed for k in coeffs]) + n * _stacked([k.t_layer for k in coeffs])
+             + np.where(np.isfinite(r), r * _stacked([k.t_rec for k in coeffs]), np.inf))
+    return n, _with_exposures(t, coeffs, n)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -481,46 +498,47 @@ def _kinds_window(P: tuple, i: int, p: int) -> tuple:
     return lo, hi
 
 
-def _rank_min_times_kinds(k, low, L: int, Q: int, v: int, cap: float, c: Candidate,
-                          rules: Rules, window=None):
-    """_rank_min_times of a rank of a model with L layers, Q of them MoE: a rank holding n
+@functools.lru_cache(maxsize=256)
+def _kinds_windows(P: tuple, p: int) -> tuple:
+    """_kinds_window of every rank, stacked: (least, most), ranks x n x 1."""
+    wins = [_kinds_window(P, i, p) for i in range(p)]
+    return (np.stack([w[0] for w in wins])[:, :, None], np.stack([w[1] for w in wins])[:, :, None])
+
+
+def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Candidate,
+                          rules: Rules, windows=None):
+    """_rank_min_times of the ranks of a model with L layers, Q of them MoE: a rank holding n
     layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
     over those q, with the least recompute its memory needs (each recomputed layer saving at
     most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound.
-    `window`: the (least, most) MoE layers the rank can hold with n = v..L layers where it
-    holds one contiguous stage (_kinds_window), else any count in the range above."""
-    d = k.moe
+    `windows`: the (least, most) MoE layers each rank can hold with n = v..L layers where it
+    holds one contiguous stage (_kinds_windows), else any count in the range above."""
     n = np.arange(v, L + 1, dtype=float)[:, None]
     if L - Q <= Q:   # over the rank's dense layers (fewer choices), else its MoE layers
         q = n - np.arange(0, L - Q + 1, dtype=float)[None, :]
     else:
         q = np.arange(0, Q + 1, dtype=float)[None, :] + 0 * n
-    if window is None:
+    if windows is None:
         ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
     else:
-        q_lo, q_hi = window
-        ok = (q >= q_lo[:, None]) & (q <= q_hi[:, None])
-    mem0 = k.mem_total_fixed() + n * k.mem_total_layer() + q * sum(d.mem_layer.values())
-    save = max(k.mem_rec, k.mem_rec + d.mem_rec)
-    if c.recompute == "none":
-        r = np.where(mem0 <= cap, 0.0, np.inf)
-    elif rules.all_layers_recomputed:
-        r = np.where(mem0 - n * save <= cap, n, np.inf)
-    elif save > 0:
-        r = np.maximum(0.0, np.ceil((mem0 - cap) / save))
-        r = np.where(r <= n, r, np.inf)
-    else:
-        r = np.where(mem0 <= cap, 0.0, np.inf)
-    r = np.where(ok, r, np.inf)
+        q_lo, q_hi = windows
+        ok = (q >= q_lo) & (q <= q_hi)
+
+    def col(values):   # one figure per rank, ranks along the first of three axes
+        return np.asarray(values, dtype=float)[:, None, None]
+
+    mem0 = (col([k.mem_total_fixed() for k in coeffs]) + n * col([k.mem_total_layer()
+                                                                   for k in coeffs])
+            + q * col([sum(k.moe.mem_layer.values()) for k in coeffs]))
+    save = col([max(k.mem_rec, k.mem_rec + k.moe.mem_rec) for k in coeffs])
+    r = np.where(ok, _least_recompute(mem0, save, n, cap, c, rules), np.inf)
     with np.errstate(invalid="ignore"):
-        t = (k.t_fixed + n * k.t_layer + q * d.t_layer
-             + np.where(np.isfinite(r), r * low.t_rec, np.inf))
-    t = t.min(axis=1)
+        t = (col([k.t_fixed for k in coeffs]) + n * col([k.t_layer for k in coeffs])
+             + q * col([k.moe.t_layer for k in coeffs])
+             + np.where(np.isfinite(r), r * col([lk.t_rec for lk in low]), np.inf))
+    t = t.min(axis=2)
     n = n[:, 0]
-    for e in low.exposures():
-        if e[0] > 0 or e[1] > 0:
-            t = t + _vector_exposed(low, *e, n)
-    return n, t
+    return n, _with_exposures(t, low, n)
 
 
 def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
@@ -537,10 +555,9 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]
         P = layer_kinds(model) if model is not None else None
-        wins = ([_kinds_window(tuple(P), i, p) for i in range(p)]
-                if P is not None and v == 1 and p == len(coeffs) else [None] * len(coeffs))
-        per_rank = [_rank_min_times_kinds(k, lk, L, Q, v, cap, c, rules, w)
-                    for k, lk, w in zip(coeffs, low, wins)]
+        wins = (_kinds_windows(tuple(P), p)
+                if P is not None and v == 1 and p == len(coeffs) else None)
+        n_all, t_all = _rank_min_times_kinds(coeffs, low, L, Q, v, cap, c, rules, wins)
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
         # every layer is held once: L - Q dense and Q MoE layers' memory pooled over ranks
@@ -549,17 +566,25 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
                                   for k in coeffs))
         coeffs = low
     else:
-        per_rank = [_rank_min_times(k, L, v, cap, c, rules) for k in coeffs]
+        n_all, t_all = _rank_min_times(coeffs, L, v, cap, c, rules)
         kinds_total = kinds_memory = 0.0
-    values = np.unique(np.concatenate([t[np.isfinite(t)] for _, t in per_rank]))
+    values = np.unique(t_all[np.isfinite(t_all)])
     if values.size == 0:
         return math.inf
+    # the most layers rank i can hold within time x is the last n whose least time from n on
+    # is at most x (times past it only exceed x): v - 1 + the count of those (0 if none)
+    suffix = np.minimum.accumulate(t_all[:, ::-1], axis=1)[:, ::-1]
+
+    def layers_within(x) -> int:
+        k = (suffix <= x).sum(axis=1)
+        return int(np.where(k > 0, v - 1 + k, 0).sum())
+
     lo, hi = 0, values.size - 1
-    if sum(int(n[t <= values[hi]].max(initial=0)) for n, t in per_rank) < L:
+    if layers_within(values[hi]) < L:
         return math.inf
     while lo < hi:   # least value at which the ranks' layer capacities reach L
         mid = (lo + hi) // 2
-        if sum(int(n[t <= values[mid]].max(initial=0)) for n, t in per_rank) >= L:
+        if layers_within(values[mid]) >= L:
             hi = mid
         else:
             lo = mid + 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from planner.cost import comm
 from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
                                    mla_up_projection_times, rope_time)
@@ -244,6 +246,15 @@ class StageCoeffs:
 
     def mem_total_layer(self) -> float:
         return sum(self.mem_layer.values())
+
+
+def exposed_comm_array(c_layer, c_fixed, h_layer, h_fixed, slowdown, n):
+    """StageCoeffs.exposed_comm over numpy arrays (broadcast; one kind of layer): what a
+    collective of c_fixed + n*c_layer sticks out of h_fixed + n*h_layer of compute, at least
+    its last layer's bucket, plus the compute it slows; 0 where there is no collective."""
+    comm = c_fixed + n * c_layer
+    return np.where(comm > 0, np.maximum(c_layer, comm - h_fixed - n * h_layer)
+                    + slowdown * comm, 0.0)
 
 
 @dataclass(frozen=True)
