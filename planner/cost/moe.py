@@ -444,23 +444,24 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
                     + model.bias_params()) / t + 2 * model.norm_params()
     all_moe = layer_kinds(model) is None
-    out = []
-    for k, fl in zip(coeffs, infl):
-        # working memory: the larger layer's full activations are live while it computes;
-        # under ZeRO-3 two gathered layers and one layer's gradients, the larger kind's
-        other = max(0.0, act_none - act_none_d)
-        if c.zero == 3 and dp > 1:
-            other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
-        mem_fixed = dict(k.mem_fixed)
-        mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
+    # working memory: the larger layer's full activations are live while it computes; under
+    # ZeRO-3 two gathered layers and one layer's gradients, the larger kind's
+    other = max(0.0, act_none - act_none_d)
+    if c.zero == 3 and dp > 1:
+        other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
+    ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
+    alone = unpaired_pass_share(c.m, c.pp, c.vpp) if c.ep_comm_overlap else None
+
+    def layer_changes(k, fl) -> tuple:
+        """(the MoE layer's fields, what they add to k's: a StageCoeffs or None) of a rank
+        with fl micro-batches in flight whose dense layer is k's."""
         fwd_pass, bwd_pass = k.fwd_layer + d_fwd - mlp_tp[0], k.bwd_layer + d_bwd - mlp_tp[1]
-        ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
+        f_ep, b_ep = ep_f, ep_b
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
             # (the host stall stays in the forward pass: while the host waits for one
             # micro-batch's token counts the GPU runs the other's queued work, so how the two
             # interleave is not modelled either way)
-            alone = unpaired_pass_share(c.m, c.pp, c.vpp)
-            ep_f = ep_b = (alone * 2 * ep_fwd + (1 - alone) * overlapped_ep_comm(
+            f_ep = b_ep = (alone * 2 * ep_fwd + (1 - alone) * overlapped_ep_comm(
                 ep_fwd, fwd_pass, bwd_pass, gpu.overlap_slowdown)) / 2
         changes = dict(
             compute_layer=k.compute_layer + d_fwd + d_bwd,
@@ -469,9 +470,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             tp_rec=(k.tp_rec - (mlp_tp[0] if c.recompute == "full" else 0.0)
                     - (tp_pass[0] / 2 if dense_mlp_rerun.mlp_tp else 0.0)
                     + (tp_pass[0] / 2 - mlp_tp[0] if moe_rerun.dispatch else 0.0)),
-            ep_layer=ep_f + ep_b, ep_rec=ep_rec,
-            fwd_layer=fwd_pass + ep_f,
-            bwd_layer=bwd_pass + ep_b,
+            ep_layer=f_ep + b_ep, ep_rec=ep_rec,
+            fwd_layer=fwd_pass + f_ep,
+            bwd_layer=bwd_pass + b_ep,
             opt_layer=opt_layer,
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,
                        "activations": act_none * fl},
@@ -479,8 +480,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             **{f: z_ne[f] + z_ex[f] for f in ("zf_layer", "zb_layer", "grad_layer",
                                              "gather_layer")})
         if all_moe:
-            out.append(_replace(k, mem_fixed=mem_fixed, **changes))
-            continue
+            return changes, None
         # a StageCoeffs (planner.cost.stage, the class of `k`) of what an MoE layer adds
         delta = type(k)(rank=k.rank, compute_fixed=0.0, compute_layer=0.0, compute_rec=0.0,
                         tp_layer=0.0, tp_rec=0.0, pp_fixed=0.0, fwd_layer=0.0,
@@ -494,7 +494,27 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         moe_mem = changes["mem_layer"]
         delta.mem_layer = {key: moe_mem.get(key, 0.0) - k.mem_layer.get(key, 0.0)
                            for key in set(moe_mem) | set(k.mem_layer)}
-        out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
+        return changes, delta
+
+    # ranks alike in their dense layer (the same per-layer fields) and micro-batches in
+    # flight get the same MoE layer: built once
+    built = {}
+    out = []
+    for k, fl in zip(coeffs, infl):
+        mem_fixed = dict(k.mem_fixed)
+        mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
+        key = (fl, k.grad_overlapped, k.gather_overlapped, k.overlap_slowdown,
+               tuple(sorted(k.mem_layer.items())), *(getattr(k, f) for f in LAYER_FIELDS))
+        if key not in built:
+            built[key] = layer_changes(k, fl)
+        changes, delta = built[key]
+        if delta is None:
+            out.append(_replace(k, **{**changes, "mem_layer": dict(changes["mem_layer"])},
+                                mem_fixed=mem_fixed))
+        else:
+            out.append(_replace(k, mem_fixed=mem_fixed,
+                                moe=_replace(delta, rank=k.rank,
+                                             mem_layer=dict(delta.mem_layer))))
     return out
 
 
@@ -541,11 +561,11 @@ def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int,
 
 
 def _replace(k, **changes):
-    """dataclasses.replace for StageCoeffs (no __post_init__), without its cost."""
-    import copy
-    out = copy.copy(k)
-    for f, v in changes.items():
-        setattr(out, f, v)
+    """dataclasses.replace for StageCoeffs (no __post_init__), without its cost: a shallow
+    copy with `changes` set."""
+    out = object.__new__(type(k))
+    out.__dict__.update(k.__dict__)
+    out.__dict__.update(changes)
     return out
 
 
