@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -301,6 +302,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                 # placed exactly). Searched, its chunk-level placements multiply the exact
                 # solves (deepseek-v3 on h100x256: 105 s instead of 19 s, no faster plan found)
                 scheds = [(sch, v) for sch, v in scheds if v == 1]
+        overlaps = {}   # (ep, schedule) -> _recompute_and_ep_overlap of this pp
         for mbs in mbss:
             if per_dp % mbs:
                 continue
@@ -319,9 +321,11 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                 continue
                             if dispatcher_fixed == "flex" and not V.flex_ok(ep, etp):
                                 continue
-                            for (rec, mods), overlap in _recompute_and_ep_overlap(
+                            if (ep, sch) not in overlaps:
+                                overlaps[(ep, sch)] = _recompute_and_ep_overlap(
                                     recs, f, engine, ep, pp, sch, dispatcher_fixed,
-                                    model.mtp_layers):
+                                    model.mtp_layers)
+                            for (rec, mods), overlap in overlaps[(ep, sch)]:
                                 out.append(Candidate(
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                     seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
@@ -1000,7 +1004,7 @@ class SharedCoefficients:
         L = model.num_layers
         self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
                         else (0, L) if model.is_moe else (L, 0))
-        self._in_flight, self._pooled = {}, {}
+        self._in_flight, self._pooled, self._shape_times = {}, {}, {}
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
         self._state_bytes = dict(
@@ -1041,6 +1045,24 @@ class SharedCoefficients:
                 act=min(act, act_moe), saves=max(mem_rec, rec_moe),
                 kept_dense=kept[0], kept_moe=kept[1])
         return got
+
+    def time_bound(self, c: Candidate) -> float:
+        """Below quick_bound(c, rules, cap): quick_bound(c) without the recompute term, from
+        the times of c's layer shape, which every recompute choice shares (the forward,
+        backward and communication of a layer and of the embedding, head and MTP modules:
+        planner.cost.stage; tests/test_search_speed_bounds.py checks they agree), built once
+        per shape. A hair below, so that last-bit differences between two choices' builds
+        cannot lift it above."""
+        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap,
+               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance)
+        fig = self._shape_times.get(key)
+        if fig is None:
+            fig = self._shape_times[key] = self._layer_figures(c)
+        L, p = self.model.num_layers, c.pp
+        total = fig["fixed"] + L * fig["layer"] + (self.kinds[-1] * fig["moe"]
+                                                   if self.kinds is not None else 0.0)
+        mean = total / p
+        return (c.m * mean + (p - 1) * mean / c.vpp) * (1 - 1e-9)
 
     def in_flight(self, c: Candidate) -> list:
         """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
@@ -1136,6 +1158,11 @@ class SharedCoefficients:
         if first < na:
             return first
         return min(L, na + (L if b <= 0 else int((room - na * a) // b)))
+
+    def states_alone_can_fit(self, c: Candidate, cap: float) -> bool:
+        """states_can_fit's screen of the model states alone (no activations kept): False
+        only where states_can_fit is False; needs no layer figures."""
+        return self._states_fit(self.states(c), cap * (1 + 1e-9), c.vpp)
 
     def states_can_fit(self, c: Candidate, cap: float) -> bool:
         """False when the model states and the activations every layer keeps however much is
@@ -1267,17 +1294,49 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # Model states first: a candidate whose weights, gradients and optimizer states alone
     # overflow every placement cannot fit (activations and buffers only add); its coefficients
     # are never built. The rest are visited in the order of a bound below lower_bound
-    # (SharedCoefficients.quick_bound, from figures its variants share).
-    live = []
+    # (SharedCoefficients.quick_bound, from figures its variants share): drawn lazily, in
+    # the order of time_bound (below quick_bound, from figures shared by every recompute
+    # choice), so that a candidate whose time_bound is past where the visit stops has no
+    # figures of its own built. The order they come in is quick_bound's, as if every one had
+    # been computed (live_in_order).
+    states_out = []   # (enumeration index, infeasible entry) of the states screens' rejects
+    pending = []
     for idx, c in enumerate(cands):
-        if not shared.states_can_fit(c, cap):
-            pruned_mem += 1
-            infeasible.append((c, None, rules_for(engine, c, f)))
-            if rejected:   # what rejected_layouts orders by; unused otherwise
-                rejected_bounds[c] = shared.quick_bound(c)
+        if not shared.states_alone_can_fit(c, cap):
+            states_out.append((idx, (c, None, rules_for(engine, c, f))))
             continue
-        live.append((shared.quick_bound(c, rules_for(engine, c, f), cap), idx, c))
-    live.sort(key=lambda x: (x[0], x[1]))
+        pending.append((shared.time_bound(c), idx, c))
+    pending.sort(key=lambda x: (x[0], x[1]))
+    pruned_mem += len(states_out)
+    live_heap, drawn = [], 0
+
+    def draw(upto: float) -> None:
+        """Screen and bound the pending candidates whose time_bound is at most `upto`."""
+        nonlocal drawn, pruned_mem
+        while drawn < len(pending) and pending[drawn][0] <= upto:
+            _, idx, c = pending[drawn]
+            drawn += 1
+            if not shared.states_can_fit(c, cap):
+                pruned_mem += 1
+                states_out.append((idx, (c, None, rules_for(engine, c, f))))
+                continue
+            heapq.heappush(live_heap, (shared.quick_bound(c, rules_for(engine, c, f), cap),
+                                       idx, c))
+
+    def live_in_order():
+        """(quick_bound, index, candidate) of the candidates that pass the states screens,
+        in (quick_bound, index) order: the heap's least is next once every pending candidate
+        whose time_bound (<= its quick_bound) could come before it is drawn."""
+        while True:
+            if live_heap:
+                draw(live_heap[0][0])
+            elif drawn < len(pending):
+                draw(pending[drawn][0])
+                continue
+            else:
+                return
+            yield heapq.heappop(live_heap)
+
     # Memory grows with the micro-batch at everything else equal (activations, logits and
     # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
     # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
@@ -1311,9 +1370,12 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # them all: they are not priced at all.
     best_heur = TopTimes(top)
     unpriced = []
-    for j, (lb0, _, c) in enumerate(live):
+    for item in live_in_order():
+        lb0, _, c = item
         if lb0 > best_heur.threshold() * (1 + 1e-9):
-            unpriced = live[j:]
+            if rejected:   # the rest of the candidates, screened and in order, as below
+                draw(math.inf)
+                unpriced = [item] + sorted(live_heap, key=lambda x: (x[0], x[1]))
             break
         rules = rules_for(engine, c, f)
         coeffs = memory_test(c, rules)
@@ -1327,6 +1389,11 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
               else lower_bound(coeffs, c, L, cap, rules))
         scored.append((lb, c, coeffs, heur, rules, low))
+    # the states screens' rejects first, in enumeration order, then those of memory_test
+    infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]
+    if rejected:   # what rejected_layouts orders by; unused otherwise
+        for c, _, _ in infeasible[:len(states_out)]:
+            rejected_bounds[c] = shared.quick_bound(c)
     # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
     # of them is a threshold a candidate's bound must beat to be worth an exact solve.
     scored.sort(key=lambda x: x[0])

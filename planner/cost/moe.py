@@ -452,9 +452,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
     alone = unpaired_pass_share(c.m, c.pp, c.vpp) if c.ep_comm_overlap else None
 
-    def layer_changes(k, fl) -> tuple:
+    def layer_changes(k) -> tuple:
         """(the MoE layer's fields, what they add to k's: a StageCoeffs or None) of a rank
-        with fl micro-batches in flight whose dense layer is k's."""
+        whose dense layer is k's, but for the activations (in_flight_changes)."""
         fwd_pass, bwd_pass = k.fwd_layer + d_fwd - mlp_tp[0], k.bwd_layer + d_bwd - mlp_tp[1]
         f_ep, b_ep = ep_f, ep_b
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
@@ -474,9 +474,6 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             fwd_layer=fwd_pass + f_ep,
             bwd_layer=bwd_pass + b_ep,
             opt_layer=opt_layer,
-            mem_layer={"params": wl, "grads": gl, "optimizer": ol,
-                       "activations": act_none * fl},
-            mem_rec=(act_none - act_rec) * fl,
             **{f: z_ne[f] + z_ex[f] for f in ("zf_layer", "zb_layer", "grad_layer",
                                              "gather_layer")})
         if all_moe:
@@ -491,30 +488,37 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         for f in LAYER_FIELDS:   # what an MoE layer changes (the fields it leaves: 0)
             if f in changes:
                 setattr(delta, f, changes[f] - getattr(k, f))
+        return changes, delta
+
+    def in_flight_changes(k, fl, changes: dict, delta) -> tuple:
+        """The activations' part of layer_changes: a rank with fl micro-batches in flight."""
+        changes = dict(changes, mem_layer={"params": wl, "grads": gl, "optimizer": ol,
+                                           "activations": act_none * fl},
+                       mem_rec=(act_none - act_rec) * fl)
+        if delta is None:
+            return changes, None
+        delta = _replace(delta, rank=k.rank, mem_rec=changes["mem_rec"] - k.mem_rec)
         moe_mem = changes["mem_layer"]
         delta.mem_layer = {key: moe_mem.get(key, 0.0) - k.mem_layer.get(key, 0.0)
                            for key in set(moe_mem) | set(k.mem_layer)}
         return changes, delta
 
-    # ranks alike in their dense layer (the same per-layer fields) and micro-batches in
-    # flight get the same MoE layer: built once
+    # ranks alike in their dense layer (the same per-layer fields) get the same MoE layer
+    # but for its activations (the micro-batches each holds in flight): built once
     built = {}
     out = []
     for k, fl in zip(coeffs, infl):
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
-        key = (fl, k.grad_overlapped, k.gather_overlapped, k.overlap_slowdown,
-               tuple(sorted(k.mem_layer.items())), *(getattr(k, f) for f in LAYER_FIELDS))
+        key = (k.grad_overlapped, k.gather_overlapped, k.overlap_slowdown,
+               *(getattr(k, f) for f in LAYER_FIELDS if f != "mem_rec"))
         if key not in built:
-            built[key] = layer_changes(k, fl)
-        changes, delta = built[key]
+            built[key] = layer_changes(k)
+        changes, delta = in_flight_changes(k, fl, *built[key])
         if delta is None:
-            out.append(_replace(k, **{**changes, "mem_layer": dict(changes["mem_layer"])},
-                                mem_fixed=mem_fixed))
+            out.append(_replace(k, mem_fixed=mem_fixed, **changes))
         else:
-            out.append(_replace(k, mem_fixed=mem_fixed,
-                                moe=_replace(delta, rank=k.rank,
-                                             mem_layer=dict(delta.mem_layer))))
+            out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
     return out
 
 
