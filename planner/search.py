@@ -25,7 +25,6 @@ planner.cost.stage (the same expressions `evaluate` uses).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import functools
 import heapq
 import math
@@ -38,7 +37,8 @@ from ortools.sat.python import cp_model
 from planner import validity as V
 from planner.bounds import divisors
 from planner.cost.memory import GIB, model_state_bytes
-from planner.cost.moe import candidate_dispatcher, expert_dp, layer_kinds, moe_counts
+from planner.cost.moe import (candidate_dispatcher, expert_dp, layer_kinds, moe_counts,
+                              replace_coeffs)
 from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
 from planner.cost.context import cp_exchange
@@ -370,13 +370,20 @@ def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int,
             if V.ep_ok(model, ep, etp, tp, dp, cp)]
 
 
+def _pipeline_free(c: Candidate) -> Candidate:
+    """c laid out on one pipeline rank (pp 1, 1F1B) without ZeRO: dataclasses.replace of
+    the frozen Candidate (no __post_init__) without its cost."""
+    out = object.__new__(Candidate)
+    out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", zero=0)
+    return out
+
+
 def lower_coeffs(k):
     """Stage coefficients no layer of either kind is below (per-layer time and memory the
     smaller kind's, hiding compute and recompute savings the larger's): bounds and memory
     pruning computed on them are sound for any placement of dense and MoE layers."""
     if k.moe is None:
         return k
-    import dataclasses
     d = k.moe
     lo = {f: min(getattr(k, f), getattr(k, f) + getattr(d, f))
           for f in ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "ep_layer", "ep_rec",
@@ -384,7 +391,7 @@ def lower_coeffs(k):
     hi = {f: max(getattr(k, f), getattr(k, f) + getattr(d, f))
           for f in ("fwd_layer", "bwd_layer", "mem_rec")}
     mem = {key: min(val, val + d.mem_layer.get(key, 0.0)) for key, val in k.mem_layer.items()}
-    return dataclasses.replace(k, moe=None, mem_layer=mem, **lo, **hi)
+    return replace_coeffs(k, moe=None, mem_layer=mem, **lo, **hi)
 
 
 # ---- per-candidate pieces ---------------------------------------------------
@@ -1026,7 +1033,7 @@ class SharedCoefficients:
                c.moe_imbalance)
         got = self._times.get(key)
         if got is None:
-            one = dataclasses.replace(c, pp=1, vpp=1, schedule="1f1b", zero=0)
+            one = _pipeline_free(c)
             k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
             d = k.moe
             # per micro-batch: the pp = 1 rank holds in_flight of them (two under the EP

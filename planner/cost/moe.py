@@ -497,7 +497,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                        mem_rec=(act_none - act_rec) * fl)
         if delta is None:
             return changes, None
-        delta = _replace(delta, rank=k.rank, mem_rec=changes["mem_rec"] - k.mem_rec)
+        delta = replace_coeffs(delta, rank=k.rank, mem_rec=changes["mem_rec"] - k.mem_rec)
         moe_mem = changes["mem_layer"]
         delta.mem_layer = {key: moe_mem.get(key, 0.0) - k.mem_layer.get(key, 0.0)
                            for key in set(moe_mem) | set(k.mem_layer)}
@@ -516,9 +516,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             built[key] = layer_changes(k)
         changes, delta = in_flight_changes(k, fl, *built[key])
         if delta is None:
-            out.append(_replace(k, mem_fixed=mem_fixed, **changes))
+            out.append(replace_coeffs(k, mem_fixed=mem_fixed, **changes))
         else:
-            out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
+            out.append(replace_coeffs(k, mem_fixed=mem_fixed, moe=delta))
     return out
 
 
@@ -564,7 +564,7 @@ def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int,
         shared_fwd_s=ml.shared_fwd + traffic * BF16 * shared_elems / hbm)
 
 
-def _replace(k, **changes):
+def replace_coeffs(k, **changes):
     """dataclasses.replace for StageCoeffs (no __post_init__), without its cost: a shallow
     copy with `changes` set."""
     out = object.__new__(type(k))

@@ -536,7 +536,7 @@ def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: Stag
     under full recompute this over-counts the module's activations (the safe side for "fits")
     and under-counts its time by one forward of the module."""
     from planner.cost.compute import gemm_time
-    from planner.cost.moe import _replace
+    from planner.cost.moe import replace_coeffs
     L = model.mtp_layers
     t = c.tp
     b, sl = c.mbs, c.seq_len // c.cp
@@ -580,7 +580,7 @@ def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: Stag
     if c.zero == 3 and dp > 1:   # the gathered eh_proj and embedding copy, as the head's
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + L * (
             facts.compute_elem_bytes + states["grad_bytes"]) * extra
-    return _replace(k, mem_fixed=mem_fixed,
+    return replace_coeffs(k, mem_fixed=mem_fixed,
                    compute_fixed=k.compute_fixed + L * (fwd + bwd),
                    fwd_fixed=k.fwd_fixed + L * fwd, bwd_fixed=k.bwd_fixed + L * bwd,
                    opt_fixed=k.opt_fixed + L * (per_layer("opt_layer")
