@@ -1376,7 +1376,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # heuristic so far, so does every later one's full bound, so the loop below would prune
     # them all: they are not priced at all.
     best_heur = TopTimes(top)
-    unpriced = []
+    unpriced, beyond_bound = [], 0
     for item in live_in_order():
         lb0, _, c = item
         if lb0 > best_heur.threshold() * (1 + 1e-9):
@@ -1389,12 +1389,17 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if coeffs is None:
             continue
         low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
+              else lower_bound(coeffs, c, L, cap, rules))
+        if lb > best_heur.threshold() * (1 + 1e-9):
+            # the loop below stops before it (its threshold is at most this one), and its
+            # heuristic plan, no faster than lb, cannot be among the best: not priced
+            beyond_bound += 1
+            continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
         if heur.estimate.fits:
             best_heur.add(heur.estimate.step_time_s)
-        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
-              else lower_bound(coeffs, c, L, cap, rules))
         scored.append((lb, c, coeffs, heur, rules, low))
     # the states screens' rejects first, in enumeration order, then those of memory_test
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]
@@ -1463,7 +1468,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         for _, _, c in unpriced:
             if c not in tested and layout(c) in shown:
                 memory_test(c, rules_for(engine, c, f))
-    pruned_bound += len(unpriced) - (pruned_mem - before)   # the rest: beyond the bound
+    # the rest: beyond the bound
+    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound
     out_of_memory = [(c, "out of memory on every placement of its layers")
                      for c, _, _ in infeasible]
     gap = 0.0
