@@ -29,7 +29,7 @@ import functools
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -214,46 +214,56 @@ def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int,
     tps = [f.tp] if f.tp else [t for t in divisors(n) if V.tp_allowed(engine, cluster, model, t)]
     out = []
     for tp in tps:
-        for cp, cp_comm in searched_cp(model, cluster, f, seq_len, tp, engine):
-            if n % (tp * cp):
-                continue
-            out += _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm)
-    return _undominated_cp_exchanges(model, cluster, engine, out)
+        exchanges = [(cp, k) for cp, k in searched_cp(model, cluster, f, seq_len, tp, engine)
+                     if not n % (tp * cp)]
+        dominated = _dominated_cp_exchanges(model, cluster, engine, seq_len, f.flash, tp,
+                                            exchanges)
+        for cp, cp_comm in exchanges:
+            out += _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
+                                  dominated)
+    return out
 
 
-def _undominated_cp_exchanges(model, cluster, engine, cands: list) -> list:
-    """Drop a candidate whose K/V exchange is dominated: a sibling (the same candidate with
-    another exchange) adds no more forward, backward and recompute time and keeps no more
-    buffer bytes, one of them strictly less. The exchange enters the cost model only through
-    those figures (planner.cost.stage: cp_layer, cp_rec, the compute collectives hide behind,
-    monotone in them, and the working memory), so the sibling is at least as fast and fits
-    wherever this one fits: a sound pruning. Every (tp, cp) is enumerated with the same
-    exchanges (searched_cp), so the sibling is always a candidate too; the figures depend only
-    on the shape (micro-batch, sequence, tp, cp, sp, kernels)."""
+def _dominated_cp_exchanges(model, cluster, engine, seq_len: int, flash: bool, tp: int,
+                            exchanges: list):
+    """A predicate (mbs, cp, sp, exchange) -> the K/V exchange is dominated, for the
+    (cp, exchange) pairs searched with tensor parallelism tp: a sibling (the same candidate
+    with another exchange) adds no more forward, backward and recompute time and keeps no
+    more buffer bytes, one of them strictly less. The exchange enters the cost model only
+    through those figures (planner.cost.stage: cp_layer, cp_rec, the compute collectives
+    hide behind, monotone in them, and the working memory), so the sibling is at least as
+    fast and fits wherever this one fits: a sound pruning, applied before the candidates are
+    made. Every exchange of a (tp, cp) gets the same candidates (_candidates_of does not
+    depend on it), so the sibling is always a candidate too; the figures depend only on the
+    shape (micro-batch, sequence, tp, cp, sp, kernels)."""
     facts = facts_for(engine, cluster.gpu)
     kinds_of, dominated = {}, {}
-    for c in cands:
-        if c.cp > 1:
-            kinds_of.setdefault((c.tp, c.cp), set()).add(c.cp_comm)
+    for cp, k in exchanges:
+        if cp > 1:
+            kinds_of.setdefault(cp, set()).add(k)
 
-    def is_dominated(c) -> bool:
-        shape = (c.mbs, c.seq_len, c.tp, c.cp, c.sp, c.flash)
+    def is_dominated(mbs: int, cp: int, sp: bool, cp_comm: str) -> bool:
+        if cp == 1:
+            return False
+        shape = (mbs, cp, sp)
         if shape not in dominated:
-            lt = facts.layer_time(model, c.mbs, c.seq_len, c.tp, c.sp, c.flash, cp=c.cp)
+            lt = facts.layer_time(model, mbs, seq_len, tp, sp, flash, cp=cp)
             figs = {}
-            for k in kinds_of[(c.tp, c.cp)]:
-                x = cp_exchange(model, c.mbs, c.seq_len, c.tp, c.cp, k, cluster, lt.attn_fwd)
+            for k in kinds_of[cp]:
+                x = cp_exchange(model, mbs, seq_len, tp, cp, k, cluster, lt.attn_fwd)
                 figs[k] = (x.fwd, x.bwd, x.buffer_bytes)
             dominated[shape] = {k for k, a in figs.items()
                                 if any(b != a and all(y <= x for x, y in zip(a, b))
                                        for o, b in figs.items() if o != k)}
-        return c.cp_comm in dominated[shape]
+        return cp_comm in dominated[shape]
 
-    return [c for c in cands if c.cp == 1 or not is_dominated(c)]
+    return is_dominated
 
 
-def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> list:
-    """The candidates with tensor parallelism tp and context parallelism cp."""
+def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
+                   dominated=None) -> list:
+    """The candidates with tensor parallelism tp and context parallelism cp, but those whose
+    exchange is `dominated` (mbs, cp, sp, exchange)."""
     n, L = cluster.num_gpus, model.num_layers
     out = []
     if not engine.pipelines:
@@ -316,6 +326,8 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                     for sp in sps:
                         if sp and tp == 1:
                             continue
+                        if dominated is not None and dominated(mbs, cp, sp, cp_comm):
+                            continue
                         for ep, etp in experts:
                             if not engine.ep_layout_ok(ep, etp, tp, zero, model.is_moe):
                                 continue
@@ -326,7 +338,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                     recs, f, engine, ep, pp, sch, dispatcher_fixed,
                                     model.mtp_layers)
                             for (rec, mods), overlap in overlaps[(ep, sch)]:
-                                out.append(Candidate(
+                                out.append(_candidate(dict(
                                     tp=tp, pp=pp, dp=dp, zero=zero, sp=sp, mbs=mbs,
                                     seq_len=seq_len, global_batch=gbs, schedule=sch, vpp=v,
                                     recompute=rec, recompute_modules=mods,
@@ -336,7 +348,20 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm) -> 
                                                      and engine.tp_comm_overlap),
                                     moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap,
                                     moe_capacity_factor=capacity,
-                                    moe_imbalance=imbalance))
+                                    moe_imbalance=imbalance)))
+    return out
+
+
+CANDIDATE_FIELDS = frozenset(x.name for x in fields(Candidate))
+
+
+def _candidate(values: dict) -> Candidate:
+    """Candidate(**values) for the enumeration's many, every field given: what the frozen
+    dataclass's __init__ does (it only sets the fields; no __post_init__) without its cost."""
+    if len(values) != len(CANDIDATE_FIELDS):   # a field added to Candidate: give it here
+        raise TypeError(f"Candidate fields {sorted(CANDIDATE_FIELDS - values.keys())} missing")
+    out = object.__new__(Candidate)
+    out.__dict__.update(values)
     return out
 
 
