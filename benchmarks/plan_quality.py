@@ -26,7 +26,7 @@ from benchmarks._common import RESULTS, describe, machine, markdown_table, out_p
 from benchmarks.fidelity import _best_over_zero_stages, fixed_of, load_runs
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
-from planner.bounds import divisors
+from planner.limits import divisors
 from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.catalog.hf import model_from_hf_config
 from planner.validity import tp_ok

@@ -10,7 +10,7 @@ For each (model, cluster):
   targets are those ratios (RATIO_TARGETS);
 - search: in-process `planner.search.search` wall and CPU time (warm, best of --repeat), the
   candidates enumerated / pruned on memory / pruned on the bound / solved with CP-SAT, and every
-  CP-SAT call's status and time (recorded by wrapping planner.search.solve_cpsat);
+  CP-SAT call's status and time (recorded by wrapping planner.search.placement.solve_cpsat);
 - exhaustive: an independent brute force over the same candidate space: for every candidate of
   `enumerate_candidates` (no bound pruning, no CP-SAT) every split of the layers over the
   pipeline ranks (each rank at least vpp layers, as the planner allows), each rank recomputing
@@ -43,6 +43,7 @@ from benchmarks._common import RESULTS, describe, machine, markdown_table, out_p
 from planner.catalog import get_cluster, get_model
 from planner.cost.stage import capacity_bytes, evaluate, stage_coefficients
 import planner.search as S
+import planner.search.placement as P
 
 # The brute force enumerates any recompute count per rank: the space of our runtime's engine
 # (Megatron's one count per chunk is a subset), so the in-process search and the optimum check
@@ -111,25 +112,25 @@ def time_process(cmd: list, repeat: int) -> tuple:
 # ---- in process ----------------------------------------------------------------
 
 class SolverLog:
-    """Wraps planner.search.solve_cpsat to record each call's status and time."""
+    """Wraps planner.search.placement.solve_cpsat to record each call's status and time."""
 
     def __init__(self):
         self.calls = []
         self._orig = None
 
     def __enter__(self):
-        self._orig = S.solve_cpsat
+        self._orig = P.solve_cpsat
 
         def wrapped(model, cluster, c, *a, **k):
             t0 = time.perf_counter()
             out = self._orig(model, cluster, c, *a, **k)
             self.calls.append((c, out[1], time.perf_counter() - t0))
             return out
-        S.solve_cpsat = wrapped
+        P.solve_cpsat = wrapped
         return self
 
     def __exit__(self, *exc):
-        S.solve_cpsat = self._orig
+        P.solve_cpsat = self._orig
 
     def summary(self) -> str:
         counts = Counter(st for _, st, _ in self.calls)

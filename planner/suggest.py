@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from planner.bounds import MAX_GPUS
+from planner.limits import MAX_GPUS
 from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
 from planner.engines import get_engine
@@ -123,7 +123,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         n = cluster.num_gpus
         for _ in range(MAX_DOUBLINGS):
             n *= 2
-            if n > MAX_GPUS:            # planner.bounds: no cluster beyond it is planned
+            if n > MAX_GPUS:            # planner.limits: no cluster beyond it is planned
                 break
             bigger = _more_gpus(cluster, n)
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs

@@ -267,7 +267,7 @@ def meta_schema():
     """meta.json: {model: the plan's model fields, parallelism: the plan's parallelism, seed,
     data, global_batch_size, seq_len, step, world_size, files: {relative path: {bytes,
     sha256}}}, built from the planner's checkers and its model and parallelism schemas."""
-    from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
+    from planner.limits import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
     from planner.plan import PARALLELISM
     from planner.schema import Int, Map, Nullable, Obj, Str
     from planner.specs import MODEL_SCHEMA
