@@ -353,6 +353,7 @@ class SharedCoefficients:
         self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
                         else (0, L) if model.is_moe else (L, 0))
         self._in_flight, self._pooled, self._shape_times = {}, {}, {}
+        self._states_alone = {}   # (layout, vpp, cap) -> states_alone_can_fit
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
         self._state_bytes = dict(
@@ -510,7 +511,12 @@ class SharedCoefficients:
     def states_alone_can_fit(self, c: Candidate, cap: float) -> bool:
         """states_can_fit's screen of the model states alone (no activations kept): False
         only where states_can_fit is False; needs no layer figures."""
-        return self._states_fit(self.states(c), cap * (1 + 1e-9), c.vpp)
+        key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap)   # states' layout
+        got = self._states_alone.get(key)
+        if got is None:
+            got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),
+                                                             c.vpp)
+        return got
 
     def states_can_fit(self, c: Candidate, cap: float) -> bool:
         """False when the model states and the activations every layer keeps however much is
