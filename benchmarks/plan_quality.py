@@ -29,7 +29,7 @@ from benchmarks.fidelity import (FIDELITY_MARGIN_GIB, _best_over_zero_stages, cl
                                  fixed_of, load_runs, model_of)
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
-from planner.bounds import divisors
+from planner.limits import divisors
 from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.catalog.hf import model_from_hf_config
 from planner.suggest import _layout_free

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import sys
 
-from planner.bounds import MAX_INT_ARG
+from planner.limits import MAX_INT_ARG
 from planner.catalog import get_cluster, get_model
 from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import DISPATCHERS
@@ -51,7 +51,7 @@ def _positive(name):
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {s!r}") from None
         if v <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {v}")
-        if v > MAX_INT_ARG:   # planner.bounds: the cost model's floats never overflow
+        if v > MAX_INT_ARG:   # planner.limits: the cost model's floats never overflow
             raise argparse.ArgumentTypeError(f"{name} is too large (at most {MAX_INT_ARG})")
         return v
     return conv

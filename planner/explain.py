@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner import validity as V
-from planner.bounds import divisors
+from planner.limits import divisors
 from planner.cost.price import price_plan
 from planner.errors import BadInput
 from planner.engines import get_engine

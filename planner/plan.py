@@ -50,7 +50,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from planner import bounds as B
+from planner import limits as B
 from planner import schema as S
 from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.catalog.files import cluster_from_dict

@@ -42,7 +42,7 @@ import dataclasses
 import json
 import math
 
-from planner import bounds as B
+from planner import limits as B
 from planner import schema as S
 from planner.errors import BadInput
 from planner.specs import GPU_FIELDS, MODEL_SCHEMA, Cluster, Model

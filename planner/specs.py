@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from planner import bounds as B
+from planner import limits as B
 from planner import schema as S
 from planner.errors import BadInput
 

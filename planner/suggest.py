@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from planner.bounds import MAX_GPUS
+from planner.limits import MAX_GPUS
 from planner.catalog.systems import SYSTEMS
 from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
@@ -57,7 +57,7 @@ def gpu_counts(cluster: Cluster):
     else:
         step = gpn
     k = max(n, domain if domain > gpn else 0) // step + 1
-    while k * step <= MAX_GPUS:             # planner.bounds: no cluster beyond it is planned
+    while k * step <= MAX_GPUS:             # planner.limits: no cluster beyond it is planned
         yield k * step
         k += 1
 

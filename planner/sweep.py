@@ -17,7 +17,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from planner.bounds import MAX_INT_ARG, MAX_SWEEP_POINTS
+from planner.limits import MAX_INT_ARG, MAX_SWEEP_POINTS
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, PlannerError
 from planner.explain import describe_candidate, describe_result, no_configuration_message

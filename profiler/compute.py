@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from planner.bounds import divisors  # noqa: F401  (profiler.run reads it from here)
+from planner.limits import divisors  # noqa: F401  (profiler.run reads it from here)
 from planner.cost.compute import attention_width
 from planner.specs import Model
 from planner.validity import tp_ok

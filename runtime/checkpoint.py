@@ -286,7 +286,7 @@ def meta_schema():
     the run options trained with (absent before them), seed, data, global_batch_size, seq_len,
     step, world_size, files: {relative path: {bytes, sha256}}}, built from the planner's
     checkers and its model, parallelism and run-options schemas."""
-    from planner.bounds import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
+    from planner.limits import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
     from planner.plan import PARALLELISM, RUN
     from planner.schema import Int, Map, Nullable, Obj, Str
     from planner.specs import MODEL_SCHEMA

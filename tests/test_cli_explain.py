@@ -302,7 +302,8 @@ def test_explain_and_the_plot_never_import_the_search_nor_the_search_presentatio
     for name in ("explain.py", "plot.py"):
         assert not {m for m in _imports(root / name) if m.startswith("planner.search")}, name
     presentation = {"planner.explain", "planner.plot", "planner.cli", "rich"}
-    below = [root / "search.py", root / "suggest.py", *sorted((root / "cost").glob("*.py"))]
+    below = [*sorted((root / "search").glob("*.py")), root / "suggest.py",
+             *sorted((root / "cost").glob("*.py"))]
     for path in below:
         got = {m for m in _imports(path) if m in presentation or m.startswith("rich.")}
         assert not got, (path.name, got)

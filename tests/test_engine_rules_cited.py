@@ -187,10 +187,6 @@ def test_bloom_176b_layout_is_not_refused_under_deepspeed(tmp_path):
     assert "deepspeed/runtime/pipe/module.py" in problem.source
 
 
-@pytest.mark.xfail(strict=True, reason="planner/search.py still drops pp that does not divide "
-                   "the layers for DeepSpeed (lines 261-262) and places DeepSpeed's layers by "
-                   "even_split; the lead routes both through planner.validity (pp_allowed, "
-                   "default_split) when merging issue 22")
 def test_bloom_176b_plans_end_to_end_under_deepspeed(tmp_path, capsys):
     """The published BLOOM-176B run (see above; MBS 2, GBS 2048, ZeRO-1, activation
     checkpointing) plans and fits."""

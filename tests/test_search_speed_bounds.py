@@ -106,6 +106,10 @@ def test_time_bounds_are_below_quick_lower_bound_and_the_heuristic_plan(name, cl
         rules = rules_for(engine, c)
         with_rec = shared.quick_bound(c, rules, cap)
         assert with_rec >= plain
+        # the lazy draw's order bound: below quick_bound, whatever recompute choice of the
+        # layer shape built the shared times (a fresh SharedCoefficients builds them from c)
+        assert shared.time_bound(c) <= plain
+        assert SharedCoefficients(model, cluster, engine).time_bound(c) <= plain
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine)
         if heur.estimate.fits:
             assert with_rec <= heur.estimate.step_time_s * (1 + 1e-12)
@@ -150,6 +154,8 @@ def test_bounds_against_brute_force_on_small_models(model, engine, gib):
     assert cands
     for c in random.Random(3).sample(cands, min(40, len(cands))):
         steps = brute_force_steps(model, cluster, c, engine)
+        if not shared.states_alone_can_fit(c, cap):
+            assert not shared.states_can_fit(c, cap), c
         if not shared.states_can_fit(c, cap):
             assert not steps, c
         if steps:

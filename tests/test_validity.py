@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from planner import validity as V  # noqa: E402
-from planner.bounds import divisors  # noqa: E402
+from planner.limits import divisors  # noqa: E402
 from planner.catalog import get_cluster, get_gpu  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.errors import BadInput  # noqa: E402

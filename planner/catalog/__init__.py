@@ -9,7 +9,7 @@ import difflib
 import os
 import re
 
-from planner.bounds import MAX_GPUS
+from planner.limits import MAX_GPUS
 from planner.catalog.files import load_cluster_file, load_model_file
 from planner.catalog.gpus import GPUS, get_gpu
 from planner.catalog.models import ALIASES, MODELS

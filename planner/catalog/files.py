@@ -12,7 +12,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from planner import bounds as B
+from planner import limits as B
 from planner import schema as S
 from planner.catalog.gpus import get_gpu
 from planner.catalog.hf import model_from_hf_config

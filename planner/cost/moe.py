@@ -444,23 +444,24 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
                     + model.bias_params()) / t + 2 * model.norm_params()
     all_moe = layer_kinds(model) is None
-    out = []
-    for k, fl in zip(coeffs, infl):
-        # working memory: the larger layer's full activations are live while it computes;
-        # under ZeRO-3 two gathered layers and one layer's gradients, the larger kind's
-        other = max(0.0, act_none - act_none_d)
-        if c.zero == 3 and dp > 1:
-            other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
-        mem_fixed = dict(k.mem_fixed)
-        mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
+    # working memory: the larger layer's full activations are live while it computes; under
+    # ZeRO-3 two gathered layers and one layer's gradients, the larger kind's
+    other = max(0.0, act_none - act_none_d)
+    if c.zero == 3 and dp > 1:
+        other += max(0.0, (2 * BF16 + gb) * (nonexpert + expert - dense_params))
+    ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
+    alone = unpaired_pass_share(c.m, c.pp, c.vpp) if c.ep_comm_overlap else None
+
+    def layer_changes(k) -> tuple:
+        """(the MoE layer's fields, what they add to k's: a StageCoeffs or None) of a rank
+        whose dense layer is k's, but for the activations (in_flight_changes)."""
         fwd_pass, bwd_pass = k.fwd_layer + d_fwd - mlp_tp[0], k.bwd_layer + d_bwd - mlp_tp[1]
-        ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
+        f_ep, b_ep = ep_f, ep_b
         if c.ep_comm_overlap:    # a pass's all-to-alls beside the other micro-batch's pass
             # (the host stall stays in the forward pass: while the host waits for one
             # micro-batch's token counts the GPU runs the other's queued work, so how the two
             # interleave is not modelled either way)
-            alone = unpaired_pass_share(c.m, c.pp, c.vpp)
-            ep_f = ep_b = (alone * 2 * ep_fwd + (1 - alone) * overlapped_ep_comm(
+            f_ep = b_ep = (alone * 2 * ep_fwd + (1 - alone) * overlapped_ep_comm(
                 ep_fwd, fwd_pass, bwd_pass, gpu.overlap_slowdown)) / 2
         changes = dict(
             compute_layer=k.compute_layer + d_fwd + d_bwd,
@@ -469,18 +470,14 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
             tp_rec=(k.tp_rec - (mlp_tp[0] if c.recompute == "full" else 0.0)
                     - (tp_pass[0] / 2 if dense_mlp_rerun.mlp_tp else 0.0)
                     + (tp_pass[0] / 2 - mlp_tp[0] if moe_rerun.dispatch else 0.0)),
-            ep_layer=ep_f + ep_b, ep_rec=ep_rec,
-            fwd_layer=fwd_pass + ep_f,
-            bwd_layer=bwd_pass + ep_b,
+            ep_layer=f_ep + b_ep, ep_rec=ep_rec,
+            fwd_layer=fwd_pass + f_ep,
+            bwd_layer=bwd_pass + b_ep,
             opt_layer=opt_layer,
-            mem_layer={"params": wl, "grads": gl, "optimizer": ol,
-                       "activations": act_none * fl},
-            mem_rec=(act_none - act_rec) * fl,
             **{f: z_ne[f] + z_ex[f] for f in ("zf_layer", "zb_layer", "grad_layer",
                                              "gather_layer")})
         if all_moe:
-            out.append(_replace(k, mem_fixed=mem_fixed, **changes))
-            continue
+            return changes, None
         # a StageCoeffs (planner.cost.stage, the class of `k`) of what an MoE layer adds
         delta = type(k)(rank=k.rank, compute_fixed=0.0, compute_layer=0.0, compute_rec=0.0,
                         tp_layer=0.0, tp_rec=0.0, pp_fixed=0.0, fwd_layer=0.0,
@@ -491,10 +488,37 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         for f in LAYER_FIELDS:   # what an MoE layer changes (the fields it leaves: 0)
             if f in changes:
                 setattr(delta, f, changes[f] - getattr(k, f))
+        return changes, delta
+
+    def in_flight_changes(k, fl, changes: dict, delta) -> tuple:
+        """The activations' part of layer_changes: a rank with fl micro-batches in flight."""
+        changes = dict(changes, mem_layer={"params": wl, "grads": gl, "optimizer": ol,
+                                           "activations": act_none * fl},
+                       mem_rec=(act_none - act_rec) * fl)
+        if delta is None:
+            return changes, None
+        delta = replace_coeffs(delta, rank=k.rank, mem_rec=changes["mem_rec"] - k.mem_rec)
         moe_mem = changes["mem_layer"]
         delta.mem_layer = {key: moe_mem.get(key, 0.0) - k.mem_layer.get(key, 0.0)
                            for key in set(moe_mem) | set(k.mem_layer)}
-        out.append(_replace(k, mem_fixed=mem_fixed, moe=delta))
+        return changes, delta
+
+    # ranks alike in their dense layer (the same per-layer fields) get the same MoE layer
+    # but for its activations (the micro-batches each holds in flight): built once
+    built = {}
+    out = []
+    for k, fl in zip(coeffs, infl):
+        mem_fixed = dict(k.mem_fixed)
+        mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
+        key = (k.grad_overlapped, k.gather_overlapped, k.overlap_slowdown,
+               *(getattr(k, f) for f in LAYER_FIELDS if f != "mem_rec"))
+        if key not in built:
+            built[key] = layer_changes(k)
+        changes, delta = in_flight_changes(k, fl, *built[key])
+        if delta is None:
+            out.append(replace_coeffs(k, mem_fixed=mem_fixed, **changes))
+        else:
+            out.append(replace_coeffs(k, mem_fixed=mem_fixed, moe=delta))
     return out
 
 
@@ -540,12 +564,12 @@ def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int,
         shared_fwd_s=ml.shared_fwd + traffic * BF16 * shared_elems / hbm)
 
 
-def _replace(k, **changes):
-    """dataclasses.replace for StageCoeffs (no __post_init__), without its cost."""
-    import copy
-    out = copy.copy(k)
-    for f, v in changes.items():
-        setattr(out, f, v)
+def replace_coeffs(k, **changes):
+    """dataclasses.replace for StageCoeffs (no __post_init__), without its cost: a shallow
+    copy with `changes` set."""
+    out = object.__new__(type(k))
+    out.__dict__.update(k.__dict__)
+    out.__dict__.update(changes)
     return out
 
 

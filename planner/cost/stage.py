@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from planner.cost import comm
 from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
                                    mla_up_projection_times, rope_time)
@@ -250,6 +252,15 @@ class StageCoeffs:
         return sum(self.mem_layer.values())
 
 
+def exposed_comm_array(c_layer, c_fixed, h_layer, h_fixed, slowdown, n):
+    """StageCoeffs.exposed_comm over numpy arrays (broadcast; one kind of layer): what a
+    collective of c_fixed + n*c_layer sticks out of h_fixed + n*h_layer of compute, at least
+    its last layer's bucket, plus the compute it slows; 0 where there is no collective."""
+    comm = c_fixed + n * c_layer
+    return np.where(comm > 0, np.maximum(c_layer, comm - h_fixed - n * h_layer)
+                    + slowdown * comm, 0.0)
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """What fits on one GPU under an engine: memory_gib - the engine's context - the margin
@@ -405,38 +416,50 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                   compute_copy_bytes=facts.compute_copy_bytes,
                   autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
 
-    coeffs = []
-    for rank in (range(p) if ranks is None else ranks):
-        first, last = rank == 0, rank == head_rank(schedule, p)
+    # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered in
+    # its compute dtype (bf16; fp32 where it computes in fp32)
+    dp = c.dp_cp      # weights replicated over cp: reduced and sharded over dp x cp
+    g_layer = grad_bytes * layer_params
+    w_layer = facts.compute_elem_bytes * layer_params
+    if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
+        # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
+        w_layer -= (BF16 - lp.element_bytes) * linear_params
+    local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
+    # memory of a layer, the same on every rank but for the micro-batches in flight
+    wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
+    wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
+        engine, c, layer_params, states, dp)))
+    if lp is not None and lp.recipe.weight_copy_bytes:
+        # the quantised weight copies kept beside the bf16 weights (Transformer Engine), of
+        # the shard this rank holds under ZeRO-3
+        wl += lp.recipe.weight_copy_bytes * linear_params / (dp if c.zero >= 3 else 1)
+    head_in_flight = _head_in_flight(schedule, p, c)
+    layer = dict(
+        compute_layer=lt.fwd + lt.bwd,
+        compute_rec=lt.recompute(rec_mode) + attn_rerun.fwd_s + mlp_rerun.fwd_s,
+        tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
+        cp_layer=cp_layer, cp_rec=cp_rec,
+        fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd,
+        bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd,
+        wgrad_layer=weight_grad_time(lt),
+        grad_overlapped=engine.overlap_grad_reduce,
+        gather_overlapped=engine.overlap_param_gather,
+        opt_layer=facts.optimizer_time(local(layer_params)),
+        overlap_slowdown=facts.gpu.overlap_slowdown)
+
+    def fixed_part(first: bool, last: bool) -> dict:
+        """What a rank's place in the pipeline adds: the embedding on the first, the head on
+        the last (their times, states, collectives and working memory)."""
         fixed_params = (emb_params if first else 0.0) + (head_params if last else 0.0)
         compute_fixed = (emb_f + emb_b if first else 0.0) + (head_f + head_b if last else 0.0)
         bwd_fixed = (emb_b if first else 0.0) + (head_b if last else 0.0)
         fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
-
-        # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered
-        # in its compute dtype (bf16; fp32 where it computes in fp32)
-        g_layer, g_fixed = grad_bytes * layer_params, grad_bytes * fixed_params
-        w_layer, w_fixed = (facts.compute_elem_bytes * layer_params,
-                            facts.compute_elem_bytes * fixed_params)
-        if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
-            # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
-            w_layer -= (BF16 - lp.element_bytes) * linear_params
-        dp = c.dp_cp      # weights replicated over cp: reduced and sharded over dp x cp
+        g_fixed = grad_bytes * fixed_params
+        w_fixed = facts.compute_elem_bytes * fixed_params
         z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed)
-        local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
-
-        # memory
-        infl = in_flight(schedule, p, rank, c.m, v, c.ep_comm_overlap)
-        wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
-        wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
-            engine, c, layer_params, states, dp)))
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
-        if lp is not None and lp.recipe.weight_copy_bytes:
-            # the quantised weight copies kept beside the bf16 weights (Transformer Engine),
-            # of the shard this rank holds under ZeRO-3
-            wl += lp.recipe.weight_copy_bytes * linear_params / (dp if c.zero >= 3 else 1)
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
         if c.zero == 3 and dp > 1:
             # gathered while computing: two unsharded layers (the one in use and the prefetched
@@ -452,35 +475,31 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # overlap, whose combined step runs a forward with the previous micro-batch's
         # backward), and the loss's peak beyond them once, as working memory. The embedding
         # output is the first layer's input, counted with that layer's activations.
-        head_in_flight = _head_in_flight(schedule, p, c)
         fixed_act = head.held * head_in_flight if last else 0.0
         if last:
             other += head.working
+        return dict(compute_fixed=compute_fixed, fwd_fixed=fwd_fixed, bwd_fixed=bwd_fixed,
+                    opt_fixed=facts.optimizer_time(local(fixed_params)),
+                    mem_fixed={"params": wf, "grads": gf, "optimizer": of,
+                               "activations": fixed_act, "other": other},
+                    **z)
+
+    coeffs, fixed_parts = [], {}
+    for rank in (range(p) if ranks is None else ranks):
+        place = (rank == 0, rank == head_rank(schedule, p))
+        if place not in fixed_parts:
+            fixed_parts[place] = fixed_part(*place)
+        fixed = dict(fixed_parts[place])
+        fixed["mem_fixed"] = dict(fixed["mem_fixed"])
+        infl = in_flight(schedule, p, rank, c.m, v, c.ep_comm_overlap)
         coeffs.append(StageCoeffs(
-            rank=rank,
-            compute_fixed=compute_fixed,
-            compute_layer=lt.fwd + lt.bwd,
-            compute_rec=lt.recompute(rec_mode) + attn_rerun.fwd_s + mlp_rerun.fwd_s,
-            tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
-            cp_layer=cp_layer, cp_rec=cp_rec,
-            fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd, fwd_fixed=fwd_fixed,
-            bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd, bwd_fixed=bwd_fixed,
-            wgrad_layer=weight_grad_time(lt),
-            grad_overlapped=engine.overlap_grad_reduce,
-            gather_overlapped=engine.overlap_param_gather,
-            opt_layer=facts.optimizer_time(local(layer_params)),
-            opt_fixed=facts.optimizer_time(local(fixed_params)),
-            mem_fixed={"params": wf, "grads": gf, "optimizer": of, "activations": fixed_act,
-                       "other": other},
+            rank=rank, **layer, **fixed,
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,
                        "activations": act_none * infl},
-            mem_rec=(act_none - act_rec) * infl,
-            overlap_slowdown=facts.gpu.overlap_slowdown,
-            **z,
-        ))
+            mem_rec=(act_none - act_rec) * infl))
     if model.is_moe:
         from planner.cost.moe import with_moe_layers
-        infl = [in_flight(schedule, p, i, c.m, v, c.ep_comm_overlap) for i in range(p)]
+        infl = [in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap) for k in coeffs]
         coeffs = with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
                                  tp_pass=tp_pass, infl=infl,
                                  reruns=(rec_mode, attn_rerun, mlp_rerun))
@@ -524,7 +543,7 @@ def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: Stag
     under full recompute this over-counts the module's activations (the safe side for "fits")
     and under-counts its time by one forward of the module."""
     from planner.cost.compute import gemm_time
-    from planner.cost.moe import _replace
+    from planner.cost.moe import replace_coeffs
     L = model.mtp_layers
     t = c.tp
     b, sl = c.mbs, c.seq_len // c.cp
@@ -568,7 +587,7 @@ def _with_mtp_modules(model: Model, c: Candidate, engine: Engine, facts, k: Stag
     if c.zero == 3 and dp > 1:   # the gathered eh_proj and embedding copy, as the head's
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + L * (
             facts.compute_elem_bytes + states["grad_bytes"]) * extra
-    return _replace(k, mem_fixed=mem_fixed,
+    return replace_coeffs(k, mem_fixed=mem_fixed,
                    compute_fixed=k.compute_fixed + L * (fwd + bwd),
                    fwd_fixed=k.fwd_fixed + L * fwd, bwd_fixed=k.bwd_fixed + L * bwd,
                    opt_fixed=k.opt_fixed + L * (per_layer("opt_layer")

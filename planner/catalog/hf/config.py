@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from planner import bounds as B
+from planner import limits as B
 from planner import schema as S
 from planner.errors import BadInput
 from planner.specs import MODEL_FIELDS

@@ -1,0 +1,501 @@
+"""The search: enumerate outer choices, prune with bounds, place layers with CP-SAT.
+
+Outer choices (tp, pp, dp, ZeRO stage, sequence parallel, micro-batch, schedule/vpp,
+recompute granularity) are enumerated; any fixed on the command line is not searched. For each
+candidate:
+
+0. before any stage coefficients are built: a screen on the model states (from the parameter
+   counts) and the activations a layer keeps however much is recomputed, which only rejects
+   candidates that no placement fits (SharedCoefficients), and a cheap bound on the step time
+   (from figures shared by the candidates of one layer shape) that orders the rest: they are
+   visited best-first, and once that bound exceeds the K-th best heuristic plan the rest are
+   never priced;
+1. a memory feasibility test that is exact for the count problem: rank s can hold at most
+   N_s layers even with every layer recomputed; the candidate is infeasible if sum(N_s) < L;
+2. a lower bound on its step time (perfectly balanced stages, no recompute, no exposed tail);
+3. candidates are visited in lower-bound order, and solved exactly only while the bound can
+   still beat the K-th best plan found so far.
+
+The exact step is a CP-SAT model over counts -- identical layers are interchangeable, so each
+pipeline rank s gets an integer n_s (layers held) and r_s (layers recomputed), never a binary per
+layer. It minimises  m*max_s T_s + (sum_s T_s - max_s T_s)/v + max_s tail_s  subject to each
+rank's memory limit, where T_s, tail_s and memory are the linear coefficients of
+planner.cost.stage (the same expressions `evaluate` uses).
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+from planner.cost.moe import candidate_dispatcher, layer_kinds
+from planner.cost.recompute import DEFAULT_MODULES
+from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
+# the one price of a placement; candidate_of (a saved plan's candidate) kept importable here
+from planner.cost.price import candidate_of, price  # noqa: F401
+from planner import validity as V
+from planner.engines import get_engine
+from planner.engines.spec import Engine
+from planner.errors import BadInput
+from planner.plan import Batch, Parallelism, Plan, make_stages
+from planner.vocab import V_SCHEDULES
+from planner.precision import default_recipe
+from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed CLI values
+from planner.specs import Cluster, Model
+# the rooms of the search, and what other modules import from planner.search
+from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noqa: F401
+                                   lower_bound, lower_coeffs, max_layers, quick_lower_bound,
+                                   rules_for, states_per_gpu_bound)
+from planner.search.enumeration import (MICRO_BATCHES, SEARCHED_VPP, Fixed,  # noqa: F401
+                                      enumerate_candidates, expert_layouts, searched_cp,
+                                      searched_recompute)
+from planner.search.placement import (SOLVER_SECONDS, TIME_UNITS, Result,  # noqa: F401
+                                      _hull_cuts, chunk_recompute, heuristic, solve_candidate,
+                                      solve_cpsat)
+
+
+# Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
+# (Dubey et al. 2024, Sec. 3.4.1).
+DEFAULT_TOKENS_PER_STEP = 4 * 2 ** 20
+DEFAULT_MAX_SEQ_LEN = 8192         # Llama 3's pre-training context
+@dataclass
+class SearchReport:
+    best: Result | None
+    ranked: list                 # fitting results, best first (top K)
+    candidates: int              # outer configurations enumerated
+    pruned_memory: int
+    pruned_bound: int
+    solved: int
+    seconds: float
+    closest: Result | None = None   # smallest overflow when nothing fits
+    rejected: list = field(default_factory=list)   # (Candidate, reason) samples
+    seq_len: int = 0
+    global_batch: int = 0
+    engine: object = None            # the Engine planned for
+    margin_gib: float | None = None  # --memory-margin (None: the default)
+    # the whole search: (best - least bound of any candidate not solved to optimality) / best,
+    # and the candidates whose solve stopped at SOLVER_SECONDS
+    gap: float = 0.0
+    solver_limit_hit: int = 0
+    # quick_lower_bound of rejected candidates whose coefficients the search computed
+    rejected_bounds: dict = field(default_factory=dict)
+    # the rejected layouts explain shows beside the plan (RejectedLayout, fastest ideal first;
+    # filled by search(rejected=True) when a plan fits)
+    rejected_layouts: list = field(default_factory=list)
+
+
+def default_seq_len(model: Model) -> int:
+    return min(model.max_seq_len, DEFAULT_MAX_SEQ_LEN)
+
+
+def default_global_batch(seq_len: int, num_gpus: int) -> int:
+    """4M tokens, and at least one sequence per 8 GPUs (Llama 3 405B trained with 16M-token
+    batches of 8K sequences on 16K GPUs: Dubey et al. 2024, Sec. 3.3.2 and 3.4.1)."""
+    tokens = 2 ** round(math.log2(DEFAULT_TOKENS_PER_STEP / seq_len))
+    return max(1, tokens, 2 ** math.ceil(math.log2(max(1, num_gpus // 8))))
+
+
+class TopTimes:
+    """Step times kept sorted, one per key when keyed (a key's later time replaces its
+    earlier one): `threshold` is the top-th least, inf until there are that many."""
+
+    def __init__(self, top: int):
+        self.top, self._times, self._of = max(top, 1), [], {}
+
+    def add(self, t: float, key=None) -> None:
+        if key is not None:
+            old = self._of.get(key)
+            if old is not None:
+                del self._times[bisect.bisect_left(self._times, old)]
+            self._of[key] = t
+        bisect.insort(self._times, t)
+
+    def threshold(self) -> float:
+        return self._times[self.top - 1] if len(self._times) >= self.top else math.inf
+
+
+# model-state memory categories of StageCoeffs.mem_fixed / mem_layer and of its memory()
+def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, infeasible: list,
+             closest):
+    """The candidate that misses by the least when nothing fits: `closest` (the best of the
+    solved candidates) or the first of `infeasible` whose heuristic placement overflows least,
+    as if every one were priced in turn. Those whose model states alone overflow more than the
+    least found so far cannot be it: visited in that bound's order, they are left unpriced."""
+    if not infeasible:
+        return closest
+    budget = memory_budget(cluster, engine, margin_gib)
+    cap = capacity_bytes(cluster, engine, margin_gib)
+    over = lambda r: max(r.estimate.overflow_gib())   # noqa: E731
+    bounds = [shared.states_overflow_gib(c, budget) for c, _, _ in infeasible]
+    least = over(closest) if closest is not None else math.inf
+    priced = {}
+    for i in sorted(range(len(infeasible)), key=lambda i: bounds[i]):
+        if bounds[i] > least + 1e-6 * max(1.0, abs(least)):
+            break
+        c, coeffs, rules = infeasible[i]
+        res = heuristic(model, cluster, c, coeffs or shared.coefficients(c), cap, rules,
+                        engine=engine, margin_gib=margin_gib)
+        priced[i] = res
+        least = min(least, over(res))
+    if closest is not None and over(closest) <= least:
+        return closest
+    return next(priced[i] for i in sorted(priced) if over(priced[i]) == least)
+
+
+def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
+           global_batch: int | None = None, top: int = 5, progress=None,
+           engine: Engine | str | None = None, margin_gib: float | None = None,
+           rejected: bool = True) -> SearchReport:
+    """Best plans for `model` on `cluster` under the fixed choices, for `engine`.
+    `rejected=False`: the report's rejected list need only hold the candidates the search
+    itself found out of memory (not every one planner.explain could show)."""
+    t0 = time.perf_counter()
+    engine = get_engine(engine)
+    f = fixed or Fixed()
+    seq_len = seq_len or default_seq_len(model)
+    gbs = global_batch or default_global_batch(seq_len, cluster.num_gpus)
+    check_fixed(model, cluster, f, seq_len, gbs, engine)
+    cands = enumerate_candidates(model, cluster, f, seq_len, gbs, engine)
+    if not cands:
+        raise BadInput(_why_no_candidates(model, cluster, f, gbs, engine))
+    cap = capacity_bytes(cluster, engine, margin_gib)
+    L = model.num_layers
+    P_kinds = layer_kinds(model)
+    Q = P_kinds[-1] if P_kinds is not None else None
+    scored, closest, pruned_mem = [], None, 0
+
+    def consider_closest(res):
+        nonlocal closest
+        if closest is None or max(res.estimate.overflow_gib()) < max(closest.estimate.overflow_gib()):
+            closest = res
+
+    infeasible, rejected_bounds = [], {}
+    shared = SharedCoefficients(model, cluster, engine)
+    # Model states first: a candidate whose weights, gradients and optimizer states alone
+    # overflow every placement cannot fit (activations and buffers only add); its coefficients
+    # are never built. The rest are visited in the order of a bound below lower_bound
+    # (SharedCoefficients.quick_bound, from figures its variants share): drawn lazily, in
+    # the order of time_bound (below quick_bound, from figures shared by every recompute
+    # choice), so that a candidate whose time_bound is past where the visit stops has no
+    # figures of its own built. The order they come in is quick_bound's, as if every one had
+    # been computed (live_in_order).
+    states_out = []   # (enumeration index, infeasible entry) of the states screens' rejects
+    pending = []
+    for idx, c in enumerate(cands):
+        if not shared.states_alone_can_fit(c, cap):
+            states_out.append((idx, (c, None, rules_for(engine, c, f))))
+            continue
+        pending.append((shared.time_bound(c), idx, c))
+    pending.sort(key=lambda x: (x[0], x[1]))
+    pruned_mem += len(states_out)
+    live_heap, drawn = [], 0
+
+    def draw(upto: float) -> None:
+        """Screen and bound the pending candidates whose time_bound is at most `upto`."""
+        nonlocal drawn, pruned_mem
+        while drawn < len(pending) and pending[drawn][0] <= upto:
+            _, idx, c = pending[drawn]
+            drawn += 1
+            if not shared.states_can_fit(c, cap):
+                pruned_mem += 1
+                states_out.append((idx, (c, None, rules_for(engine, c, f))))
+                continue
+            heapq.heappush(live_heap, (shared.quick_bound(c, rules_for(engine, c, f), cap),
+                                       idx, c))
+
+    def live_in_order():
+        """(quick_bound, index, candidate) of the candidates that pass the states screens,
+        in (quick_bound, index) order: the heap's least is next once every pending candidate
+        whose time_bound (<= its quick_bound) could come before it is drawn."""
+        while True:
+            if live_heap:
+                draw(live_heap[0][0])
+            elif drawn < len(pending):
+                draw(pending[drawn][0])
+                continue
+            else:
+                return
+            yield heapq.heappop(live_heap)
+
+    # Memory grows with the micro-batch at everything else equal (activations, logits and
+    # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
+    # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
+    # model states do not depend on it), so once a micro-batch size cannot fit, no larger one
+    # of the same family can: those are pruned unpriced.
+    too_big = {}
+
+    def memory_test(c, rules):
+        """The coefficients of c, or None when c cannot fit (recorded)."""
+        nonlocal pruned_mem
+        family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
+                  c.recompute, c.recompute_modules, c.ep, c.etp)
+        if too_big.get(family, math.inf) < c.mbs:
+            pruned_mem += 1
+            infeasible.append((c, None, rules))
+            if rejected:   # what rejected_layouts orders by; unused otherwise
+                rejected_bounds[c] = shared.quick_bound(c)
+            return None
+        coeffs = shared.coefficients(c)
+        caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
+        if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
+            pruned_mem += 1
+            infeasible.append((c, coeffs, rules))
+            rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
+            too_big[family] = min(c.mbs, too_big.get(family, math.inf))
+            return None
+        return coeffs
+
+    # Heuristic placements in bound order: once a candidate's bound exceeds the K-th best
+    # heuristic so far, so does every later one's full bound, so the loop below would prune
+    # them all: they are not priced at all.
+    best_heur = TopTimes(top)
+    unpriced, beyond_bound = [], 0
+    for item in live_in_order():
+        lb0, _, c = item
+        if lb0 > best_heur.threshold() * (1 + 1e-9):
+            if rejected:   # the rest of the candidates, screened and in order, as below
+                draw(math.inf)
+                unpriced = [item] + sorted(live_heap, key=lambda x: (x[0], x[1]))
+            break
+        rules = rules_for(engine, c, f)
+        coeffs = memory_test(c, rules)
+        if coeffs is None:
+            continue
+        low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
+        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
+              else lower_bound(coeffs, c, L, cap, rules))
+        if lb > best_heur.threshold() * (1 + 1e-9):
+            # the loop below stops before it (its threshold is at most this one), and its
+            # heuristic plan, no faster than lb, cannot be among the best: not priced
+            beyond_bound += 1
+            continue
+        heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
+                         margin_gib=margin_gib)
+        if heur.estimate.fits:
+            best_heur.add(heur.estimate.step_time_s)
+        scored.append((lb, c, coeffs, heur, rules, low))
+    # the states screens' rejects first, in enumeration order, then those of memory_test
+    infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]
+    if rejected:   # what rejected_layouts orders by; unused otherwise
+        for c, _, _ in infeasible[:len(states_out)]:
+            rejected_bounds[c] = shared.quick_bound(c)
+    # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
+    # of them is a threshold a candidate's bound must beat to be worth an exact solve.
+    scored.sort(key=lambda x: x[0])
+    plans = {c: h for _, c, _, h, _, _ in scored if h.estimate.fits}   # best known plan per candidate
+    best_plans = TopTimes(top)
+    for c, r in plans.items():
+        best_plans.add(r.estimate.step_time_s, c)
+    solved, pruned_bound = 0, 0
+    # least step time a candidate not solved to optimality might still reach (the whole
+    # search's gap), and how many solves stopped at the time limit
+    open_bound, limit_hit = math.inf, 0
+    for i, (lb, c, coeffs, heur, rules, low) in enumerate(scored):
+        # a candidate's plan only improves on its heuristic one, so the K-th best time over
+        # the plans so far (heuristic ones included) only falls: kept incrementally
+        threshold = best_plans.threshold()
+        if lb > threshold * (1 + 1e-9):
+            pruned_bound = len(scored) - i
+            open_bound = min(open_bound, lb)
+            break
+        if c.pp == 1 or rules.equal_split or rules.fixed_split or (
+                heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
+            res, fits = heur, heur.estimate.fits           # no placement choice / proven optimal
+            res.status = "OPTIMAL"
+        else:
+            res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
+                                        margin_gib, cutoff_s=threshold, low=low)
+            solved += 1
+            if res.status == "FEASIBLE":
+                limit_hit += 1
+                open_bound = min(open_bound, max(lb, res.bound_s or 0.0))
+            elif res.status == "UNKNOWN":
+                limit_hit += 1
+                open_bound = min(open_bound, lb)
+        if progress:
+            progress(i + 1, len(scored))
+        if fits:
+            plans[c] = res
+            best_plans.add(res.estimate.step_time_s, c)
+        else:
+            consider_closest(res)
+    ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+    if not ranked:   # nothing fits: find the candidate that misses by the least
+        closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
+    before = pruned_mem
+    if rejected and ranked and unpriced:
+        # The rejected candidates planner.explain can show: of layouts (tp, cp, pp, dp) with a
+        # rejected candidate whose bound without recompute (below the even split's step time,
+        # the "ideal" it shows) beats the best plan; the unpriced ones get the memory test,
+        # those that may found such a layout first, then the rest of those layouts, so the
+        # rejected list holds every candidate of them that cannot fit.
+        base = ranked[0].estimate.step_time_s
+        layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
+        unpriced = sorted(unpriced, key=lambda x: x[1])
+        tested = set()
+        for _, _, c in unpriced:
+            if shared.quick_bound(c) < base:
+                memory_test(c, rules_for(engine, c, f))
+                tested.add(c)
+        shown = {layout(c) for c, _, _ in infeasible if rejected_bounds[c] < base}
+        for _, _, c in unpriced:
+            if c not in tested and layout(c) in shown:
+                memory_test(c, rules_for(engine, c, f))
+    # the rest: beyond the bound
+    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound
+    out_of_memory = [(c, "out of memory on every placement of its layers")
+                     for c, _, _ in infeasible]
+    gap = 0.0
+    if ranked:
+        best_s = ranked[0].estimate.step_time_s
+        gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
+    shown_rejected = (rejected_layouts(model, cluster, engine, margin_gib, f, out_of_memory,
+                                       rejected_bounds, ranked[0].estimate.step_time_s)
+                      if rejected and ranked else [])
+    return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
+                        pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
+                        seconds=time.perf_counter() - t0, closest=closest, rejected=out_of_memory,
+                        seq_len=seq_len, global_batch=gbs, engine=engine,
+                        margin_gib=margin_gib, gap=gap, solver_limit_hit=limit_hit,
+                        rejected_bounds=rejected_bounds, rejected_layouts=shown_rejected)
+
+
+# ---- the rejected layouts a report shows ------------------------------------
+
+REJECTED_LAYOUTS_SHOWN = 3
+
+
+@dataclass
+class RejectedLayout:
+    """A layout (tp, cp, pp, dp) none of whose candidates fits, that would beat the plan if
+    memory allowed: `candidate`, its variant that misses by the least; `ideal_step_s`, its
+    step on an even split with no more recompute than fixed (planner.cost.price); and its
+    heuristic placement's worst overflow: `overflow_gib` on pipeline rank `rank`
+    (`reserved_gib` of `capacity_gib`), `recomputes_all` when that rank recomputes all its
+    layers."""
+    candidate: Candidate
+    ideal_step_s: float
+    overflow_gib: float
+    rank: int
+    reserved_gib: float
+    capacity_gib: float
+    recomputes_all: bool
+
+
+def _ideal_price(model, cluster, c, rules: Rules, engine, margin_gib):
+    """The candidate's price on the engine's default split (planner.validity.default_split, as
+    the heuristic places it) with no more recompute than fixed: its speed if memory allowed."""
+    split = V.default_split(get_engine(engine), model.num_layers, c.pp)
+    rec0 = list(split) if rules.all_layers_recomputed else [0] * c.pp
+    return price(model, cluster, c, split, rec0, engine, margin_gib)
+
+
+def _overflow(model, cluster, c, coeffs, rules: Rules, engine, margin_gib) -> tuple:
+    """(GiB over, rank, reserved GiB, capacity GiB, recomputes all) of a candidate that fits
+    on no placement: the worst rank of the heuristic placement (even split, the least
+    recompute that could help)."""
+    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster, engine, margin_gib), rules,
+                  engine=engine, margin_gib=margin_gib)
+    over = h.estimate.overflow_gib()
+    k = max(range(len(over)), key=lambda i: over[i])
+    return (over[k], k, h.estimate.stage_memory_gib[k]["reserved"], h.estimate.capacity_gib,
+            bool(h.recompute[k] == h.layers[k] and h.layers[k] and c.recompute != "none"))
+
+
+def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: list,
+                     known_bounds: dict, base: float,
+                     shown: int = REJECTED_LAYOUTS_SHOWN) -> list:
+    """[RejectedLayout] of the `shown` layouts among the `rejected` (Candidate, reason) whose
+    ideal beats the plan's step `base`, fastest ideal first.
+
+    Ideals (a placement's step time) are at least the quick bound, here from pipeline rank
+    0's coefficients (every rank's per-layer time is the same, other ranks' fixed times are
+    >= 0) unless the search computed it (`known_bounds`). In bound order, once a bound exceeds
+    the plan's step and the shown-th smallest layout minimum so far, no later candidate can
+    enter or reorder the layouts shown: those are left unpriced."""
+    engine = get_engine(engine)
+    bounded = []
+    for c, _ in rejected:
+        lb = known_bounds.get(c)
+        if lb is None:
+            first = stage_coefficients(model, cluster, c, engine, ranks=[0])
+            lb = quick_lower_bound(first, c, model.num_layers)
+        bounded.append((lb, c))
+    bounded.sort(key=lambda x: x[0])
+    layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
+    groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
+    mins = {}     # each layout's least ideal so far
+    for i, (lb, c) in enumerate(bounded):
+        least = sorted(mins.values())
+        cut = min(base, least[shown - 1] if len(least) >= shown else math.inf)
+        if lb > cut:
+            break
+        rules = rules_for(engine, c, f)
+        ideal = _ideal_price(model, cluster, c, rules, engine, margin_gib)
+        groups.setdefault(layout(c), []).append((ideal.estimate.step_time_s, c, ideal.coeffs,
+                                                 rules))
+        mins[layout(c)] = min(mins.get(layout(c), math.inf), ideal.estimate.step_time_s)
+    for lb, c in bounded[i:] if bounded and lb > cut else []:
+        if layout(c) in groups:   # the shown layouts' other variants, unpriced
+            groups[layout(c)].append((math.inf, c, None, rules_for(engine, c, f)))
+    ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
+    out = []
+    for group in [g for g in ordered if min(x[0] for x in g) < base][:shown]:
+        rows = [(_overflow(model, cluster, c, coeffs or stage_coefficients(model, cluster, c,
+                                                                           engine),
+                           rules, engine, margin_gib), step, c)
+                for step, c, coeffs, rules in group]
+        (over, k, reserved, capacity, recomputes_all), step, c = min(rows, key=lambda x: x[0][0])
+        if not math.isfinite(step):   # a variant the quick bound skipped: price it now
+            step = _ideal_price(model, cluster, c, rules_for(engine, c, f), engine,
+                                margin_gib).estimate.step_time_s
+        out.append(RejectedLayout(candidate=c, ideal_step_s=step, overflow_gib=over, rank=k,
+                                  reserved_gib=reserved, capacity_gib=capacity,
+                                  recomputes_all=recomputes_all))
+    return out
+
+
+def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
+    return (f"no configuration of {cluster.num_gpus} GPUs that {engine.name} can run matches "
+            f"the fixed choices and global batch {gbs} (tp must divide the heads, pp the "
+            f"layers, dp*micro-batch the global batch)")
+
+
+# ---- results to plans -------------------------------------------------------
+
+def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | None = None,
+            engine: Engine | str | None = None) -> Plan:
+    c = r.candidate
+    engine = get_engine(engine if engine is not None else report.engine if report else None)
+    par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, cp_comm_type=c.cp_comm,
+                      ep=c.ep, etp=c.etp, zero_stage=c.zero, sequence_parallel=c.sp,
+                      tp_comm_overlap=c.tp_comm_overlap,
+                      moe_dispatcher=(candidate_dispatcher(model, cluster, c, engine)
+                                      if model.is_moe else ""),
+                      ep_comm_overlap=c.ep_comm_overlap,
+                      moe_capacity_factor=c.moe_capacity_factor,
+                      moe_imbalance=c.moe_imbalance,
+                      vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
+                      recompute=c.recompute if any(r.recompute) else "none",
+                      recompute_modules=(c.recompute_modules if any(r.recompute)
+                                         and c.recompute == "selective" else DEFAULT_MODULES))
+    batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
+                  num_microbatches=c.m)
+    stages = make_stages(model.num_layers, c.pp, c.vpp, r.layers, r.recompute,
+                         v_shape=c.schedule in V_SCHEDULES and c.pp > 1)
+    for s in stages:
+        s.memory_gib = {k: round(v, 3) for k, v in r.estimate.stage_memory_gib[s.pp_rank].items()}
+    est = r.estimate.to_dict()
+    search = {"solver_status": r.status, "gap": r.gap}
+    if report is not None:
+        search.update(candidates=report.candidates, solved=report.solved,
+                      pruned_memory=report.pruned_memory, pruned_bound=report.pruned_bound,
+                      seconds=round(report.seconds, 3), search_gap=report.gap,
+                      solver_limit_hit=report.solver_limit_hit)
+    return Plan(model=model, cluster=cluster, parallelism=par, batch=batch, stages=stages,
+                estimate=est, search=search, engine=engine.name,
+                attention="flash" if c.flash else "eager", precision=c.precision,
+                recipe=c.recipe or default_recipe(engine, c.precision))
+

@@ -1,0 +1,603 @@
+"""Bounds of the search: what the engine lets a placement do (Rules), the most layers a rank
+can hold, the fewest it must recompute, lower bounds on a candidate's step time (from its stage
+coefficients, or cheaper ones from figures its variants share, SharedCoefficients) and the
+model-state screens that reject a candidate before its coefficients are built."""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner import validity as V
+from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.moe import expert_dp, layer_kinds, moe_counts, replace_coeffs
+from planner.cost.compute import BF16
+from planner.cost.facts import facts_for
+from planner.cost.schedule import in_flight
+from planner.cost.stage import Candidate, exposed_comm_array, stage_coefficients
+from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
+
+from planner.specs import Cluster, Model
+from planner.vocab import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
+from planner.search.enumeration import Fixed
+
+def _pipeline_free(c: Candidate) -> Candidate:
+    """c laid out on one pipeline rank (pp 1, 1F1B) without ZeRO: dataclasses.replace of
+    the frozen Candidate (no __post_init__) without its cost."""
+    out = object.__new__(Candidate)
+    out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", zero=0)
+    return out
+
+
+def lower_coeffs(k):
+    """Stage coefficients no layer of either kind is below (per-layer time and memory the
+    smaller kind's, hiding compute and recompute savings the larger's): bounds and memory
+    pruning computed on them are sound for any placement of dense and MoE layers."""
+    if k.moe is None:
+        return k
+    d = k.moe
+    lo = {f: min(getattr(k, f), getattr(k, f) + getattr(d, f))
+          for f in ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "ep_layer", "ep_rec",
+                    "zf_layer", "zb_layer", "grad_layer", "gather_layer", "opt_layer")}
+    hi = {f: max(getattr(k, f), getattr(k, f) + getattr(d, f))
+          for f in ("fwd_layer", "bwd_layer", "mem_rec")}
+    mem = {key: min(val, val + d.mem_layer.get(key, 0.0)) for key, val in k.mem_layer.items()}
+    return replace_coeffs(k, moe=None, mem_layer=mem, **lo, **hi)
+
+
+# ---- per-candidate pieces ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Rules:
+    """What the engine lets one candidate's placement do: recompute every layer or none
+    (`all_layers_recomputed`), one recompute count for every model chunk (`per_chunk`), the
+    same number of layers on every pipeline rank (`equal_split`), the layers per rank given by
+    the user (`fixed_split`: only the recompute is placed)."""
+    all_layers_recomputed: bool = False
+    per_chunk: bool = False
+    equal_split: bool = False
+    fixed_split: tuple | None = None
+
+
+def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
+    recompute_fixed = f is not None and f.recompute not in (None, "none")
+    return Rules(all_layers_recomputed=(recompute_fixed
+                                        or engine.all_layers_recomputed(c.recompute)),
+                 per_chunk=engine.recompute_count(c.recompute) == PER_CHUNK,
+                 equal_split=engine.stage_layers == BALANCED_SPLIT,
+                 fixed_split=f.stage_layers if f is not None and c.pp > 1 else None)
+
+
+def _recompute_bounds(c: Candidate, rules: Rules):
+    """(lo, hi) fraction of a rank's layers that may be recomputed."""
+    if c.recompute == "none":
+        return 0, 0
+    return (1, 1) if rules.all_layers_recomputed else (0, 1)
+
+
+def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate,
+               lower: bool = False) -> list:
+    """Most layers each rank can hold, recomputing all it may. `lower`: of the coefficients'
+    lower_coeffs (the same figures, without building them)."""
+    lo, hi = _recompute_bounds(c, rules)
+    out = []
+    for k in coeffs:
+        if lower and k.moe is not None:   # lower_coeffs' mem_layer and mem_rec
+            d = k.moe
+            per = (sum(min(val, val + d.mem_layer.get(key, 0.0))
+                       for key, val in k.mem_layer.items())
+                   - hi * max(k.mem_rec, k.mem_rec + d.mem_rec))
+        else:
+            per = k.mem_total_layer() - hi * k.mem_rec
+        room = cap - k.mem_total_fixed()
+        if room < 0:
+            out.append(0)
+        elif per <= 0:
+            out.append(10 ** 9)
+        else:
+            out.append(int(room // per))
+    return out
+
+
+def _stacked(values) -> np.ndarray:
+    """One figure per pipeline rank, as a column (ranks along the first axis)."""
+    return np.asarray(values, dtype=float)[:, None]
+
+
+def _least_recompute(mem0, save, n, cap: float, c: Candidate, rules: Rules):
+    """Least recomputed layers (inf: none fits) of ranks whose memory with no recompute is
+    mem0 (ranks x layer counts [x MoE counts]), each recomputed layer saving `save` (per rank,
+    broadcast as mem0)."""
+    if c.recompute == "none":
+        return np.where(mem0 <= cap, 0.0, np.inf)
+    if rules.all_layers_recomputed:
+        return np.where(mem0 - n * save <= cap, n, np.inf)
+    pos = save > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.maximum(0.0, np.ceil((mem0 - cap) / np.where(pos, save, 1.0)))
+    return np.where(pos, np.where(r <= n, r, np.inf), np.where(mem0 <= cap, 0.0, np.inf))
+
+
+def _with_exposures(t, coeffs, n):
+    """t (ranks x layer counts) plus each rank's ZeRO-2/3 exposure with n layers
+    (planner.cost.stage.exposed_comm_array, StageCoeffs.exposed_comm over arrays)."""
+    slow = _stacked([k.overlap_slowdown for k in coeffs])
+    for j in range(2):
+        e = [k.exposures()[j] for k in coeffs]
+        if any(x[0] > 0 or x[1] > 0 for x in e):
+            cl, cf, hl, hf = (_stacked(col) for col in zip(*e))
+            t = t + exposed_comm_array(cl, cf, hl, hf, slow, n)
+    return t
+
+
+def _rank_min_times(coeffs, L: int, v: int, cap: float, c: Candidate, rules: Rules):
+    """Least per-micro-batch time of each rank holding n = v, v+1, ... layers (inf if n cannot
+    fit): (n, ranks x n times)."""
+    n = np.arange(v, L + 1, dtype=float)
+    mem0 = (_stacked([k.mem_total_fixed() for k in coeffs])
+            + n * _stacked([k.mem_total_layer() for k in coeffs]))
+    r = _least_recompute(mem0, _stacked([k.mem_rec for k in coeffs]), n, cap, c, rules)
+    with np.errstate(invalid="ignore"):
+        t = (_stacked([k.t_fixed for k in coeffs]) + n * _stacked([k.t_layer for k in coeffs])
+             + np.where(np.isfinite(r), r * _stacked([k.t_rec for k in coeffs]), np.inf))
+    return n, _with_exposures(t, coeffs, n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _kinds_window(P: tuple, i: int, p: int) -> tuple:
+    """(least, most) MoE layers pipeline rank i of p (one chunk each, contiguous stages in
+    model order, at least one layer each) can hold with n = 1..L layers: its first layer is at
+    least i and its stage ends by L - (p - 1 - i), so it is a window [b, b + n) with
+    i <= b <= L - (p - 1 - i) - n, holding P[b + n] - P[b] MoE layers. No window: (L+1, -1)."""
+    L = len(P) - 1
+    A = np.asarray(P, dtype=float)
+    lo, hi = np.full(L, L + 1.0), np.full(L, -1.0)
+    for n in range(1, L + 1):
+        b_hi = L - (p - 1 - i) - n
+        if b_hi >= i:
+            q = A[i + n:b_hi + n + 1] - A[i:b_hi + 1]
+            lo[n - 1], hi[n - 1] = q.min(), q.max()
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=256)
+def _kinds_windows(P: tuple, p: int) -> tuple:
+    """_kinds_window of every rank, stacked: (least, most), ranks x n x 1."""
+    wins = [_kinds_window(P, i, p) for i in range(p)]
+    return (np.stack([w[0] for w in wins])[:, :, None], np.stack([w[1] for w in wins])[:, :, None])
+
+
+def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Candidate,
+                          rules: Rules, windows=None):
+    """_rank_min_times of the ranks of a model with L layers, Q of them MoE: a rank holding n
+    layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
+    over those q, with the least recompute its memory needs (each recomputed layer saving at
+    most the larger kind's activations) and the ZeRO exposure of lower_coeffs: a lower bound.
+    `windows`: the (least, most) MoE layers each rank can hold with n = v..L layers where it
+    holds one contiguous stage (_kinds_windows), else any count in the range above."""
+    n = np.arange(v, L + 1, dtype=float)[:, None]
+    if L - Q <= Q:   # over the rank's dense layers (fewer choices), else its MoE layers
+        q = n - np.arange(0, L - Q + 1, dtype=float)[None, :]
+    else:
+        q = np.arange(0, Q + 1, dtype=float)[None, :] + 0 * n
+    if windows is None:
+        ok = (q >= np.maximum(0, n - (L - Q))) & (q <= np.minimum(n, Q))
+    else:
+        q_lo, q_hi = windows
+        ok = (q >= q_lo) & (q <= q_hi)
+
+    def col(values):   # one figure per rank, ranks along the first of three axes
+        return np.asarray(values, dtype=float)[:, None, None]
+
+    mem0 = (col([k.mem_total_fixed() for k in coeffs]) + n * col([k.mem_total_layer()
+                                                                   for k in coeffs])
+            + q * col([sum(k.moe.mem_layer.values()) for k in coeffs]))
+    save = col([max(k.mem_rec, k.mem_rec + k.moe.mem_rec) for k in coeffs])
+    r = np.where(ok, _least_recompute(mem0, save, n, cap, c, rules), np.inf)
+    with np.errstate(invalid="ignore"):
+        t = (col([k.t_fixed for k in coeffs]) + n * col([k.t_layer for k in coeffs])
+             + q * col([k.moe.t_layer for k in coeffs])
+             + np.where(np.isfinite(r), r * col([lk.t_rec for lk in low]), np.inf))
+    t = t.min(axis=2)
+    n = n[:, 0]
+    return n, _with_exposures(t, low, n)
+
+
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
+                low=None, model=None) -> float:
+    """A step time no placement of this candidate can beat.
+
+    The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
+    hold all L layers with every rank's time (with the least recompute its memory needs) at most
+    T. The sum of stage times is at least the perfectly balanced total with that recompute
+    pooled over ranks. The tail is the smallest any rank can have while some rank holds at
+    least L/p layers. (Engine rules only restrict placements further: still a bound.)
+    """
+    p, m, v = c.pp, c.m, c.vpp
+    if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
+        low = low or [lower_coeffs(k) for k in coeffs]
+        P = layer_kinds(model) if model is not None else None
+        wins = (_kinds_windows(tuple(P), p)
+                if P is not None and v == 1 and p == len(coeffs) else None)
+        n_all, t_all = _rank_min_times_kinds(coeffs, low, L, Q, v, cap, c, rules, wins)
+        kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
+                       + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
+        # every layer is held once: L - Q dense and Q MoE layers' memory pooled over ranks
+        kinds_memory = ((L - Q) * min(k.mem_total_layer() for k in coeffs)
+                        + Q * min(k.mem_total_layer() + sum(k.moe.mem_layer.values())
+                                  for k in coeffs))
+        coeffs = low
+    else:
+        n_all, t_all = _rank_min_times(coeffs, L, v, cap, c, rules)
+        kinds_total = kinds_memory = 0.0
+    values = np.unique(t_all[np.isfinite(t_all)])
+    if values.size == 0:
+        return math.inf
+    # the most layers rank i can hold within time x is the last n whose least time from n on
+    # is at most x (times past it only exceed x): v - 1 + the count of those (0 if none)
+    suffix = np.minimum.accumulate(t_all[:, ::-1], axis=1)[:, ::-1]
+
+    def layers_within(x) -> int:
+        k = (suffix <= x).sum(axis=1)
+        return int(np.where(k > 0, v - 1 + k, 0).sum())
+
+    lo, hi = 0, values.size - 1
+    if layers_within(values[hi]) < L:
+        return math.inf
+    while lo < hi:   # least value at which the ranks' layer capacities reach L
+        mid = (lo + hi) // 2
+        if layers_within(values[mid]) >= L:
+            hi = mid
+        else:
+            lo = mid + 1
+    if c.recompute == "none":
+        need = 0
+    elif rules.all_layers_recomputed:
+        need = L
+    else:   # pooled memory over ranks sets the least total recompute
+        excess = (sum(k.mem_total_fixed() for k in coeffs)
+                  + max(kinds_memory, L * min(k.mem_total_layer() for k in coeffs)) - p * cap)
+        mr = max(k.mem_rec for k in coeffs)
+        need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
+    total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
+             + need * min(k.t_rec for k in coeffs))
+    t_star = max(float(values[lo]), total / p)
+    total = max(total, t_star)
+    n = math.ceil(L / p)
+    tail = min(k.tail_lower(n) for k in coeffs)
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+        return m * t_star + tail
+    return m * t_star + (total - t_star) / v + tail
+
+
+def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
+    """A cheaper bound below `lower_bound`: the stages' times sum to at least
+    total = sum of fixed times + L x the least per-layer time (no recompute, no exposure); with
+    dense and MoE layers (full coefficients with `moe`, Q of the L layers MoE) each kind's
+    layers at least that kind's least per-layer time, as `lower_bound`'s kinds total. The
+    slowest stage is at least total/p, so the step is at least
+    m * total/p + (p - 1)/v * total/p (pipeline_time with every stage at the mean)."""
+    p, m, v = c.pp, c.m, c.vpp
+    total = sum(k.t_fixed for k in coeffs)
+    if Q is not None and coeffs[0].moe is not None:
+        total += ((L - Q) * min(k.t_layer for k in coeffs)
+                  + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
+    else:
+        total += L * min(k.t_layer for k in coeffs)
+    mean = total / p
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+        return m * mean
+    return m * mean + (p - 1) * mean / v
+
+
+def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
+    """Fewest recomputed layers that make rank k fit with n layers, or None."""
+    if c.recompute == "none":
+        return 0 if k.memory(n, 0)["total"] <= cap else None
+    if rules.all_layers_recomputed:
+        return n if k.memory(n, n)["total"] <= cap else None
+    over = k.memory(n, 0)["total"] - cap
+    if over <= 0:
+        return 0
+    if k.mem_rec <= 0:
+        return None
+    r = math.ceil(over / k.mem_rec)
+    return r if r <= n else None
+
+
+def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, P: list,
+                         start: int):
+    """_min_recompute for a rank holding layers [start, start + n) of dense and MoE layers
+    (prefix counts P), recomputing its first r."""
+    q = P[start + n] - P[start]
+    def fits(r):
+        return k.memory(n, r, q, P[start + r] - P[start])["total"] <= cap
+
+    if c.recompute == "none" or rules.all_layers_recomputed:
+        r = 0 if c.recompute == "none" else n
+        return r if fits(r) else None
+    if not fits(n):
+        return None
+    lo, hi = 0, n        # memory does not grow with r: the least r that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+STATE_KEYS = ("params", "grads", "optimizer")
+
+
+class SharedCoefficients:
+    """Stage coefficients of a search's candidates, and two bounds computed without them.
+
+    - `states`: a lower bound on the model states (weights, gradients, optimizer) each pipeline
+      rank holds, from the parameter counts (planner.specs) and model_state_bytes
+      (planner.cost.memory, with the engine's bytes per parameter as planner.cost.stage
+      passes them) under the candidate's tp, cp, dp, ZeRO, ep and etp, leaving out
+      parameters that only add (norms, biases, position embeddings, MTP projections, low
+      precision weight copies): per rank its embedding / head / MTP share, one dense layer,
+      one MoE layer (model_state_bytes is linear in the parameters);
+    - `quick_bound`: below quick_lower_bound, from the coefficients of one candidate per
+      (micro-batch, tp, sp, cp, exchange, ep, etp, TP overlap) laid out with pp = 1: a layer's
+      time does not depend on the pipeline, data-parallel, ZeRO or recompute choices, and the
+      embedding, head and MTP times one rank holds at pp = 1 are what the stages hold between
+      them (the pipeline sends, >= 0, left out).
+    tests/test_search_speed_bounds.py checks both against each candidate's own coefficients."""
+
+    def __init__(self, model: Model, cluster: Cluster, engine: Engine):
+        self.model, self.cluster, self.engine = model, cluster, engine
+        self._times = {}       # class key -> (fixed, per layer, per MoE layer added) seconds
+        self._states = {}      # layout -> [(fixed, per layer, per MoE layer)] bytes per rank
+        self.kinds = layer_kinds(model)   # prefix counts of MoE layers, None: all alike
+        L = model.num_layers
+        self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
+                        else (0, L) if model.is_moe else (L, 0))
+        self._in_flight, self._pooled, self._shape_times = {}, {}, {}
+        self._states_alone = {}   # (layout, vpp, cap) -> states_alone_can_fit
+        # bytes per parameter as planner.cost.stage passes them to model_state_bytes
+        facts = facts_for(engine, cluster.gpu)
+        self._state_bytes = dict(
+            grad_bytes=engine.grad_bytes, weight_bytes=engine.weight_bytes,
+            optimizer_bytes=engine.optimizer_bytes, compute_copy_bytes=facts.compute_copy_bytes,
+            autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
+
+    def coefficients(self, c: Candidate, ranks=None) -> list:
+        return stage_coefficients(self.model, self.cluster, c, self.engine, ranks=ranks)
+
+    def _layer_figures(self, c: Candidate) -> dict:
+        """Figures of one candidate per class laid out with pp = 1 (one rank, one micro-batch
+        in flight): fixed and per-layer times, per-layer recompute time, activations and what
+        recomputing a layer frees; per kind (dense, MoE added) where the kinds mix."""
+        # every field that changes a layer's figures (the MoE dispatch, overlap, capacity and
+        # imbalance included); pp, the schedule and ZeRO are the class's own (laid out at pp 1)
+        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap, c.recompute,
+               c.recompute_modules, c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor,
+               c.moe_imbalance)
+        got = self._times.get(key)
+        if got is None:
+            one = _pipeline_free(c)
+            k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
+            d = k.moe
+            # per micro-batch: the pp = 1 rank holds in_flight of them (two under the EP
+            # overlap), which the callers multiply in again
+            per = 1.0 / in_flight("1f1b", 1, 0, one.m, 1, one.ep_comm_overlap)
+            act = k.mem_layer.get("activations", 0.0) * per
+            act_moe = act + d.mem_layer.get("activations", 0.0) * per if d else act
+            mem_rec = k.mem_rec * per
+            rec_moe = mem_rec + d.mem_rec * per if d else mem_rec
+            # activations a layer keeps whether it is recomputed or not
+            kept = (act, act_moe) if c.recompute == "none" else (
+                min(act, act - mem_rec), min(act_moe, act_moe - rec_moe))
+            got = self._times[key] = dict(
+                fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
+                rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
+                act=min(act, act_moe), saves=max(mem_rec, rec_moe),
+                kept_dense=kept[0], kept_moe=kept[1])
+        return got
+
+    def time_bound(self, c: Candidate) -> float:
+        """Below quick_bound(c, rules, cap): quick_bound(c) without the recompute term, from
+        the times of c's layer shape, which every recompute choice shares (the forward,
+        backward and communication of a layer and of the embedding, head and MTP modules:
+        planner.cost.stage; tests/test_search_speed_bounds.py checks they agree), built once
+        per shape. A hair below, so that last-bit differences between two choices' builds
+        cannot lift it above."""
+        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap,
+               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance)
+        fig = self._shape_times.get(key)
+        if fig is None:
+            fig = self._shape_times[key] = self._layer_figures(c)
+        L, p = self.model.num_layers, c.pp
+        total = fig["fixed"] + L * fig["layer"] + (self.kinds[-1] * fig["moe"]
+                                                   if self.kinds is not None else 0.0)
+        mean = total / p
+        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+            return c.m * mean * (1 - 1e-9)
+        return (c.m * mean + (p - 1) * mean / c.vpp) * (1 - 1e-9)
+
+    def in_flight(self, c: Candidate) -> list:
+        """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
+        key = (c.schedule, c.pp, c.m, c.vpp, c.ep_comm_overlap)
+        got = self._in_flight.get(key)
+        if got is None:
+            sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
+            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp,
+                                                    c.ep_comm_overlap)
+                                          for i in range(c.pp)]
+        return got
+
+    def quick_bound(self, c: Candidate, rules: Rules | None = None, cap: float | None = None
+                    ) -> float:
+        """A lower bound on quick_lower_bound(coefficients of c, c, L, Q); with `rules` and
+        `cap`, on lower_bound(...) instead: the stages' times also hold the least recompute
+        the pooled memory of the ranks needs (lower_bound's `need`), with the activations of a
+        rank's layer those of one micro-batch x the micro-batches it holds in flight (as
+        planner.cost.stage prices them) and the model states of `states`."""
+        fig = self._layer_figures(c)
+        L, p = self.model.num_layers, c.pp
+        total = fig["fixed"] + L * fig["layer"] + (self.kinds[-1] * fig["moe"]
+                                                   if self.kinds is not None else 0.0)
+        if rules is not None and c.recompute != "none":
+            if rules.all_layers_recomputed:
+                need = L
+            else:
+                infl = self.in_flight(c)
+                excess = ((self.pooled_states(c) + L * fig["act"] * min(infl)) * (1 - 1e-9)
+                          - p * cap)
+                saves = fig["saves"] * max(infl) * (1 + 1e-9)
+                need = (min(L, max(0, math.ceil(excess / saves)))
+                        if saves > 0 and excess > 0 else 0)
+            total += need * fig["rec"]
+        mean = total / p
+        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
+            return c.m * mean
+        return c.m * mean + (p - 1) * mean / c.vpp
+
+    def states(self, c: Candidate) -> list:
+        """Per pipeline rank: (model states of its fixed parts, of one dense layer, of one MoE
+        layer), bytes, each at most what planner.cost.stage charges."""
+        v_shape = c.schedule in V_SCHEDULES and c.pp > 1   # the head on rank 0
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, v_shape)
+        out = self._states.get(layout)
+        if out is not None:
+            return out
+        m, t, p = self.model, c.tp, c.pp
+        kw = self._state_bytes
+        dpc = c.dp_cp
+
+        def held(params, dp=dpc):
+            return sum(model_state_bytes(params, dp, c.zero, **kw))
+
+        dense = held((m.attn_matmul_params() + m.mlp_matmul_params()) / t)
+        moe = dense
+        if m.is_moe:
+            edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
+            moe = (held(m.attn_matmul_params() / t + m.router_params()
+                        + m.shared_expert_params() / t)
+                   + held((m.num_experts // c.ep) * m.expert_params() / c.etp, edp))
+        emb = held(m.vocab_size * m.hidden / t)
+        head = held(m.vocab_size * m.hidden / t) if (not m.tied_embeddings or p > 1) else 0.0
+        mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
+        last = 0 if v_shape else p - 1
+        out = [((emb if i == 0 else 0.0) + (head + mtp if i == last else 0.0), dense, moe)
+               for i in range(p)]
+        self._states[layout] = out
+        return out
+
+    def _kind_counts(self) -> tuple:
+        """(dense layers, MoE layers) of the model."""
+        return self._counts
+
+    def pooled_states(self, c: Candidate) -> float:
+        """The model states of all ranks together: every layer held once."""
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
+        got = self._pooled.get(layout)
+        if got is None:
+            got = self._pooled[layout] = self._pooled_of(self.states(c))
+        return got
+
+    def _pooled_of(self, states: list) -> float:
+        D, Q = self._kind_counts()
+        _, dense, moe = states[0]
+        return sum(fixed for fixed, _, _ in states) + D * dense + Q * moe
+
+    def _most_layers(self, room: float, dense: float, moe: float) -> int:
+        """Most layers whose states fit in `room`, the lighter kind first (as many of it as
+        the model has), or -1 when not even the fixed parts fit."""
+        if room < 0:
+            return -1
+        L = self.model.num_layers
+        D, Q = self._counts
+        (a, na), b = ((dense, D), moe) if dense <= moe else ((moe, Q), dense)
+        first = na if a <= 0 else min(na, int(room // a))
+        if first < na:
+            return first
+        return min(L, na + (L if b <= 0 else int((room - na * a) // b)))
+
+    def states_alone_can_fit(self, c: Candidate, cap: float) -> bool:
+        """states_can_fit's screen of the model states alone (no activations kept): False
+        only where states_can_fit is False; needs no layer figures."""
+        key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap)   # states' layout
+        got = self._states_alone.get(key)
+        if got is None:
+            got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),
+                                                             c.vpp)
+        return got
+
+    def states_can_fit(self, c: Candidate, cap: float) -> bool:
+        """False when the model states and the activations every layer keeps however much is
+        recomputed overflow `cap` on some rank under every placement (each rank at least one
+        layer per chunk, the L layers held once), which makes every placement overflow in the
+        full memory model: the rest (working buffers, logits) only adds. A rank holding n
+        layers holds at least those of the n lightest the model has, and all ranks together
+        those of every layer. (A hair of slack keeps float rounding on the safe side.)"""
+        room, L = cap * (1 + 1e-9), self.model.num_layers
+        states = self.states(c)
+        # the model states alone first (the kept activations, >= 0, only add): a candidate
+        # failing here needs no figure of its own
+        if not self._states_fit(states, room, c.vpp):
+            return False
+        fig = self._layer_figures(c)
+        kd, km = fig["kept_dense"] * (1 - 1e-9), fig["kept_moe"] * (1 - 1e-9)
+        infl = self.in_flight(c)
+        D, Q = self._kind_counts()
+        if self.pooled_states(c) + (D * kd + Q * km) * min(infl) > room * len(states):
+            return False
+        total = 0
+        for (fixed, dense, moe), fl in zip(states, infl):
+            n = self._most_layers(room - fixed, dense + kd * fl, moe + km * fl)
+            if n < c.vpp:
+                return False
+            total += n
+        return total >= L
+
+    def _states_fit(self, states: list, room: float, v: int) -> bool:
+        """states_can_fit with no activations kept: the model states alone."""
+        if self._pooled_of(states) > room * len(states):
+            return False
+        total = 0
+        for fixed, dense, moe in states:
+            n = self._most_layers(room - fixed, dense, moe)
+            if n < v:
+                return False
+            total += n
+        return total >= self.model.num_layers
+
+    def states_overflow_gib(self, c: Candidate, budget) -> float:
+        """A lower bound on max(overflow_gib()) of c's heuristic placement (the even split):
+        the most reserved bytes of the model states alone of any rank, less the capacity."""
+        model = self.model
+        split = V.default_split(self.engine, model.num_layers, c.pp)
+        if self.kinds is not None:
+            qs, _ = moe_counts(model, c.pp, c.vpp, split, [0] * c.pp)
+        else:
+            qs = split if model.is_moe else [0] * c.pp
+        worst = max(fixed + (n - q) * dense + q * moe
+                    for (fixed, dense, moe), n, q in zip(self.states(c), split, qs))
+        return budget.reserved(worst / GIB) - budget.usable_gib
+
+
+def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
+    """Bytes of model states that the busiest GPU of any candidate on `num_gpus` GPUs holds at
+    least: every parameter's weight, gradient and optimizer state is held at least once over
+    the cluster (ZeRO-3 shards each over dp x cp, the experts over expert-dp, which folding
+    makes exact: planner.validity.ep_blockers; lower stages keep more), counting the
+    parameters SharedCoefficients.states counts. Above the capacity, nothing fits."""
+    m = model
+    D, Q = ((m.num_layers - m.num_moe_layers, m.num_moe_layers) if m.is_moe
+            else (m.num_layers, 0))
+    dense = m.attn_matmul_params() + m.mlp_matmul_params()
+    moe = (m.attn_matmul_params() + m.router_params() + m.shared_expert_params()
+           + m.num_experts * m.expert_params()) if m.is_moe else dense
+    params = (D * dense + Q * moe + m.vocab_size * m.hidden
+              + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
+              + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
+    return params * (engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes) / num_gpus
+
+

@@ -1,0 +1,332 @@
+"""Placement of one candidate's layers over its pipeline ranks: the heuristic (even split,
+least recompute that fits) and the exact CP-SAT model over counts (solve_cpsat: each rank's
+layers n_s and recomputed layers r_s, as integers)."""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from planner.cost.moe import layer_kinds
+from planner.cost.stage import Candidate, capacity_bytes, stage_coefficients
+from planner.cost.price import price
+from planner import validity as V
+from planner.engines import get_engine
+from planner.plan import make_stages
+from planner.vocab import ZERO_BUBBLE_SCHEDULES
+from planner.search.bounds import (Rules, _min_recompute, _min_recompute_kinds, _recompute_bounds,
+                                   lower_coeffs, max_layers, rules_for)
+
+# CP-SAT works in integers: times are counted in units of (a step estimate) / TIME_UNITS, fine
+# enough that rounding moves a step by ~1e-6, coarse enough to keep the solver fast.
+TIME_UNITS = 1e8
+SOLVER_SECONDS = 2.0               # per candidate; a FEASIBLE answer past it reports its gap
+
+
+@dataclass
+class Result:
+    """One solved candidate."""
+    candidate: Candidate
+    layers: list
+    recompute: list
+    estimate: object
+    status: str = "HEURISTIC"
+    gap: float = 0.0
+    bound_s: float | None = None   # no placement of this candidate beats this step time
+
+
+def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
+    """Layers of a rank recomputed when each of its v chunks recomputes its first `per_chunk`
+    (Megatron's --recompute-num-layers): a chunk shorter than that recomputes all it has."""
+    return min(v * per_chunk, layers)
+
+
+def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=None,
+              margin_gib=None) -> Result:
+    """The engine's default split (planner.validity.default_split: DeepSpeed's partition, else
+    the even split), or `split`, or the user's, with the least recompute that fits; may not
+    fit."""
+    if split is None:
+        split = (list(rules.fixed_split) if rules.fixed_split
+                 else V.default_split(get_engine(engine), model.num_layers, c.pp))
+    rec = []
+    P = layer_kinds(model) if coeffs[0].moe is not None else None
+    start = 0
+    for k, n in zip(coeffs, split):
+        if P is None:
+            r = _min_recompute(k, n, cap, c, rules)
+        else:
+            r = _min_recompute_kinds(k, n, cap, c, rules, P, start)
+        rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+        start += n
+    if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
+        per_chunk = max(math.ceil(r / c.vpp) for r in rec)
+        rec = [chunk_recompute(per_chunk, n, c.vpp) for n in split]
+    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
+    return Result(c, split, rec, est)
+
+
+@functools.lru_cache(maxsize=32)
+def _hull_cuts(P: tuple) -> tuple:
+    """Lines (a, b) with a*x + b <= P[x] at every integer x (the lower convex hull's edges) and
+    lines with P[x] <= a*x + b (the upper concave hull's), as integer (num, den, off) triples:
+    den*y >= num*x + off, and den*y <= num*x + off."""
+    pts = list(enumerate(P))
+
+    def hull(points, sign):
+        out = []
+        for pt in points:
+            while len(out) >= 2:
+                (x1, y1), (x2, y2) = out[-2], out[-1]
+                cross = (x2 - x1) * (pt[1] - y1) - (y2 - y1) * (pt[0] - x1)
+                if sign * cross <= 0:
+                    out.pop()
+                else:
+                    break
+            out.append(pt)
+        return [((y2 - y1), (x2 - x1), (x2 - x1) * y1 - (y2 - y1) * x1)
+                for (x1, y1), (x2, y2) in zip(out, out[1:])]
+    return hull(pts, 1), hull(pts, -1)
+
+
+def _element_with_hull(mdl, index, P: list, target) -> None:
+    """target == P[index], with the hull of P's points as linear cuts (the element constraint
+    alone gives CP-SAT's relaxation nothing to bound the stage sums with)."""
+    mdl.AddElement(index, P, target)
+    lower, upper = _hull_cuts(P if isinstance(P, tuple) else tuple(P))
+    for num, den, off in lower:
+        mdl.Add(den * target >= num * index + off)
+    for num, den, off in upper:
+        mdl.Add(den * target <= num * index + off)
+
+
+def _even_parts(mdl, x, v: int, ub: int, name: str) -> list:
+    """planner.plan.even_split(x, v) of an integer variable as v CP-SAT expressions: the base
+    share, and one more for the last x mod v parts."""
+    if v == 1:
+        return [x]
+    base = mdl.NewIntVar(0, ub // v, f"{name}_base")
+    extra = mdl.NewIntVar(0, v - 1, f"{name}_extra")
+    mdl.Add(x == v * base + extra)
+    parts = [base]
+    for ch in range(1, v):
+        larger = mdl.NewBoolVar(f"{name}_larger{ch}")    # part ch is among the last `extra`
+        mdl.Add(extra >= v - ch).OnlyEnforceIf(larger)
+        mdl.Add(extra < v - ch).OnlyEnforceIf(larger.Not())
+        parts.append(base + larger)
+    return parts
+
+
+def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_guess=1.0,
+                engine=None, margin_gib=None, cutoff_s=None):
+    """Exact layer and recompute counts per rank. Returns (Result | None, status, gap).
+
+    `cutoff_s`: only placements with a step time at most this are wanted (the search's K-th
+    best so far); INFEASIBLE then means none beats it, which CP-SAT proves faster."""
+    v, m, L = c.vpp, c.m, model.num_layers
+    lo, hi = _recompute_bounds(c, rules)
+    mdl = cp_model.CpModel()
+    unit = TIME_UNITS / step_guess
+    ns = lambda x: int(round(x * unit))   # noqa: E731
+    r_vars, T, tails = [], [], []
+    # dense and MoE layers mixed: rank i holds n_i layers in v chunks and recomputes r_i of
+    # them; its MoE counts q_i (and recomputed ones) follow from where its chunks lie
+    P = layer_kinds(model) if coeffs[0].moe is not None else None
+    Q = P[-1] if P is not None else 0
+    # tight variable bounds keep the objective far from int64 overflow
+    t_ub = 2 * max(ns(k.time(L, L, q, rq)) for k in coeffs
+                   for q, rq in ((0, 0), (Q, 0), (Q, Q))) + 1
+    tail_ub = 2 * max(ns(k.tail(L, q) + k.grad_fixed + L * k.grad_layer
+                         + k.gather_fixed + L * k.gather_layer
+                         + (q * max(0.0, k.moe.grad_layer + k.moe.gather_layer)
+                            if k.moe else 0.0))
+                      for k in coeffs for q in (0, Q)) + 1
+
+    def exposure(c_layer, c_fixed, h_layer, h_fixed, a, n, ub, name, q=None, dc=0.0, dh=0.0):
+        """Var >= the collective's exposed time, as in StageCoeffs.exposed_comm:
+        max(c_layer, comm - hidden) + a * comm, with comm and hidden linear in n (and in the
+        MoE layers q, each adding dc and dh)."""
+        e = mdl.NewIntVar(0, ub, name)
+        if q is None:
+            mdl.Add(e >= ns(c_layer + a * c_fixed) + ns(a * c_layer) * n)
+            mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n)
+            return e
+        mdl.Add(e >= ns(min(c_layer, c_layer + dc) + a * c_fixed) + ns(a * c_layer) * n
+                + ns(a * dc) * q)
+        mdl.Add(e >= ns((1 + a) * c_fixed - h_fixed) + ns((1 + a) * c_layer - h_layer) * n
+                + ns((1 + a) * dc - dh) * q)
+        return e
+
+    p = len(coeffs)
+    n_vars = [mdl.NewIntVar(v, L, f"n{i}") for i in range(p)]   # at least one layer per chunk
+    stage_ends = q_vars = sizes = None
+    if P is not None:
+        # rank i's layers are split over its v chunks as planner.plan.make_stages splits them
+        # (even_split); virtual stage j = chunk * p + rank holds layers [B_j, B_j+1) in model
+        # order, and its MoE layers are differences of the prefix counts P at those boundaries
+        # (element constraints), exact for contiguous stages
+        sizes = [_even_parts(mdl, x, v, L, f"s{i}") for i, x in enumerate(n_vars)]
+        stage_ends, at = [mdl.NewConstant(0)], [mdl.NewConstant(0)]
+        for j in range(p * v):   # every virtual stage holds at least one layer
+            b = (mdl.NewConstant(L) if j == p * v - 1
+                 else mdl.NewIntVar(j + 1, L - (p * v - j - 1), f"B{j + 1}"))
+            mdl.Add(b == stage_ends[-1] + sizes[j % p][j // p])
+            pb = mdl.NewIntVar(0, Q, f"P{j + 1}")
+            _element_with_hull(mdl, b, P, pb)
+            stage_ends.append(b)
+            at.append(pb)
+        q_vars = [mdl.NewIntVar(0, Q, f"q{i}") for i in range(p)]
+        for i, qv in enumerate(q_vars):
+            mdl.Add(qv == sum(at[ch * p + i + 1] - at[ch * p + i] for ch in range(v)))
+
+    per_chunk = None
+    if rules.per_chunk and lo == 0 and hi == 1:
+        per_chunk = mdl.NewIntVar(0, -(-L // v), "per_chunk")   # one count for every model chunk
+    for i, k in enumerate(coeffs):
+        n = n_vars[i]
+        r = mdl.NewIntVar(0, L, f"r{i}")
+        if lo == hi == 1:
+            mdl.Add(r == n)
+        elif hi == 0:
+            mdl.Add(r == 0)
+        elif per_chunk is not None:
+            vr = mdl.NewIntVar(0, v * -(-L // v), f"vr{i}")
+            mdl.Add(vr == v * per_chunk)
+            mdl.AddMinEquality(r, [vr, n])             # chunk_recompute
+        else:
+            mdl.Add(r <= n)
+        mem_expr = (int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
+                    - int(k.mem_rec) * r)
+        t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
+        tail_expr = ns(k.opt_fixed) + ns(k.opt_layer) * n
+        q = dz = dt = None
+        if P is not None:   # this rank's MoE layers q and recomputed MoE layers rq
+            q, d = q_vars[i], k.moe
+            if hi == 0:
+                rq = 0
+            elif lo == hi == 1:
+                rq = q
+            else:   # each chunk recomputes its first min(its share of r, its size) layers
+                rq = mdl.NewIntVar(0, Q, f"rq{i}")
+                terms = []
+                # Megatron's one count R per chunk: make_stages' even split of min(v R, n) gives
+                # chunk c min(R, its size) (sizes differ by at most one), so R stands for the
+                # share; otherwise the rank's r is split evenly
+                shares = ([per_chunk] * v if per_chunk is not None and v > 1
+                          else _even_parts(mdl, r, v, L, f"rc{i}"))
+                for ch, share in enumerate(shares):
+                    j = ch * p + i
+                    rc = share       # one chunk: r <= n
+                    if v > 1:
+                        rc = mdl.NewIntVar(0, L, f"rc{i}_{ch}")
+                        size = mdl.NewIntVar(0, L, f"sz{i}_{ch}")
+                        mdl.Add(size == sizes[i][ch])
+                        part = mdl.NewIntVar(0, L, f"rp{i}_{ch}")
+                        mdl.Add(part == share)
+                        mdl.AddMinEquality(rc, [part, size])
+                    idx = mdl.NewIntVar(0, L, f"rs{i}_{ch}")
+                    mdl.Add(idx == stage_ends[j] + rc)
+                    pr = mdl.NewIntVar(0, Q, f"pr{i}_{ch}")
+                    _element_with_hull(mdl, idx, P, pr)
+                    terms.append(pr - at[j])
+                mdl.Add(rq == sum(terms))
+            mem_expr = (mem_expr + int(math.ceil(sum(d.mem_layer.values()))) * q
+                        - int(d.mem_rec) * rq)
+            t_expr = t_expr + ns(d.t_layer) * q + ns(d.t_rec) * rq
+            tail_expr = tail_expr + ns(d.opt_layer) * q
+            dz = [(e[0], e[2]) for e in d.exposures()]
+            dt = [(e[0], e[2]) for e in d.tail_exposures()]
+        # memory (bytes)
+        mdl.Add(mem_expr <= int(cap))
+        # per micro-batch time, with the ZeRO-2/3 collectives' exposure
+        for j, (cl, cf, hl, hf) in enumerate(k.exposures()):
+            dc, dh = dz[j] if dz else (0.0, 0.0)
+            if cl > 0 or cf > 0 or dc > 0:
+                t_expr = t_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, t_ub,
+                                           f"e{i}_{j}", q, dc, dh)
+        t = mdl.NewIntVar(0, t_ub, f"T{i}")
+        mdl.Add(t == t_expr)
+        # step tail: gradient reduction, parameter gather, optimizer
+        for j, (cl, cf, hl, hf) in enumerate(k.tail_exposures()):
+            dc, dh = dt[j] if dt else (0.0, 0.0)
+            if cl > 0 or cf > 0 or dc > 0:
+                tail_expr = tail_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, tail_ub,
+                                                 f"x{i}_{j}", q, dc, dh)
+        tl = mdl.NewIntVar(0, tail_ub, f"tail{i}")
+        mdl.Add(tl == tail_expr)
+        r_vars.append(r); T.append(t); tails.append(tl)   # noqa: E702
+    mdl.Add(sum(n_vars) == L)
+    tmax = mdl.NewIntVar(0, t_ub, "Tmax")
+    mdl.AddMaxEquality(tmax, T)
+    tailmax = mdl.NewIntVar(0, tail_ub, "tailmax")
+    mdl.AddMaxEquality(tailmax, tails)
+    # objective x v:  m*v*Tmax + sum(T) - Tmax + v*tailmax
+    objective = (m * v - 1) * tmax + sum(T) + v * tailmax
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # no bubble term: at most its simulated step
+        objective = m * v * tmax + v * tailmax
+    mdl.Minimize(objective)
+    if cutoff_s is not None and math.isfinite(cutoff_s):
+        mdl.Add(objective <= v * ns(cutoff_s * (1 + 1e-6)) + v * (m + len(coeffs) + 1))
+    if hint is not None:
+        for var, val in zip(n_vars, hint.layers):
+            mdl.AddHint(var, val)
+        for var, val in zip(r_vars, hint.recompute):
+            mdl.AddHint(var, val)
+        if per_chunk is not None:
+            mdl.AddHint(per_chunk, max(-(-r // v) for r in hint.recompute))
+        if stage_ends is not None:
+            for b, st in zip(stage_ends[1:], make_stages(L, p, v, hint.layers, hint.recompute)):
+                mdl.AddHint(b, st.layers[1])
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = SOLVER_SECONDS
+    # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
+    # wide integer coefficients while the search itself needs milliseconds.
+    solver.parameters.cp_model_presolve = P is not None   # element constraints need it
+    if P is not None and v > 1:   # the hull cuts into the LP relaxation: chunk-level proofs
+        solver.parameters.linearization_level = 2
+    st = solver.Solve(mdl)
+    status = solver.StatusName(st)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, status, None
+    obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+    gap = (obj - bound) / obj if obj > 0 else 0.0
+    layers = [solver.Value(x) for x in n_vars]
+    rec = [solver.Value(x) for x in r_vars]
+    est = price(model, cluster, c, layers, rec, engine, margin_gib, coeffs).estimate
+    # the objective is v x the step in units; rounding moves it by < one unit per term
+    bound_s = max(0.0, (bound - v * (m + len(coeffs) + 1)) / (v * unit))
+    return (Result(c, layers, rec, est, status=status, gap=gap, bound_s=bound_s), status,
+            gap)
+
+
+def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, heur=None,
+                    engine=None, margin_gib=None, cutoff_s=None, low=None):
+    """Best layer placement for one candidate: (Result, fits). With `cutoff_s`, a candidate
+    that cannot beat it comes back as its heuristic placement."""
+    engine = get_engine(engine)
+    rules = rules or rules_for(engine, c)
+    coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
+    cap = capacity_bytes(cluster, engine, margin_gib)
+    heur = heur or heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
+                             margin_gib=margin_gib)
+    if c.pp == 1 or rules.equal_split or rules.fixed_split:
+        return heur, heur.estimate.fits
+    caps = max_layers(low or [lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
+    if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
+        return heur, False
+    res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
+                                   hint=heur if heur.estimate.fits else None,
+                                   step_guess=heur.estimate.step_time_s, engine=engine,
+                                   margin_gib=margin_gib, cutoff_s=cutoff_s)
+    if res is None:   # the solver found nothing in time: the even split may still fit
+        heur.status = status   # UNKNOWN: stopped at the limit; INFEASIBLE: none beats cutoff
+        return heur, heur.estimate.fits
+    if heur.estimate.fits and heur.estimate.step_time_s < res.estimate.step_time_s:
+        heur.status, heur.gap = res.status, res.gap   # rounding ties: keep the better one
+        return heur, True
+    return res, res.estimate.fits
+
+
