@@ -359,7 +359,7 @@ class SharedCoefficients:
         self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
                         else (0, L) if model.is_moe else (L, 0))
         self._in_flight, self._pooled, self._shape_times = {}, {}, {}
-        self._states_alone = {}   # (layout, vpp, cap) -> states_alone_can_fit
+        self._states_alone = {}   # (layout, vpp, cap, V) -> states_alone_can_fit
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
         self._state_bytes = dict(
@@ -523,7 +523,8 @@ class SharedCoefficients:
     def states_alone_can_fit(self, c: Candidate, cap: float) -> bool:
         """states_can_fit's screen of the model states alone (no activations kept): False
         only where states_can_fit is False; needs no layer figures."""
-        key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap)   # states' layout
+        key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap,   # states' layout
+               c.schedule in V_SCHEDULES and c.pp > 1)                   # (head on rank 0)
         got = self._states_alone.get(key)
         if got is None:
             got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),
