@@ -277,15 +277,15 @@ def gpu_label(gpu) -> str:
     return f"custom GPU (catalog {gpu.name} with {', '.join(changed)} changed)"
 
 
-def trust_label(engine, gpu) -> str:
-    """How far to trust the predictions on this GPU: the engine's median error on its published
-    runs where they ran on this catalog GPU, else "not validated" (and on which GPUs they
-    are)."""
-    from planner.engines.validation import VALIDATED_GPUS, validated_on
+def trust_label(engine, gpu, moe: bool = False) -> str:
+    """How far to trust the predictions on this GPU: the engine's held-out error on its
+    published runs of this GPU generation (MoE models apart: planner.engines.validation.trust_on)
+    where they ran on this catalog GPU, else "not validated" (and on which GPUs they are)."""
+    from planner.engines.validation import VALIDATED_GPUS, trust_on, validated_on
     if engine.validation is None:
         return "not validated"
     if custom_gpu_changes(gpu) is None and validated_on(engine.name, gpu.name):
-        return engine.trust()
+        return trust_on(engine, gpu.name, moe)
     where = "a custom GPU" if custom_gpu_changes(gpu) is not None else gpu.name
     v = engine.validation
     return (f"not validated on {where} (its {v.runs} published runs, median +/-"
@@ -322,8 +322,9 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
               f"per node)")
     from planner.engines import get_engine
     engine = get_engine(plan.engine)
+    trust = trust_label(engine, c.gpu, plan.model.is_moe)
     con.print(f"  engine {engine.name} ({engine.title}), {precision_label(plan)}, "
-              f"{attention_label(plan)}; predictions {trust_label(engine, c.gpu)}")
+              f"{attention_label(plan)}; predictions {trust}")
     con.print(f"  {summary_line(plan)}")
     con.print(f"  seq_len={plan.batch.seq_len} global_batch={plan.batch.global_batch_size} "
               f"sequences")
