@@ -77,4 +77,5 @@ def validation_of(engine: str, gpu: str | None = None,
 def trust_on(engine, gpu: str | None = None, moe: bool = False) -> str:
     """What `plan` prints as its trust band for `engine` on `gpu` (a catalog GPU name)."""
     v = validation_of(engine.name, gpu, moe)
-    return v.describe(engine.name) if v else "not validated"
+    scope = scope_of(engine.name, moe)
+    return v.describe(scope.replace(" moe", " MoE")) if v else "not validated"
