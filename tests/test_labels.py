@@ -1,6 +1,7 @@
 """The labels `plan` prints say what is true: precision and attention as the device runs them,
 parameter counts in their unit, a custom GPU named so and not validated, one peak memory."""
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 
 from cli_helpers import run, write
 from planner.catalog import get_cluster, get_model
-from planner.engines.validation import TABLE, VALIDATED_GPUS
+from planner.engines.validation import VALIDATED_GPUS
 from planner.explain import count_label
 from planner.search import Fixed, search
 from planner.sweep import sweep
@@ -17,13 +18,23 @@ from planner.sweep import sweep
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _newest(pattern: str) -> Path:
+    return sorted((ROOT / "benchmarks/results").glob(pattern))[-1]
+
+
 def test_validated_gpus_are_the_fidelity_tables_gpu_rows():
-    text = (ROOT / TABLE).read_text()
+    """VALIDATED_GPUS are the GPUs of the fidelity table's per-GPU rows and of the held-out
+    file's scored rows, no more and no fewer."""
+    text = _newest("fidelity_2*.md").read_text()
     rows = re.findall(r"^\| (fsdp|megatron|torchtitan) ([a-z0-9-]+) \| (\d+) \|", text, re.M)
     got = {}
     for eng, scope, runs in rows:
         if scope not in ("held", "fp8/mxfp8") and int(runs) > 0:
-            got.setdefault(eng, []).append(scope)
+            got.setdefault(eng, set()).add(scope)
+    with open(_newest("fidelity_heldout_2*.csv")) as f:
+        for row in csv.DictReader(f):
+            if row["predicted_s"]:
+                got.setdefault(row["engine"], set()).add(row["gpu"])
     assert {k: tuple(sorted(v)) for k, v in got.items()} == VALIDATED_GPUS
 
 

@@ -154,17 +154,21 @@ def _mbridge_70b_fp8_row():
                 if r["id"] == "mbridge-26.04-h100-llama370b-fp8-64gpu-tp4pp8cp1epnonevp5-gbs256")
 
 
-def _rank0_states(run):
-    """(params, grads) GiB and decoder layers of pipeline rank 0 for `run` as the fidelity
-    table prices it."""
+def _rank0_states(run, stage_layers=None):
+    """(params, grads) GiB of pipeline rank 0 and the decoder layers per rank for `run` as the
+    fidelity table prices it (on `stage_layers` where given)."""
+    import dataclasses
     from benchmarks import fidelity
     from planner.search import search
-    rep = search(fidelity.model_of(run), fidelity.cluster_of(run), fidelity.fixed_of(run),
+    f = fidelity.fixed_of(run)
+    if stage_layers is not None:
+        f = dataclasses.replace(f, stage_layers=tuple(stage_layers))
+    rep = search(fidelity.model_of(run), fidelity.cluster_of(run), f,
                  run["fixed"]["seq_len"], run["fixed"]["global_batch"], top=1,
                  engine=fidelity.engine_of(run), margin_gib=0.0, rejected=False)
     best = rep.best or rep.closest
     m = best.estimate.stage_memory_gib[0]
-    return m["params"], m["grads"], best.layers[0]
+    return m["params"], m["grads"], list(best.layers)
 
 
 def test_fp8_primary_weights_and_bf16_gradients_count_what_they_remove():
@@ -179,9 +183,10 @@ def test_fp8_primary_weights_and_bf16_gradients_count_what_they_remove():
     assert fidelity.fp8_primary_weights(run) and fidelity.bf16_gradients(run)
     plain = {**run, "id": "plain-" + run["id"],
              "fixed": {**run["fixed"], "fp8_param_gather": False, "grad_reduce_in_fp32": True}}
-    p_fp8, g_bf16, layers = _rank0_states(run)
-    p_plain, g_fp32, layers_plain = _rank0_states(plain)
-    assert layers == layers_plain
+    p_fp8, g_bf16, split = _rank0_states(run)
+    p_plain, g_fp32, split_plain = _rank0_states(plain, stage_layers=split)   # same placement
+    assert split == split_plain
+    layers = split[0]
     m = get_model("llama3-70b")
     h, f = m.hidden, m.ffn_hidden
     kv = m.num_kv_heads * m.head_dim

@@ -25,12 +25,15 @@ TRUST = _TRUST["engines"]
 VALIDATION = {e: (v["all"]["runs"], v["all"]["held_out_median_abs_pct"])
               for e, v in TRUST.items() if " " not in e}
 
-# engine: the GPUs its published runs ran on, from the "<engine> <gpu>" rows of TABLE; a plan on
-# any other GPU (or a custom one) is not validated by them
+# engine: the catalog GPUs its published runs ran on, from the "<engine> <gpu>" rows of the
+# fidelity table (benchmarks/results/fidelity_<date>.md) and the GPUs of the held-out file's
+# scored rows (fidelity_heldout_<date>.csv); a plan on any other GPU (or a custom one) is not
+# validated by them. tests/test_labels.py checks this against both tables.
 VALIDATED_GPUS = {
-    "fsdp": ("h100",),
-    "megatron": ("a100", "b200", "h100"),
-    "torchtitan": ("a100", "h100", "h200"),
+    "deepspeed": ("a100",),
+    "fsdp": ("a100", "a100-40g", "h100"),
+    "megatron": ("a100", "b200", "gb200", "gb300", "h100"),
+    "torchtitan": ("a100", "b200", "h100", "h200", "mi300x"),
 }
 
 
