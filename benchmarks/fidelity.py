@@ -597,7 +597,7 @@ def summary(rows) -> dict:
 
 
 def validation_lines(summ) -> str:
-    """The VALIDATION entries of planner/engines/validation.py this table supports."""
+    """The VALIDATION entries of planner/engines/trust.py this table supports."""
     return "\n".join(f'    "{k}": ({v["runs"]}, {v["median_abs_pct"]:.1f}),'
                       for k, v in summ.items() if k in ("megatron", "torchtitan", "fsdp",
                                                         "deepspeed", "runtime"))
@@ -1055,7 +1055,7 @@ def _abs_stats(xs) -> dict:
 
 
 def trust_scope(row) -> str:
-    """The trust band a row counts for: its engine, MoE models apart (planner.engines.validation
+    """The trust band a row counts for: its engine, MoE models apart (planner.engines.trust
     `scope_of`)."""
     return row["engine"] + (" moe" if row.get("moe") else "")
 
@@ -1081,7 +1081,7 @@ def loso_summary(rows) -> dict:
 
 def write_trust(summ, table: str, path=TRUST_FILE) -> None:
     """The committed data file the planner reads its trust band from
-    (planner.engines.validation): per engine and GPU generation, held out and in-sample."""
+    (planner.engines.trust): per engine and GPU generation, held out and in-sample."""
     engines = {}
     for eng, scopes in summ["engines"].items():
         engines[eng] = {g: {"runs": v["held_out"]["runs"],

@@ -34,7 +34,7 @@ from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.catalog.hf import model_from_hf_config
 from planner.suggest import _layout_free
 from planner.engines import get_engine
-from planner.validity import tp_ok
+from planner.rules import tp_ok
 
 # Catalog models on clusters a user would typically give them.
 CATALOG = [

@@ -15,7 +15,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from planner import validity as V
+from planner import rules as V
 from planner.limits import divisors
 from planner.cost.price import price_plan
 from planner.errors import BadInput
@@ -161,7 +161,7 @@ def _rejected_because(r, base) -> str:
 
 def not_divisible(model, cluster, fixed, global_batch: int, engine=None) -> list:
     """[(configuration, reason)] for natural degrees the model or batch cannot be split by
-    (the rules of planner.validity; a TP group where the engine lets it live, Engine.tp_fits)."""
+    (the rules of planner.rules; a TP group where the engine lets it live, Engine.tp_fits)."""
     n, eng = cluster.num_gpus, get_engine(engine)
     rows = []
     if fixed is None or fixed.tp is None:
@@ -279,9 +279,9 @@ def gpu_label(gpu) -> str:
 
 def trust_label(engine, gpu, moe: bool = False) -> str:
     """How far to trust the predictions on this GPU: the engine's held-out error on its
-    published runs of this GPU generation (MoE models apart: planner.engines.validation.trust_on)
+    published runs of this GPU generation (MoE models apart: planner.engines.trust.trust_on)
     where they ran on this catalog GPU, else "not validated" (and on which GPUs they are)."""
-    from planner.engines.validation import VALIDATED_GPUS, trust_on, validated_on
+    from planner.engines.trust import VALIDATED_GPUS, trust_on, validated_on
     if engine.validation is None:
         return "not validated"
     if custom_gpu_changes(gpu) is None and validated_on(engine.name, gpu.name):

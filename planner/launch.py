@@ -5,7 +5,7 @@ Pure text: a `Plan` and where it is saved in, the commands out. The runtime is s
 assigns node ranks, so every node runs the same line.
 
 Nothing a user typed reaches a line unchecked or unquoted: names and paths with control
-characters are refused (planner.schema.check_name), the plan path and extra arguments are
+characters are refused (planner.filecheck.check_name), the plan path and extra arguments are
 shlex-quoted, the names in comment lines are printed escaped, the SLURM job name is reduced to
 plain characters.
 """
@@ -16,8 +16,8 @@ import shlex
 
 from planner.errors import BadInput
 from planner.plan import Plan
-from planner.schema import MAX_PATH, check_name
-from planner.validity import runner_problems
+from planner.filecheck import MAX_PATH, check_name
+from planner.rules import runner_problems
 
 RDZV_PORT = 29500
 

@@ -51,14 +51,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.engines import DEFAULT_ENGINE, ENGINES
 from planner.catalog.files import cluster_from_dict
 from planner.errors import BadInput
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.layout import Stage, even_split, make_stages  # noqa: F401 (the plan's stages)
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model
-from planner.validity import plan_problems
+from planner.rules import plan_problems
 from planner.vocab import (CP_COMM_TYPES, DISPATCHERS, LR_DECAYS, RANK_ORDER, RECOMPUTE,
                            RECOMPUTE_MODULES, SCHEDULES)
 from planner.vocab import DEFAULT_RECOMPUTE_MODULES as DEFAULT_MODULES
@@ -277,10 +277,10 @@ class Plan:
     # ---- validation -----------------------------------------------------
     def validate(self, whole_cluster: bool = False) -> None:
         """Raise BadInput unless the plan is internally consistent and valid
-        (planner.validity.plan_problems: the rules the search and the runtime share, its
+        (planner.rules.plan_problems: the rules the search and the runtime share, its
         precision on its GPU included; with `whole_cluster`, it also uses every GPU of its
         cluster). What one engine runs of it is asked where it runs (the exporters, `plan
-        launch`, the runtime's pre-flight: planner.validity.runner_problems)."""
+        launch`, the runtime's pre-flight: planner.rules.runner_problems)."""
         p, b = self.parallelism, self.batch
 
         def bad(msg):

@@ -1,7 +1,7 @@
-"""A broken rule, as data: what the rules layer (planner.validity) returns and every consumer
+"""A broken rule, as data: what the rules layer (planner.rules) returns and every consumer
 renders (the CLI, Plan.validate, the exporters, `plan launch`, the runtime's pre-flight).
 
-Pure data, no imports: planner.precision and planner.validity both build these.
+Pure data, no imports: planner.precision and planner.rules both build these.
 """
 from __future__ import annotations
 

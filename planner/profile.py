@@ -43,7 +43,7 @@ import json
 import math
 
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.errors import BadInput
 from planner.specs import GPU_FIELDS, MODEL_SCHEMA, Cluster, Model
 

@@ -1,7 +1,7 @@
 """The rules for the values fixed on the command line, worded for their flags.
 
 `fixed_problems` yields, in order, the Problems (planner.problem) of the fixed values that can
-never work: each rule is planner.validity's (or planner.precision's) predicate, asked of the
+never work: each rule is planner.rules's (or planner.precision's) predicate, asked of the
 flags; only the flags' own rules (a positive --tp, --recompute-modules with --recompute
 selective) live here. `check_fixed` raises the first as one line (exit 2); the search calls it
 before it enumerates anything, and writes no message of its own.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from planner import validity as V
+from planner import rules as V
 from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import PADDED_DISPATCHERS
 from planner.engines import get_engine
@@ -87,7 +87,7 @@ def _known_pp(cluster, f, engine):
 def fixed_problems(model, cluster, f, seq_len: int, gbs: int, engine=None):
     """The Problems of the fixed values (planner.search.Fixed) that can never work, in the
     order they are checked (a later check may assume an earlier one passed), each with the
-    engine source that refuses it (planner.validity.cited)."""
+    engine source that refuses it (planner.rules.cited)."""
     eng = get_engine(engine)
     for problem in _fixed_problems(model, cluster, f, seq_len, gbs, eng):
         yield V.cited(problem, eng)

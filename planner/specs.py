@@ -11,14 +11,14 @@ import math
 from dataclasses import dataclass
 
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.errors import BadInput
 
 ACTIVATIONS = ("silu", "gelu", "relu2")
 NORMS = ("rmsnorm", "layernorm")
 POSITIONS = ("rope", "learned", "alibi")
 
-# Every Model field: its type and range (planner.schema checkers). Model.__post_init__ checks
+# Every Model field: its type and range (planner.filecheck checkers). Model.__post_init__ checks
 # them whoever builds a Model (catalog, config.json, a plan, a profile); MODEL_SCHEMA checks the
 # JSON form with unknown and missing keys.
 MODEL_FIELDS = {

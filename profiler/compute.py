@@ -17,7 +17,7 @@ from torch import nn
 from planner.limits import divisors  # noqa: F401  (profiler.run reads it from here)
 from planner.cost.compute import attention_width
 from planner.specs import Model
-from planner.validity import tp_ok
+from planner.rules import tp_ok
 from profiler.timing import Timer, summarize, time_fn
 
 RECOMPUTE_MODES = ("selective", "full")
@@ -50,7 +50,7 @@ def _linear(n_in, n_out, bias):
 def shard_layer(spec: Model, tp: int, device, recompute: str = "none") -> nn.Module:
     """The runtime's DecoderLayer with tensor-parallel rank-local shapes, on `device`."""
     from runtime.model import DecoderLayer
-    from runtime.parallelize import apply_ac
+    from runtime.activation_checkpoint import apply_ac
     h, f, kv = spec.hidden, spec.ffn_hidden, spec.kv_dim
     with torch.device("meta"):
         layer = DecoderLayer(spec)
@@ -292,7 +292,7 @@ def head_point(spec, tp, mbs, seq, device, warmup, repeats, budget_s):
 def optimizer_point(spec, device, warmup, repeats, budget_s):
     """The runtime's optimizer step (AdamW foreach, its gradient-norm pass, zero_grad) per
     parameter, on one layer's parameters; and the optimizer-state bytes per parameter."""
-    from runtime.parallelize import grad_norm_sq_local
+    from runtime.optimizer import grad_norm_sq_local
     layer = shard_layer(spec, 1, device)
     params = list(layer.parameters())
     for p in params:
@@ -406,7 +406,7 @@ def default_mbs(quick: bool, device) -> tuple:
 
 
 def is_valid_tp(spec: Model, tp: int) -> bool:
-    """A tp the search may choose (planner.validity.tp_ok) that also splits the hidden size."""
+    """A tp the search may choose (planner.rules.tp_ok) that also splits the hidden size."""
     return tp_ok(spec, tp) and spec.hidden % tp == 0
 
 

@@ -288,7 +288,7 @@ def meta_schema():
     checkers and its model, parallelism and run-options schemas."""
     from planner.limits import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN
     from planner.plan import PARALLELISM, RUN
-    from planner.schema import Int, Map, Nullable, Obj, Str
+    from planner.filecheck import Int, Map, Nullable, Obj, Str
     from planner.specs import MODEL_SCHEMA
     file_entry = Obj({"bytes": Int(0, 2 ** 62), "sha256": Str(64, 64)})
     return Obj({"model": MODEL_SCHEMA, "parallelism": PARALLELISM, "run": (RUN, None),
@@ -302,7 +302,7 @@ def meta_schema():
 def read_meta(path) -> dict:
     """The checked meta.json of a checkpoint directory (or the file itself): a damaged or
     foreign one raises BadInput in one line."""
-    from planner.schema import check, read_json_object, show_path
+    from planner.filecheck import check, read_json_object, show_path
     p = os.path.join(str(path), "meta.json") if os.path.isdir(str(path)) else path
     d = read_json_object(p, "checkpoint metadata", META_MAX_BYTES)
     return check(meta_schema(), d, f"checkpoint metadata {show_path(p)}")

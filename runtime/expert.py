@@ -12,7 +12,7 @@ tp rank 0 only and its gradient summed over tp), so initialisation, checkpoints 
 norm see the whole stacked tensors.
 
 The flow planner.cost.moe prices (Megatron's MoEAlltoAllTokenDispatcher): under tp, sequence
-parallelism is required (planner.validity), so a rank enters the MoE layer with its b*s/tp
+parallelism is required (planner.rules), so a rank enters the MoE layer with its b*s/tp
 tokens; it routes them itself (the router weight is replicated over tp, its gradient a
 Partial sum reduced by `runtime.tensor_parallel.AlignGradPlacements`, as the norms'); the shared
 expert is a dense FFN split over tp like the dense MLP (all-gather in, reduce-scatter out).

@@ -27,11 +27,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from runtime.activation_checkpoint import apply_ac
-from runtime.buckets import bucket_runs as _buckets  # noqa: F401  (kept import path: tests)
-from runtime.data_parallel import GradAllReduce, apply_fsdp  # noqa: F401  (GradAllReduce: tests)
+from runtime.data_parallel import apply_fsdp
 from runtime.expert import apply_ep, build_expert_mesh
 from runtime.model import canonical_name, init_full_tensor
-from runtime.optimizer import grad_norm_sq_local  # noqa: F401  (kept import path: profiler)
 from runtime.tensor_parallel import apply_tp
 
 
@@ -40,9 +38,9 @@ class LayoutError(ValueError):
 
 
 def check_layout(plan) -> None:
-    """Refuse a plan this runtime cannot lay out: the rules of planner.validity, which the
+    """Refuse a plan this runtime cannot lay out: the rules of planner.rules, which the
     search and Plan.validate share (so a plan the search emits is never refused here)."""
-    from planner.validity import plan_problems
+    from planner.rules import plan_problems
     # runner "runtime": the engine it was priced for, then this runtime's limits as the
     # runtime engine spec states them (planner.engines.runtime), then every plan rule
     problems = plan_problems(plan, runner="runtime")

@@ -85,7 +85,7 @@ def parse_args(argv):
                          f"fails (default {DEFAULT_TIMEOUT_S:.0f})")
     a = ap.parse_args(argv)
     from planner.plan import RUN_FIELDS
-    from planner.schema import Invalid
+    from planner.filecheck import Invalid
     a.run_overrides = {}
     for name, checker in RUN_FIELDS.items():      # the plan's run options' own checks
         v = getattr(a, name)
@@ -109,10 +109,10 @@ def parse_args(argv):
 
 def check_world(plan, world_size: int, local_world_size: int, on_gpu: bool,
                 visible_gpus: int | None = None) -> None:
-    """Refuse a plan for the processes launched (planner.validity.launch_problems): the world
+    """Refuse a plan for the processes launched (planner.rules.launch_problems): the world
     must be the plan's; on GPUs, at most a node's GPUs and the visible ones per node, tp groups
     inside a node. `visible_gpus` defaults to torch.cuda.device_count() on GPUs."""
-    from planner.validity import launch_problems
+    from planner.rules import launch_problems
     if on_gpu and visible_gpus is None:
         import torch
         visible_gpus = torch.cuda.device_count()
@@ -125,7 +125,7 @@ def preflight(plan, world_size: int, local_world_size: int, on_gpu: bool,
               visible_gpus: int | None = None) -> None:
     """Every check of a plan before torch.distributed starts (Refused, one line): the launched
     world, the model (runtime.model.check_supported) and the layout
-    (runtime.parallelize.check_layout: planner.validity's rules)."""
+    (runtime.parallelize.check_layout: planner.rules's rules)."""
     from runtime.model import UnsupportedModel, check_supported
     from runtime.parallelize import LayoutError, check_layout
     check_world(plan, world_size, local_world_size, on_gpu, visible_gpus)

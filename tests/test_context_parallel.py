@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from planner import validity as V
+from planner import rules as V
 from planner.catalog import get_cluster, get_model
 from planner.cost import comm
 from planner.cost.context import cp_exchange
 from planner.cost.memory import ADAM_K
 from planner.cost.stage import Candidate, stage_coefficients
 from planner.engines import get_engine
-from planner.engines.facts import facts_for
+from planner.cost.facts import facts_for
 from planner.errors import BadInput
 from planner.plan import Plan
 from planner.search import Fixed, search, to_plan

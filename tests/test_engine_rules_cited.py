@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cli_helpers import one_line, run, write
-from planner import validity as V
+from planner import rules as V
 from planner.catalog import get_cluster, get_model
 from planner.engines import ENGINES, get_engine
 from planner.engines.deepspeed import partition_balanced, partition_uniform, transformer_counts
@@ -279,7 +279,7 @@ def test_torchtitan_selective_recompute_is_its_op_policy(tmp_path, capsys):
 
 # ---- every refusal cites the engine ----------------------------------------------------------
 
-RULE_FILES = ("planner/validity.py", "planner/rules_fixed.py", "planner/precision.py")
+RULE_FILES = ("planner/rules.py", "planner/rules_fixed.py", "planner/precision.py")
 
 
 def _rules_emitted():

@@ -332,7 +332,7 @@ REFUSED = {
 
 
 def test_vpp_on_pp1_is_refused_by_every_exporter():
-    """Model chunks without pipelining are invalid for every engine (planner.validity, through
+    """Model chunks without pipelining are invalid for every engine (planner.rules, through
     Plan.validate): refused in one line naming the chunks."""
     for fmt in EXPORTERS:
         plan = mkplan(model="llama8b", cluster="h100x8", pp=1, schedule="interleaved", vpp=2,

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import fidelity
 from planner.catalog.gpus import GPUS
 from planner.engines import ENGINES
-from planner.engines.validation import TABLE, VALIDATION
+from planner.engines.trust import TABLE, VALIDATION
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_precision_is_passed_to_the_search(runs, rows):
 
 
 def test_engine_trust_figures_match_the_committed_table():
-    """planner/engines/validation.py says what the committed leave-one-source-out table says
+    """planner/engines/trust.py says what the committed leave-one-source-out table says
     (held-out median over all of the engine's dense-model rows)."""
     text = (Path(__file__).parent.parent / TABLE).read_text()
     for eng, (n, median) in VALIDATION.items():

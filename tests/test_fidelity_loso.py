@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import fidelity
 from planner.engines import ENGINES
-from planner.engines.validation import TABLE, TRUST, trust_on, validation_of
+from planner.engines.trust import TABLE, TRUST, trust_on, validation_of
 
 ROOT = Path(__file__).parent.parent
 MEDIAN_TARGET, P90_TARGET, MIN_ROWS = 10.0, 25.0, 10

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from planner import schema as S
+from planner import filecheck as S
 from planner.limits import MAX_GPUS, divisors
 from planner.catalog import get_cluster, get_gpu, get_model
 from planner.cli import main
@@ -448,7 +448,7 @@ def test_schema_import_is_cheap():
     add 70-80 ms of imports alone)."""
     import subprocess
     import sys
-    code = ("import time; t = time.perf_counter(); import planner.schema, planner.limits; "
+    code = ("import time; t = time.perf_counter(); import planner.filecheck, planner.limits; "
             "print(time.perf_counter() - t)")
     best = min(float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True,
                                     capture_output=True, env={**os.environ, "PYTHONPATH": ROOT}

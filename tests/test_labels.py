@@ -10,7 +10,7 @@ import pytest
 
 from cli_helpers import run, write
 from planner.catalog import get_cluster, get_model
-from planner.engines.validation import VALIDATED_GPUS
+from planner.engines.trust import VALIDATED_GPUS
 from planner.explain import count_label
 from planner.search import Fixed, search
 from planner.sweep import sweep

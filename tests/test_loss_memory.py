@@ -138,7 +138,7 @@ def test_head_memory_takes_the_loss_of_its_layout():
     (DTensor keeps the all-gathered one): the figures of the table above, by hand."""
     from planner.catalog import get_gpu, get_model
     from planner.engines import get_engine
-    from planner.engines.facts import facts_for
+    from planner.cost.facts import facts_for
     m, facts = get_model("llama3-8b"), facts_for(get_engine("torchtitan"), get_gpu("h100"))
     b, s = 2, 4096
     tokens, logits = b * s * m.hidden * 2, b * s * m.vocab_size      # bf16 hidden states
@@ -162,7 +162,7 @@ def test_gpipe_holds_every_micro_batch_head_and_one_loss_peak():
     from planner.catalog import get_cluster, get_model
     from planner.cost.stage import Candidate, stage_coefficients
     from planner.engines import get_engine
-    from planner.engines.facts import facts_for
+    from planner.cost.facts import facts_for
     m, cl, eng = get_model("llama3-8b"), get_cluster("h100x8"), get_engine("torchtitan")
     c = Candidate(tp=1, pp=2, dp=4, zero=2, sp=False, mbs=1, seq_len=4096, global_batch=16,
                   schedule="1f1b")

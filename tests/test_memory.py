@@ -92,7 +92,7 @@ def test_runtime_layer_saves_what_the_formula_counts_for_its_heads(spec):
     torch = pytest.importorskip("torch")
     from planner.catalog import get_gpu
     from planner.engines import get_engine
-    from planner.engines.facts import facts_for
+    from planner.cost.facts import facts_for
     from runtime.model import DecoderLayer
     b, s = 2, 128
     layer = DecoderLayer(spec)

@@ -318,7 +318,7 @@ def test_tips_keep_the_users_routing_assumptions():
 def test_the_overlap_takes_at_most_one_mtp_layer():
     # transformer_config.py: "MTP layernum only supports 1 when enabling
     # overlap_moe_expert_parallel_comm"
-    from planner import validity as V
+    from planner import rules as V
     assert V.ep_comm_overlap_blockers(2, 1, "1f1b", "none", "alltoall", mtp_layers=1) == []
     assert "MTP" in " ".join(V.ep_comm_overlap_blockers(2, 1, "1f1b", "none", "alltoall",
                                                         mtp_layers=2))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from planner import validity as V
+from planner import rules as V
 from planner.catalog import get_cluster, get_gpu
 from planner.cost import comm
 from planner.cost.memory import GIB

@@ -16,7 +16,7 @@ from planner.cost.schedule import in_flight
 from planner.cost.stage import (MTP_SAVED_HIDDENS, Candidate, evaluate, model_flops_per_step,
                                 stage_coefficients)
 from planner.engines import get_engine
-from planner.engines.facts import facts_for
+from planner.cost.facts import facts_for
 
 BF16, GRAD, ADAM = 2, 4, 12      # Megatron: bf16 weights, fp32 main grads, fp32 master + m + v
 STATE_FIELDS = ("params", "grads", "optimizer")

@@ -1,4 +1,4 @@
-"""The one rules layer (planner.validity, planner.rules_fixed, planner.precision): a refusal names
+"""The one rules layer (planner.rules, planner.rules_fixed, planner.precision): a refusal names
 the one rule that failed and how to fix it, whoever asks (the CLI's fixed values, a loaded plan,
 the exporters, `plan launch`, the runtime's pre-flight), and the runtime refuses a plan priced
 for another engine or precision before any work."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import one_line, run, write
-from planner import validity as V
+from planner import rules as V
 from planner.catalog import get_cluster, get_gpu
 from planner.engines import get_engine
 from planner.errors import BadInput

@@ -111,7 +111,7 @@ def test_recompute_wraps_exactly_the_planned_layers(mode):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     from runtime.model import Transformer, clean_name
-    from runtime.parallelize import apply_ac
+    from runtime.activation_checkpoint import apply_ac
     from runtime.pipeline import split_model
     plan = _plan(pp=2, recompute=mode)
     plan.stages[1].recompute_layers = 1
@@ -329,7 +329,7 @@ def _plan(model=LLAMA, tp=1, pp=1, dp=1, vpp=1, nmb=None, seq=16, **par):
      "interleaved"),
 ])
 def test_check_layout_refuses(kw, match):
-    """The runtime's layout rules are planner.validity's: Plan.validate (so every plan file
+    """The runtime's layout rules are planner.rules's: Plan.validate (so every plan file
     loaded) refuses the same plans with the same line."""
     from planner.errors import BadInput
     from runtime.parallelize import LayoutError, check_layout
@@ -354,7 +354,7 @@ def test_check_layout_accepts(kw):
 
 
 def test_buckets():
-    from runtime.parallelize import _buckets
+    from runtime.buckets import bucket_runs as _buckets
     ts = [torch.zeros(10), torch.zeros(10), torch.zeros(30), torch.zeros(5, dtype=torch.float64),
           torch.zeros(1)]
     runs = list(_buckets(ts, cap=100))

@@ -6,7 +6,7 @@ runtime.parallelize.check_layout) and builds (runtime.model.check_whole_model_su
 fixed draws train one step under torchrun (gloo).
 
 The runtime's refusals are data on its engine spec (planner.engines.runtime) read by the one
-rules layer (planner.validity), so the search never emits what the pre-flight refuses.
+rules layer (planner.rules), so the search never emits what the pre-flight refuses.
 """
 import json
 import os

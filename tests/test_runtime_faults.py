@@ -257,8 +257,8 @@ def test_read_only_checkpoint_dir_refused(tmp_path):
 
 def test_checkpoint_meta_is_checked_by_the_runtime(tmp_path):
     """A well-formed meta.json reads back; a wrong type, an unknown key or an oversized file is
-    one BadInput line naming the file. The planner's schema module no longer knows the format."""
-    from planner import schema
+    one BadInput line naming the file. The planner's filecheck module no longer knows the format."""
+    from planner import filecheck
     from planner.catalog import get_model
     from planner.errors import BadInput
     from runtime.checkpoint import META_MAX_BYTES, read_meta
@@ -282,8 +282,8 @@ def test_checkpoint_meta_is_checked_by_the_runtime(tmp_path):
     f.write_text(" " * (META_MAX_BYTES + 1))
     with pytest.raises(BadInput, match="checkpoint metadata"):
         read_meta(tmp_path)
-    assert not hasattr(schema, "read_checkpoint_meta")
-    assert "meta.json" not in Path(schema.__file__).read_text()
+    assert not hasattr(filecheck, "read_checkpoint_meta")
+    assert "meta.json" not in Path(filecheck.__file__).read_text()
 
 
 # ---- a full disk: one line, exit 1, the last good checkpoint kept ----------------------------

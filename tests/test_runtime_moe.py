@@ -187,7 +187,7 @@ def test_moe_block_saves_what_the_cost_model_counts_on_cpu():
     from planner.catalog import get_cluster
     from planner.cost.moe import moe_layer
     from planner.engines import get_engine
-    from planner.engines.facts import facts_for
+    from planner.cost.facts import facts_for
     from runtime.memory import _sum
     from runtime.model import MoEFeedForward
     torch.manual_seed(0)
@@ -359,7 +359,7 @@ def test_tp2_pp2_etp2_expert_bias_1f1b(tmp_path):
     # the weights each rank holds are what the planner prices (its expert states: the FFN
     # split over etp, the w2 bias whole)
     from planner.cost.stage import evaluate
-    from planner.search import candidate_of
+    from planner.cost.price import candidate_of
     p = Plan.load(str(plan))
     est = evaluate(p.model, p.cluster, candidate_of(p), p.layer_counts(), [0, 0],
                    engine="runtime", margin_gib=0.0)

@@ -124,7 +124,7 @@ def test_runtime_engine_prices_the_autocast_copy_on_gpus_only(zero):
 
 _OVERLAP = r"""
 import os, torch, torch.distributed as dist
-from runtime.parallelize import GradAllReduce
+from runtime.data_parallel import GradAllReduce
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:%d" % int(os.environ["PORT"]))
 torch.manual_seed(0)
 net = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])

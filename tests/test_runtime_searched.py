@@ -91,7 +91,7 @@ def one_process(model, seq, gbs):
 
 def _facts(plan):
     from planner.engines import get_engine
-    from planner.engines.facts import facts_for
+    from planner.cost.facts import facts_for
     return facts_for(get_engine("runtime"), plan.cluster.gpu)
 
 

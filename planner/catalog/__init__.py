@@ -15,7 +15,7 @@ from planner.catalog.gpus import GPUS, get_gpu
 from planner.catalog.models import ALIASES, MODELS
 from planner.catalog.systems import HOST_GPUS, SYSTEMS, host_size, system_layout  # noqa: F401
 from planner.errors import BadInput
-from planner.schema import MAX_NAME, bad_name_reason, show
+from planner.filecheck import MAX_NAME, bad_name_reason, show
 from planner.specs import Cluster, Model
 
 

@@ -3,7 +3,7 @@
 A model file is a Hugging Face config.json (or its model directory: planner.catalog.hf) or a
 planner model spec (Model's JSON form); a cluster file a catalog GPU or GPU figures with a GPU
 count; a plan's cluster (Cluster.to_dict) its GPU's figures or a catalog GPU's name. Every file
-is read strictly (planner.schema.read_json_object: size, depth, finite numbers, no duplicate
+is read strictly (planner.filecheck.read_json_object: size, depth, finite numbers, no duplicate
 keys) and every value checked; bad input is one BadInput line naming the file.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.catalog.gpus import get_gpu
 from planner.catalog.hf import model_from_hf_config
 from planner.catalog.systems import host_size, system_layout

@@ -14,7 +14,7 @@ take the low end. The profiler measures it. They are the defaults a profile repl
 (`plan --profile`); how they were chosen is in benchmarks/README.md (fidelity section).
 """
 from planner.errors import BadInput
-from planner.schema import show
+from planner.filecheck import show
 from planner.specs import Gpu
 
 GPUS = {

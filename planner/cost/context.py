@@ -17,7 +17,7 @@ transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py):
 * "a2a" -- DeepSpeed-Ulysses (Jacobs et al. 2023; AttnFuncWithCPAndQKVOA2A): Q,K,V all-to-all
   from sequence shards to head shards before attention, O back after; the reverse in the
   backward (dO, then dQ,dK,dV). Not overlapped. Needs the KV heads of a TP rank divisible by cp
-  (planner.validity.cp_a2a_ok).
+  (planner.rules.cp_a2a_ok).
 
 torchtitan runs PyTorch's context_parallel (torch/distributed/tensor/experimental/_attention.py)
 with `context_parallel_rotate_method` "allgather" (_AllGatherRotater: K,V gathered, then

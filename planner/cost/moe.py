@@ -4,7 +4,7 @@ Per GPU and per micro-batch, for one MoE layer, as Megatron-Core runs it
 (megatron/core/transformer/moe/: router.py, token_dispatcher.py, experts.py GroupedMLP) under
 MoE parallel folding (megatron/core/parallel_state.py): the routed experts are split over `ep`
 ranks and each expert's FFN over `etp` ranks; the expert grid etp x ep x expert-dp covers the
-same ranks as the dense grid tp x cp x dp (planner.validity.ep_blockers), laid out etp
+same ranks as the dense grid tp x cp x dp (planner.rules.ep_blockers), laid out etp
 innermost, then ep, then expert-dp.
 
 Tokens: with tensor parallelism Megatron requires sequence parallelism for MoE (megatron/
@@ -35,7 +35,7 @@ micro-batch and the backward of another run as one step, each pass's dispatch an
 beside the other pass's compute; what sticks out of it, plus the GPU's overlap slowdown, is
 priced (`overlapped_ep_comm`). Megatron allows it with ep > 1, the alltoall or flex
 dispatcher, no full recompute and, under pp > 1, the interleaved schedule
-(planner.validity.ep_comm_overlap_blockers). The warm-up forwards and cool-down backwards,
+(planner.rules.ep_comm_overlap_blockers). The warm-up forwards and cool-down backwards,
 which have no partner pass, are priced exposed (`unpaired_pass_share`).
 
 Routing is taken balanced and dropless, as the benchmarks run it (Megatron-Bridge performance
@@ -78,7 +78,7 @@ from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
 from planner.layout import make_stages
 from planner.specs import Cluster, Model
-from planner.validity import flex_ok
+from planner.rules import flex_ok
 from planner.vocab import DISPATCHERS
 
 # the dispatchers that Megatron-Core's EP communication overlap runs with

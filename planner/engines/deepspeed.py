@@ -32,7 +32,7 @@ import functools
 from planner.engines.megatron import MAKE_VOCAB_SIZE_DIVISIBLE_BY
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, BALANCED_SPLIT, CONTEXT_GIB,
                                   Engine)
-from planner.engines.validation import validation_of
+from planner.engines.trust import validation_of
 
 
 

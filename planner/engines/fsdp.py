@@ -23,7 +23,7 @@ from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CON
                                   FLASH_ATTN_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
-from planner.engines.validation import validation_of
+from planner.engines.trust import validation_of
 
 
 FSDP = Engine(

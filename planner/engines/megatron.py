@@ -45,7 +45,7 @@ the distributed optimizer (Megatron-LM docs, distributed optimizer).
 """
 from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   PER_CHUNK, Engine)
-from planner.engines.validation import validation_of
+from planner.engines.trust import validation_of
 # --recompute-modules choices, default ["core_attn"] (planner.vocab)
 from planner.vocab import RECOMPUTE_MODULES
 

@@ -1,16 +1,16 @@
-"""Can an engine run a plan exactly as it was priced? The rules are planner.validity's
+"""Can an engine run a plan exactly as it was priced? The rules are planner.rules's
 (`runner_problems`: the engine it was priced for, then what the engine spec says it runs);
 this module keeps the old entry point and the exporters' per-chunk recompute count.
 """
 from __future__ import annotations
 
 from planner.engines.spec import Engine
-from planner.validity import runner_problems
+from planner.rules import runner_problems
 
 
 def problems(plan, engine: Engine) -> list:
     """What of `plan` the engine cannot run as priced, one line each (empty: it runs it
-    exactly): planner.validity.runner_problems, rendered."""
+    exactly): planner.rules.runner_problems, rendered."""
     return [p.line for p in runner_problems(plan, engine)]
 
 

@@ -25,7 +25,7 @@ it (`plan --profile`). Memory: fp32 parameters under autocast (4 B), fp32 gradie
 and v (8 B). Saved activations as the cost model counts them (runtime/model.py: the RMSNorm and
 the gated MLP save only their inputs, SDPA keeps K/V grouped). On CPUs it computes in fp32 (no
 bf16 autocast: `fp32_compute_on`), so there every activation, gathered parameter copy and TP/PP
-message is 4 bytes an element (planner.engines.facts.CatalogFacts.compute_elem_bytes), and
+message is 4 bytes an element (planner.cost.facts.CatalogFacts.compute_elem_bytes), and
 MLA's attention (values narrower than its query heads) runs SDPA's math path, which keeps the
 softmax (`math_attention_for_unequal_heads_on`).
 Under ZeRO 0/1 on CUDA it computes under bf16 autocast (runtime/train.py), whose cache keeps a
@@ -37,20 +37,20 @@ on the first stage when the embedding is untied). ZeRO 2 keeps FSDP2's gathered 
 cross entropy at tp 1, runtime/pipeline.py's vocabulary-parallel one under tp (planner.engines.
 spec LossMemory, measured); the pipeline's last stage keeps its logits to its backward.
 Precision: bf16 only (runtime/ has no FP8 path).
-What it refuses (read by planner.validity, so the search never emits it and the pre-flight
+What it refuses (read by planner.rules, so the search never emits it and the pre-flight
 refuses it in one line): multi-token prediction and ALiBi (`model_lacks`: runtime/model.py
 builds neither), MLA with tp > 1 (`mla_with_tp`), an MoE model under tp without sequence
 parallelism (`moe_tp_needs_sp`), etp != tp (`moe_etp`), and a plan priced for another engine.
 No context parallelism: PyTorch's context_parallel needs the CUDA SDPA flash / efficient
 backends and the runtime does not wire it; the search never chooses cp > 1 here and the
-runtime's preflight refuses a cp > 1 plan in one line (planner.validity, cp_comm_types).
+runtime's preflight refuses a cp > 1 plan in one line (planner.rules, cp_comm_types).
 """
 from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS, PER_STAGE,
                                   RUNTIME_VOCAB_PARALLEL_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
                                     EAGER_LAYER_OVERHEAD_S)
-from planner.engines.validation import validation_of
+from planner.engines.trust import validation_of
 
 RUNTIME = Engine(
     name="runtime", title="our PyTorch runtime (python -m runtime)",
@@ -70,11 +70,11 @@ RUNTIME = Engine(
     tp_within_host=True,   # runtime/train.py check_world: tp must divide the local world
     # runtime/expert.py: experts split over an ep dim carved out of dp, tokens dispatched with
     # all_to_all_single (gloo and NCCL); under tp each expert's FFN is split over the tp ranks
-    # (etp = tp, never etp = 1 with tp > 1: planner.validity refuses that, moe_etp)
+    # (etp = tp, never etp = 1 with tp > 1: planner.rules refuses that, moe_etp)
     moe_dispatchers=("alltoall",), moe_etp="equal_tp", moe_with_tp=True,
     # what runtime/model.py does not build (check_supported, check_whole_model_supported), and
     # what runtime/parallelize.py and runtime/expert.py cannot split: the runtime's refusals,
-    # read by planner.validity (the search never emits them; the pre-flight refuses them)
+    # read by planner.rules (the search never emits them; the pre-flight refuses them)
     model_lacks=("mtp", "alibi"), mla_with_tp=False, moe_tp_needs_sp=True,
     sources=(("model_parts", "runtime/model.py check_whole_model_supported"),
              ("mla_with_tp", "runtime/parallelize.py apply_tp (MLA at tp 1 only)"),

@@ -4,7 +4,7 @@ A plan is priced for the engine that will run it (Megatron-LM, torchtitan, DeepS
 FSDP, or our runtime): the search offers only what that engine can express, and the cost model
 reads every engine-dependent figure from here. Each engine's figures and their sources live in
 its own module (planner/engines/<name>.py); a profile (`python -m profiler`) becomes measured
-facts of an engine on a machine through `planner.engines.facts`.
+facts of an engine on a machine through `planner.cost.facts`.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ class Engine:
     # the EP dispatch / combine of one micro-batch overlapped with another's compute
     # (Megatron-Core --overlap-moe-expert-parallel-comm with --delay-wgrad-compute:
     # megatron/core/pipeline_parallel/combined_1f1b.py); where the layout allows
-    # (planner.validity.ep_comm_overlap_blockers)
+    # (planner.rules.ep_comm_overlap_blockers)
     ep_comm_overlap: bool = False
     # MoE token dropping with every expert padded to capacity (Megatron
     # --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); False: dropless only
@@ -195,8 +195,8 @@ class Engine:
     # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP
     # script), so any is carried there
     model_features: tuple | None = None
-    # ---- what its model code builds (read by planner.validity, the one rules layer) ------
-    # parts of a model it does not build (planner.validity.MODEL_PARTS keys: "mtp", "alibi")
+    # ---- what its model code builds (read by planner.rules, the one rules layer) ------
+    # parts of a model it does not build (planner.rules.MODEL_PARTS keys: "mtp", "alibi")
     model_lacks: tuple = ()
     # multi-head latent attention under tensor parallelism (False: MLA at tp 1 only)
     mla_with_tp: bool = True
@@ -216,7 +216,7 @@ class Engine:
     vocab_split: str = "even"
     vocab_pad_multiple: int = 1
     # where it states its limits, as ((rule, file or document), ...): the `source` of the
-    # planner.validity Problem for that rule
+    # planner.rules Problem for that rule
     sources: tuple = ()
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
@@ -256,7 +256,7 @@ class Engine:
     autocast_copy_bytes: float = 0.0
     # catalog GPU names (device types) on which the engine computes in fp32, without bf16
     # autocast: its saved activations, gathered parameter copies and TP/PP messages are 4 bytes
-    # an element there, not 2 (planner.engines.facts.CatalogFacts.compute_elem_bytes)
+    # an element there, not 2 (planner.cost.facts.CatalogFacts.compute_elem_bytes)
     fp32_compute_on: tuple = ()
     # catalog GPU names on which the engine's attention keeps the b x heads x s x s softmax
     # for backward where the values are narrower or wider than the queries' heads (MLA):
@@ -288,7 +288,7 @@ class Engine:
     lowp_library: str | None = None
     validation: Validation | None = None
     # figures measured by `python -m profiler` (planner.profile.Measured), set by
-    # planner.profile.apply_profile; read through planner.engines.facts
+    # planner.profile.apply_profile; read through planner.cost.facts
     measured: object = field(default=None, compare=False, repr=False)
 
     # ---- capabilities as predicates the search and plan validation share --------------

@@ -5,11 +5,11 @@ from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.plan import Plan
-from planner.validity import runner_problems
+from planner.rules import runner_problems
 
 
 def check_exportable(plan: Plan, engine: str) -> None:
-    """BadInput naming the one rule (planner.validity.runner_problems: the engine the plan was
+    """BadInput naming the one rule (planner.rules.runner_problems: the engine the plan was
     priced for, then what `engine` runs) that stops `engine` from running the plan exactly as
     priced; Plan.validate first (every plan rule, its precision on its GPU included)."""
     plan.validate()

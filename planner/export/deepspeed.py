@@ -24,7 +24,7 @@ import json
 
 from planner.export._common import (check_exportable, header, rank_layers, recompute_active,
                                     uses_bf16)
-from planner import validity as V
+from planner import rules as V
 from planner.engines import get_engine
 from planner.plan import Plan
 

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from planner.cost.moe import candidate_dispatcher, layer_kinds
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
-# the one price of a placement; candidate_of (a saved plan's candidate) kept importable here
-from planner.cost.price import candidate_of, price  # noqa: F401
-from planner import validity as V
+from planner.cost.price import price   # the one price of a placement
+from planner import rules as V
 from planner.engines import get_engine
 from planner.engines.spec import Engine
 from planner.errors import BadInput
@@ -385,7 +384,7 @@ class RejectedLayout:
 
 
 def _ideal_price(model, cluster, c, rules: Rules, engine, margin_gib):
-    """The candidate's price on the engine's default split (planner.validity.default_split, as
+    """The candidate's price on the engine's default split (planner.rules.default_split, as
     the heuristic places it) with no more recompute than fixed: its speed if memory allowed."""
     split = V.default_split(get_engine(engine), model.num_layers, c.pp)
     rec0 = list(split) if rules.all_layers_recomputed else [0] * c.pp

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner import validity as V
+from planner import rules as V
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.moe import expert_dp, layer_kinds, moe_counts, replace_coeffs
 from planner.cost.compute import BF16
@@ -588,7 +588,7 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
     """Bytes of model states that the busiest GPU of any candidate on `num_gpus` GPUs holds at
     least: every parameter's weight, gradient and optimizer state is held at least once over
     the cluster (ZeRO-3 shards each over dp x cp, the experts over expert-dp, which folding
-    makes exact: planner.validity.ep_blockers; lower stages keep more), counting the
+    makes exact: planner.rules.ep_blockers; lower stages keep more), counting the
     parameters SharedCoefficients.states counts. Above the capacity, nothing fits."""
     m = model
     D, Q = ((m.num_layers - m.num_moe_layers, m.num_moe_layers) if m.is_moe

@@ -1,12 +1,12 @@
 """The search's outer choices: the candidates (tp, cp and its K/V exchange, pp, dp, ZeRO,
 sequence parallel, micro-batch, schedule and virtual stages, recompute, ep and etp) that the
-fixed choices, the engine and planner.validity allow, less the CP exchanges another
+fixed choices, the engine and planner.rules allow, less the CP exchanges another
 dominates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from planner import validity as V
+from planner import rules as V
 from planner.limits import divisors
 from planner.cost.moe import layer_kinds
 from planner.cost.facts import facts_for
@@ -56,7 +56,7 @@ class Fixed:
     tp_comm_overlap: bool = True
     # MoE: the token dispatcher (None: the cheapest the engine has, planner.cost.moe) and the
     # EP all-to-alls overlapped across micro-batches where the engine offers it and the layout
-    # allows (planner.validity.ep_comm_overlap_blockers); False: priced and exported without
+    # allows (planner.rules.ep_comm_overlap_blockers); False: priced and exported without
     # (plan --no-ep-comm-overlap)
     moe_dispatcher: str | None = None
     ep_comm_overlap: bool = True
@@ -210,7 +210,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
         capacity = f.moe_capacity_factor if model.is_moe else None
         imbalance = f.moe_imbalance if model.is_moe else 1.0
         if model.is_moe:
-            if tp > 1 and engine.moe_tp_needs_sp:   # planner.validity's rule, engine data
+            if tp > 1 and engine.moe_tp_needs_sp:   # planner.rules's rule, engine data
                 sps = [x for x in sps if x]
             if layer_kinds(model) and pp > 1 and not f.vpp:
                 # dense and MoE layers mixed: interleaving only where asked for (--vpp; then
@@ -301,7 +301,7 @@ def expert_layouts(model: Model, f: Fixed, engine: Engine, tp: int, dp: int,
     """(ep, etp) choices of a (tp, dp) grid: (1, 1) for a dense model; for an MoE model every
     ep dividing the experts and etp in {1, tp} (the experts' tensor parallelism inside the
     attention's NVLink group, where it pays) that the engine runs and MoE parallel folding
-    allows (planner.validity.ep_ok)."""
+    allows (planner.rules.ep_ok)."""
     if not model.is_moe:
         return [(1, 1)]
     eps = [f.ep] if f.ep else divisors(model.num_experts)

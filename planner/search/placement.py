@@ -12,7 +12,7 @@ from ortools.sat.python import cp_model
 from planner.cost.moe import layer_kinds
 from planner.cost.stage import Candidate, capacity_bytes, stage_coefficients
 from planner.cost.price import price
-from planner import validity as V
+from planner import rules as V
 from planner.engines import get_engine
 from planner.plan import make_stages
 from planner.vocab import ZERO_BUBBLE_SCHEDULES
@@ -45,7 +45,7 @@ def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
 
 def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=None,
               margin_gib=None) -> Result:
-    """The engine's default split (planner.validity.default_split: DeepSpeed's partition, else
+    """The engine's default split (planner.rules.default_split: DeepSpeed's partition, else
     the even split), or `split`, or the user's, with the least recompute that fits; may not
     fit."""
     if split is None:

@@ -9,7 +9,7 @@ reader's own).
 """
 from __future__ import annotations
 
-from planner import schema as S
+from planner import filecheck as S
 from planner.catalog.hf import (bloom, deepseek, gemma, gpt2, gpt_neox, gpt_oss, llama, llama4,
                                 mistral, nemotron, phi3, qwen)
 from planner.catalog.hf.config import HfConfig, hf_warn

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.errors import BadInput
 from planner.specs import MODEL_FIELDS
 

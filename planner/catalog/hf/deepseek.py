@@ -1,6 +1,6 @@
 """DeepSeek-V2 and V3 (transformers models/deepseek_v2, deepseek_v3)."""
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.catalog.hf.config import COUNT, HfConfig
 from planner.specs import MODEL_FIELDS
 

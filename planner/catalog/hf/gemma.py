@@ -1,6 +1,6 @@
 """Gemma, Gemma 2 and Gemma 3's language model (transformers models/gemma, gemma2, gemma3)."""
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.catalog.hf.config import NO_WINDOW, HfConfig
 
 MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")

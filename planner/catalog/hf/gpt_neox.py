@@ -1,5 +1,5 @@
 """GPT-NeoX and Pythia (transformers models/gpt_neox): parallel residual, LayerNorm, biases."""
-from planner import schema as S
+from planner import filecheck as S
 from planner.catalog.hf.config import EPS, FLAG, THETA, HfConfig
 
 MODEL_TYPES = ("gpt_neox",)

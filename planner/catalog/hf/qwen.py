@@ -1,6 +1,6 @@
 """Qwen2, Qwen3 and their MoE models (transformers models/qwen2, qwen3, qwen2_moe, qwen3_moe)."""
 from planner import limits as B
-from planner import schema as S
+from planner import filecheck as S
 from planner.catalog.hf.config import COUNT, FLAG, NO_WINDOW, HfConfig, dense_prefix
 from planner.specs import MODEL_FIELDS
 

@@ -1,4 +1,4 @@
-"""planner.validity: the one set of divisibility rules. Every plan the search emits passes
+"""planner.rules: the one set of divisibility rules. Every plan the search emits passes
 Plan.validate and the runtime's own pre-flight checks; each rule against hand-computed cases."""
 import os
 import re
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from planner import validity as V  # noqa: E402
+from planner import rules as V  # noqa: E402
 from planner.limits import divisors  # noqa: E402
 from planner.catalog import get_cluster, get_gpu  # noqa: E402
 from planner.cli import main  # noqa: E402
