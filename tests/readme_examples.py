@@ -42,6 +42,8 @@ MEASURED = [re.compile(p) for p in (
     r"\d[\d,]*(\.\d+)? ?(s|ms|us|µs|min)\b",        # step and run times
     r"\d[\d,]*(\.\d+)? (tokens|tok)/s(/GPU)?",       # rates
     r"(?<=MFU )\d+(\.\d+)?%",
+    r"^\d+(\.\d+)?%(?= \(plan)",                  # a measured MFU wrapped onto its own line
+    r"\d[\d,]*(\.\d+)?$(?=\s*$)",                   # a measured rate whose unit wrapped
     r"(?<=ETA )\S+",
     r"(?<=peak )\d+(\.\d+)? GiB",                  # measured memory (allocator-dependent)
 )]
@@ -184,18 +186,19 @@ def _scope_rows(path: Path) -> dict:
 
 
 def fidelity_summary() -> str:
-    """Per engine: published runs, median and p90 |error| of the step time (the committed
-    fidelity table), and the MoE and CP tables' overall rows."""
-    path = latest("fidelity")
-    rows = _scope_rows(path)
+    """Per engine (MoE apart), over all GPUs: published runs, the held-out median and p90
+    |error| of the step time (every fitted figure refitted without the run's source family,
+    or rows no fit has seen) and the in-sample median beside it: the committed
+    leave-one-source-out table's "all" rows."""
+    path = latest("fidelity_loso")
+    out = ["| engine | published runs | held-out median | held-out p90 | in-sample median |",
+           "|:---|---:|---:|---:|---:|"]
+    for ln in path.read_text().splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[1] == "all" and cells[2].isdigit():
+            out.append(f"| {cells[0]} | {cells[2]} | {cells[3]}% | {cells[4]}% | {cells[5]}% |")
     rel = path.relative_to(ROOT)
-    lines = ["| engine | published runs | median abs error | p90 abs error |",
-             "|:---|---:|---:|---:|"]
-    for scope in ("megatron", "torchtitan", "fsdp", "context parallel", "all"):
-        if scope in rows:
-            c = rows[scope]
-            lines.append(f"| {scope} | {c[1]} | {c[2]}% | {c[3]}% |")
-    return "\n".join(lines) + f"\n\nFrom [{rel.name}]({rel}).\n"
+    return "\n".join(out) + f"\n\nFrom [{rel.name}]({rel}).\n"
 
 
 def fidelity_table() -> str:

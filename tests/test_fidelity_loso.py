@@ -49,7 +49,7 @@ def test_trust_file_matches_the_committed_table():
 def test_trust_band_is_held_out_and_per_generation():
     megatron = ENGINES["megatron"]
     line = trust_on(megatron, "a100")
-    assert "held out of every fit" in line and "Ampere" in line and "in-sample" in line
+    assert "held out" in line and "Ampere" in line and "in-sample" in line
     assert validation_of("megatron", "a100").runs == TRUST["megatron"]["ampere"]["runs"]
     # a generation with no published run falls back to all of the engine's runs
     assert validation_of("megatron", "mi300x").runs == TRUST["megatron"]["all"]["runs"]

@@ -51,10 +51,9 @@ class HeldOutValidation(Validation):
     scope: str = ""
 
     def describe(self, engine: str) -> str:
-        return (f"+/-{self.median_abs_error_pct:.0f}% (median |error| over {self.runs} published "
-                f"{engine} runs{self.scope} held out of every fit, p90 "
-                f"{self.p90_abs_error_pct:.0f}%; {self.in_sample_median_abs_error_pct:.0f}% "
-                f"in-sample)")
+        return (f"+/-{self.median_abs_error_pct:.0f}% held out (median |error|, {self.runs} "
+                f"published {engine} runs{self.scope}; p90 "
+                f"{self.p90_abs_error_pct:.0f}%, in-sample {self.in_sample_median_abs_error_pct:.0f}%)")
 
 
 def scope_of(engine: str, moe: bool = False) -> str:
