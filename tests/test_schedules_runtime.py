@@ -10,7 +10,7 @@ from planner.cost.schedule import stage_rank  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
 from planner.specs import Cluster  # noqa: E402
 from planner.vocab import V_SCHEDULES  # noqa: E402
-from tests.test_runtime_dist import (GPT, LLAMA, STEPS, assert_same_curve,  # noqa: E402,F401
+from tests.test_runtime_dist import (GPT, LLAMA, RUN, STEPS, assert_same_curve,  # noqa: E402,F401
                                      baseline, launch, steps_of, work)
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def make_plan(path, model, schedule, pp=2, vpp=2):
                             num_microbatches=8),
                 stages=make_stages(model.num_layers, pp, vpp,
                                    v_shape=schedule in V_SCHEDULES),
-                engine="runtime")
+                engine="runtime", run=RUN)   # the one-process baseline's run options
     plan.validate()
     plan.save(path)
     return path
