@@ -42,6 +42,10 @@ CONTEXT_GIB = 2.0
 ALLOCATOR_RESERVE = 0.05
 
 
+# (model, padded vocabulary) -> (model, the model as built): Engine.built_model's memo
+_BUILT: dict = {}
+
+
 @dataclass(frozen=True)
 class LossMemory:
     """Bytes per logit the cross entropy over a rank's logits holds: what it saves for its
@@ -345,7 +349,12 @@ class Engine:
         vocab = self.built_vocab(model.vocab_size, tp)
         if vocab == model.vocab_size:
             return model
-        return replace(model, vocab_size=vocab)
+        # one built model per (model, vocabulary): the cost model's caches key on the model
+        key = (id(model), vocab)
+        got = _BUILT.get(key)
+        if got is None or got[0] is not model:
+            got = _BUILT[key] = (model, replace(model, vocab_size=vocab))
+        return got[1]
 
     def tp_runs(self, cluster, tp: int) -> bool:
         """The engine runs tp groups of `tp` ranks on this cluster at all: inside one host where
