@@ -26,9 +26,6 @@ ANY_SPLIT = "any"         # any contiguous split (Megatron's layout, torchtitan'
 # 'type:<regex>' are partition_balanced over the layers' weights, e.g. BLOOM-176B's 70 layers
 # over 12 stages as 5, 6 x 10, 5 with 'type:transformer|embedding')
 BALANCED_SPLIT = "balanced"
-# the old name, still read by planner.search (`engine.stage_layers == EQUAL_SPLIT`: it places
-# such an engine's layers without searching the split); the lead renames it there
-EQUAL_SPLIT = BALANCED_SPLIT
 
 
 # ---- figures every PyTorch-based engine shares --------------------------------------------
