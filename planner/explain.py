@@ -310,6 +310,35 @@ def attention_label(plan: Plan) -> str:
     return f"{plan.attention} attention"
 
 
+def mixing_lines(mixing: dict, step_s: float | None) -> list:
+    """What mixing GPU groups bought (planner.search.groups.MixedReport.mixing_record): the plan
+    against the best single group and against every GPU as the slowest."""
+    mixed = mixing.get("mixed_step_time_s")
+    alone = {k: v for k, v in mixing.get("single_group", {}).items()}
+    fits = {k: v for k, v in alone.items() if v is not None}
+    out = []
+    if mixing.get("chosen", "mixed") != "mixed":
+        out.append(f"mixing does not pay: {mixing['chosen']} alone "
+                   f"({_fmt_time(fits[mixing['chosen']])}) beats the best pipeline over the "
+                   f"groups ("
+                   + (_fmt_time(mixed) if mixed else "none fits") + "); planned on it alone")
+        return out
+    best_alone = min(fits.items(), key=lambda kv: kv[1], default=None)
+    line = "mixing the groups: "
+    if best_alone:
+        line += (f"{best_alone[1] / step_s:.2f}x the best single group ({best_alone[0]} alone, "
+                 f"{_fmt_time(best_alone[1])})")
+    else:
+        line += "no group alone fits (" + ", ".join(alone) + ")"
+    slow = mixing.get("all_as_slowest")
+    if slow:
+        line += (f"; {slow['step_time_s'] / step_s:.2f}x all as the slowest ({slow['cluster']}, "
+                 f"{_fmt_time(slow['step_time_s'])})" if slow.get("step_time_s")
+                 else f"; nothing fits all as the slowest ({slow['cluster']})")
+    out.append(line)
+    return out
+
+
 def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> str:
     """The full report. `alternatives`: [(description, step_time_s or None, why_lost)]."""
     buf = io.StringIO()
@@ -317,9 +346,13 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     e, m, c = plan.estimate, plan.model, plan.cluster
     fits = e.get("fits", False)
     cap = e.get("capacity_gib", c.gpu.memory_gib)
+    groups = getattr(c, "groups", None)   # a mixed cluster (planner.specs.MixedCluster)
+    where = (" + ".join(f"{g.num_gpus} x {gpu_label(g.gpu)} ({g.name}, {g.gpus_per_node} per "
+                        f"node)" for g in groups)
+             + f"; {c.inter_gbps:g} GB/s per GPU between groups" if groups
+             else f"{c.num_gpus} x {gpu_label(c.gpu)}, {c.gpus_per_node} per node")
     con.print(f"Plan for {m.name} ({count_label(m.num_params())} params, {m.num_layers} "
-              f"layers) on {c.name} ({c.num_gpus} x {gpu_label(c.gpu)}, {c.gpus_per_node} "
-              f"per node)")
+              f"layers) on {c.name} ({where})")
     from planner.engines import get_engine
     engine = get_engine(plan.engine)
     trust = trust_label(engine, c.gpu, plan.model.is_moe)
@@ -357,6 +390,9 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             bits.append(f"estimate {s['estimate']}")
         if bits:
             con.print("  search: " + ", ".join(bits))
+        if s.get("mixing"):   # a mixed cluster (planner.search.groups prices these)
+            for line in mixing_lines(s["mixing"], e.get("step_time_s")):
+                con.print("  " + line)
         if s.get("precision_choice"):   # --precision auto (planner.precision_choice)
             from planner.precision_choice import choice_lines
             for line in choice_lines(s["precision_choice"]):
@@ -375,8 +411,12 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
                       "holds then (max_memory_reserved)"
                       + ("\ntime/mb: one micro-batch, forward and backward, through all the layers "
                          "of the stage's pipeline rank" if timing else ""), caption_justify="left")
-    for col in ("stage", "rank", "layers", "recomp", "params", "grads", "optim", "activ",
-                "other", "total", "reserved", "free"):
+    names = ([groups[g].name if groups[g].name == groups[g].gpu.name
+              else f"{groups[g].name}:{groups[g].gpu.name}" for g in c.pipeline]
+             if groups and c.pipeline else [])
+    caps = e.get("stage_capacity_gib") or []
+    for col in ("stage", "rank", *(("group",) if names else ()), "layers", "recomp", "params",
+                "grads", "optim", "activ", "other", "total", "reserved", "free"):
         t.add_column(col, justify="right", no_wrap=True)
     if timing:
         t.add_column("time/mb", justify="right", no_wrap=True)
@@ -384,7 +424,10 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
         mem = st.memory_gib
         total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_PARTS))
         reserved = mem.get("reserved", total)
+        cap = caps[st.pp_rank] if st.pp_rank < len(caps) else e.get("capacity_gib",
+                                                                     c.gpu.memory_gib)
         row = [str(st.index), str(st.pp_rank),
+               *((names[st.pp_rank],) if names else ()),
                f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})" if st.num_layers
                else "- (0)",
                str(st.recompute_layers),
