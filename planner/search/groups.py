@@ -214,7 +214,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     pending = sorted(((min(s.time_bound(c) for s in shared), i, c)
                      for i, c in enumerate(cands)), key=lambda x: (x[0], x[1]))
     plans, closest, scored = [], None, []
-    pruned_mem = pruned_bound = solved = limit_hit = n_cands = 0
+    pruned_mem = pruned_bound = solved = limit_hit = 0
     best_heur = math.inf
 
     def consider(res):
@@ -226,12 +226,13 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                 closest.estimate.overflow_gib()):
             closest = res
 
+    orders_of = {c: _pipelines(mixed, c) for c in cands}
+    n_cands = sum(len(x) for x in orders_of.values())
     for j, (tb, idx, c) in enumerate(pending):
         if tb > best_heur * (1 + 1e-9):
-            pruned_bound += sum(len(_pipelines(mixed, x)) for _, _, x in pending[j:])
+            pruned_bound += sum(len(orders_of[x]) for _, _, x in pending[j:])
             break
-        orders = _pipelines(mixed, c)
-        n_cands += len(orders)
+        orders = orders_of[c]
         if not orders:
             continue
         if not shared[roomiest].states_alone_can_fit(c, big_cap):

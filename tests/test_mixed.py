@@ -1,0 +1,202 @@
+"""Mixed clusters (issue 24): one job over GPU groups of different speed and memory.
+
+The planner side is checked against independent figures: the same search on the homogeneous
+clusters of the faster and the slower GPU (the mixed step must lie between them), the groups'
+own speeds (the faster group's stages carry more layers) and what each group's GPU holds. The
+runtime side: a mixed plan over two CPU groups of different declared speeds trains like one
+process (loss and gradient norm to 1e-4), as tests/test_runtime_searched.py compares."""
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import get_cluster, get_model
+from planner.cli import main
+from planner.plan import Plan
+from planner.search import search, to_plan
+from planner.search.groups import group_names, search_mixed
+from planner.specs import MixedCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+MIXED = str(ROOT / "examples" / "mixed.json")
+MIXED_CPU = str(ROOT / "examples" / "mixed-cpu.json")
+
+
+@pytest.fixture(scope="module")
+def llama70b_mixed():
+    model = get_model("llama70b")
+    report = search_mixed(model, get_cluster(MIXED), global_batch=256)
+    assert report.chosen == "mixed"
+    return model, report, to_plan(model, report.best.cluster, report.best, report)
+
+
+def test_every_stage_names_its_group_and_faster_groups_carry_more_layers(llama70b_mixed):
+    _, report, plan = llama70b_mixed
+    names = group_names(plan)
+    assert len(names) == plan.parallelism.pp == len(plan.stages)
+    assert set(names) == {"h100", "a100"}
+    counts = plan.layer_counts()
+    h100 = [n for n, g in zip(counts, names) if g == "h100"]
+    a100 = [n for n, g in zip(counts, names) if g == "a100"]
+    assert min(h100) > max(a100), (counts, names)
+    # each rank's memory against its own GPU's capacity
+    caps = plan.estimate["stage_capacity_gib"] if "stage_capacity_gib" in plan.estimate \
+        else [plan.estimate["capacity_gib"]] * len(counts)
+    for s in plan.stages:
+        assert s.memory_gib["reserved"] <= caps[s.pp_rank] + 1e-9
+
+
+def test_mixed_step_lies_between_all_slow_and_all_fast(llama70b_mixed):
+    model, report, plan = llama70b_mixed
+    step = plan.estimate["step_time_s"]
+    slow = search(model, get_cluster("a100x32"), global_batch=256, top=1, rejected=False)
+    fast = search(model, get_cluster("h100x32"), global_batch=256, top=1, rejected=False)
+    assert fast.best.estimate.step_time_s <= step < slow.best.estimate.step_time_s
+    # the report's "all as the slowest" is that same homogeneous plan
+    assert report.slowest.step_time_s == pytest.approx(slow.best.estimate.step_time_s)
+
+
+def test_plan_round_trips_and_reprices_the_same(llama70b_mixed, tmp_path):
+    from planner.cost.price import price_plan
+    _, _, plan = llama70b_mixed
+    plan.save(tmp_path / "p.json")
+    back = Plan.load(tmp_path / "p.json", whole_cluster=True)
+    assert isinstance(back.cluster, MixedCluster) and back.cluster.pipeline == plan.cluster.pipeline
+    assert price_plan(back).estimate.step_time_s == pytest.approx(
+        plan.estimate["step_time_s"], rel=1e-9)
+
+
+def test_megatron_exports_the_uneven_layout_and_the_hosts(llama70b_mixed, tmp_path, capsys):
+    _, _, plan = llama70b_mixed
+    plan.save(tmp_path / "p.json")
+    assert main(["show", str(tmp_path / "p.json"), "--export", "megatron"]) == 0
+    out = capsys.readouterr().out
+    layout = "|".join(f"t*{n}" for n in plan.layer_counts())
+    assert f"'E{layout}L'" in out
+    assert "mixed cluster: pipeline ranks" in out and "group h100" in out
+
+
+def test_the_text_report_shows_groups_and_what_mixing_bought(capsys):
+    assert main(["--model", "llama70b", "--cluster", MIXED, "--global-batch", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "16 x H100" in out.replace("h100", "H100") or "16 x h100" in out
+    assert "mixing the groups:" in out and "all as the slowest (a100x32" in out
+    assert "│ group │" in out.replace("┃", "│") or " group " in out
+
+
+def _one_line_exit_2(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("plan: error:"), err
+    return err
+
+
+@pytest.mark.parametrize("groups,top,needle", [
+    ([{"gpu": "h100", "num_gpus": 0}, {"gpu": "a100", "num_gpus": 8}], {},
+     "groups[0].num_gpus"),
+    ([{"gpu": "h900", "num_gpus": 8}, {"gpu": "a100", "num_gpus": 8}], {}, "unknown GPU"),
+    ([{"gpu": "h100", "num_gpus": 8}, {"gpu": "a100", "num_gpus": 8}], {"num_gpus": 32},
+     "not what the groups hold"),
+    ([{"gpu": "h100", "num_gpus": 8}, {"gpu": "h100", "num_gpus": 8}], {}, "repeat"),
+])
+def test_bad_cluster_files_get_one_line(capsys, tmp_path, groups, top, needle):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"groups": groups, **top}))
+    err = _one_line_exit_2(capsys, ["--model", "llama8b", "--cluster", str(path)])
+    assert needle in err
+
+
+def test_a_plan_whose_groups_do_not_hold_its_ranks_is_refused(llama70b_mixed, tmp_path, capsys):
+    _, _, plan = llama70b_mixed
+    d = plan.to_dict()
+    d["cluster"]["pipeline"] = [0] * (len(d["cluster"]["pipeline"]) - 1) + [1]
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    err = _one_line_exit_2(capsys, ["show", str(tmp_path / "p.json")])
+    assert "the groups' GPUs must be what the plan uses" in err
+
+
+def test_falls_back_to_one_group_when_mixing_does_not_pay(tmp_path):
+    d = json.loads(Path(MIXED_CPU).read_text())
+    d["groups"][0]["gpu"]["peak_tflops"] = 1.0     # the fast group alone beats the pipeline
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    model = get_model(str(ROOT / "examples" / "tiny-llama.json"))
+    r = search_mixed(model, get_cluster(str(tmp_path / "c.json")), seq_len=64,
+                     global_batch=16, engine="runtime")
+    assert r.chosen == "fast"
+    assert r.best.estimate.step_time_s <= r.mixed_best.estimate.step_time_s
+
+
+def _cpu_seconds(argv) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+                            "OMP_NUM_THREADS": "1"})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+@pytest.mark.slow
+def test_search_time_against_the_import_floor(tmp_path):
+    floor = _cpu_seconds(["-c", "import ortools.sat.python.cp_model, numpy, pandas"])
+    small = _cpu_seconds(["-m", "planner.cli", "--model", "llama70b", "--cluster", MIXED,
+                          "--global-batch", "256"])
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"groups": [{"gpu": "h100", "num_gpus": 512},
+                                          {"gpu": "a100", "num_gpus": 512}]}))
+    large = _cpu_seconds(["-m", "planner.cli", "--model", "llama405b", "--cluster", str(big)])
+    print(f"import floor {floor:.2f} s, 32 GPUs {small:.2f} s, 1024 GPUs {large:.2f} s CPU")
+    assert small <= 3 * floor and large <= 20 * floor
+
+
+def _launch(nproc, *args):
+    import os
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "runtime"] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(nproc), "-m", "runtime"]
+    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process():
+    pytest.importorskip("torch")
+    from planner.catalog import get_gpu
+    from planner.plan import Batch, Parallelism, make_stages
+    from planner.specs import Cluster
+    model = get_model(str(ROOT / "examples" / "tiny-llama.json"))
+    r = search_mixed(model, get_cluster(MIXED_CPU), seq_len=64, global_batch=16,
+                     engine="runtime")
+    assert r.chosen == "mixed"
+    plan = to_plan(model, r.best.cluster, r.best, r, engine="runtime")
+    counts, names = plan.layer_counts(), group_names(plan)
+    assert counts[names.index("fast")] > counts[names.index("slow")]
+    d = Path(tempfile.mkdtemp(prefix="mixed-"))
+    plan.save(d / "plan.json")
+    one = Plan(model=model, cluster=Cluster("cpux1", get_gpu("cpu"), 1, 1),
+               parallelism=Parallelism(tp=1, pp=1, dp=1), stages=make_stages(model.num_layers, 1),
+               batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=1,
+                           num_microbatches=16), engine="runtime")
+    one.save(d / "one.json")
+    p = plan.parallelism
+    world = p.tp * p.pp * p.dp * p.cp
+    got = _launch(world, "--plan", d / "plan.json", "--steps", 2, "--metrics", d / "m.jsonl")
+    assert got.returncode == 0, got.stderr[-3000:]
+    base = _launch(1, "--plan", d / "one.json", "--steps", 2, "--metrics", d / "b.jsonl")
+    assert base.returncode == 0, base.stderr[-3000:]
+
+    def steps(path):
+        return {x["step"]: x for x in map(json.loads, path.read_text().splitlines())
+                if "step" in x}
+    a, b = steps(d / "m.jsonl"), steps(d / "b.jsonl")
+    for s in (1, 2):
+        for k in ("loss", "grad_norm"):
+            assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
