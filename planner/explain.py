@@ -310,6 +310,22 @@ def attention_label(plan: Plan) -> str:
     return f"{plan.attention} attention"
 
 
+def _peak_memory_text(plan: Plan) -> str:
+    """"peak reserved X / capacity GiB"; where the ranks' GPUs differ (a mixed cluster), of the
+    rank with the least room, named with its group."""
+    e, c = plan.estimate, plan.cluster
+    caps = e.get("stage_capacity_gib") or []
+    groups = plan.rank_groups()
+    if caps and groups and len(caps) == len(groups):
+        reserved = [max((st.memory_gib.get("reserved", 0.0) for st in plan.stages_of_rank(r)),
+                        default=0.0) for r in range(len(caps))]
+        r = min(range(len(caps)), key=lambda i: caps[i] - reserved[i])
+        return (f"least room: {reserved[r]:.1f} / {caps[r]:.1f} GiB reserved on rank {r} "
+                f"({groups[r]})")
+    cap = e.get("capacity_gib", c.gpu.memory_gib)
+    return f"peak reserved {e.get('peak_reserved_gib', e['peak_memory_gib']):.1f} / {cap:.1f} GiB"
+
+
 def mixing_lines(mixing: dict, step_s: float | None) -> list:
     """What mixing GPU groups bought (planner.search.groups.MixedReport.mixing_record): the plan
     against the best single group and against every GPU as the slowest."""
@@ -364,8 +380,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     if e.get("step_time_s"):
         con.print(f"  step {_fmt_time(e['step_time_s'])}   {e['tokens_per_s']:,.0f} tokens/s   "
                   f"{_fmt_tflops(e['tflops_per_gpu'])} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
-                  f"peak reserved {e.get('peak_reserved_gib', e['peak_memory_gib']):.1f} / "
-                  f"{cap:.1f} GiB"
+                  + _peak_memory_text(plan)
                   + ("" if fits else "   DOES NOT FIT"))
     s = plan.search
     if s:
@@ -403,9 +418,17 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     except Exception:   # a plan the cost model cannot price (e.g. an unknown GPU): no times
         timing = None
     margin = e.get("memory_margin_gib")
-    t = Table(title=f"Stages (memory per GPU in GiB; usable capacity {cap:.1f} of "
-                    f"{c.gpu.memory_gib:.1f} GiB"
-                    + (f" after {engine.context_gib:.1f} context and {margin:.1f} margin)"
+    rank_caps = e.get("stage_capacity_gib") or []
+    if rank_caps and groups and c.pipeline:   # per group where the groups' GPUs differ
+        usable = ", ".join(dict.fromkeys(
+            f"{groups[g].name} {rank_caps[r]:.1f} of {groups[g].gpu.memory_gib:.1f}"
+            for r, g in enumerate(c.pipeline)))
+        usable = f"usable capacity {usable} GiB"
+    else:
+        usable = f"usable capacity {cap:.1f} of {c.gpu.memory_gib:.1f} GiB"
+    margin_text = ("each GPU's" if rank_caps else f"{margin:.1f}") if margin is not None else ""
+    t = Table(title=f"Stages (memory per GPU in GiB; {usable}"
+                    + (f" after {engine.context_gib:.1f} context and {margin_text} margin)"
                        if margin is not None else ")"), title_justify="left",
               caption="total: tensors allocated at the peak; reserved: what the caching allocator "
                       "holds then (max_memory_reserved)"
@@ -414,7 +437,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     names = ([groups[g].name if groups[g].name == groups[g].gpu.name
               else f"{groups[g].name}:{groups[g].gpu.name}" for g in c.pipeline]
              if groups and c.pipeline else [])
-    caps = e.get("stage_capacity_gib") or []
+    caps = rank_caps
     for col in ("stage", "rank", *(("group",) if names else ()), "layers", "recomp", "params",
                 "grads", "optim", "activ", "other", "total", "reserved", "free"):
         t.add_column(col, justify="right", no_wrap=True)

@@ -18,7 +18,7 @@ from planner.catalog import get_cluster, get_model
 from planner.cli import main
 from planner.plan import Plan
 from planner.search import search, to_plan
-from planner.search.groups import group_names, search_mixed
+from planner.search.groups import search_mixed
 from planner.specs import MixedCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def llama70b_mixed():
 
 def test_every_stage_names_its_group_and_faster_groups_carry_more_layers(llama70b_mixed):
     _, report, plan = llama70b_mixed
-    names = group_names(plan)
+    names = plan.rank_groups()
     assert len(names) == plan.parallelism.pp == len(plan.stages)
     assert set(names) == {"h100", "a100"}
     counts = plan.layer_counts()
@@ -177,7 +177,7 @@ def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process():
                      engine="runtime")
     assert r.chosen == "mixed"
     plan = to_plan(model, r.best.cluster, r.best, r, engine="runtime")
-    counts, names = plan.layer_counts(), group_names(plan)
+    counts, names = plan.layer_counts(), plan.rank_groups()
     assert counts[names.index("fast")] > counts[names.index("slow")]
     d = Path(tempfile.mkdtemp(prefix="mixed-"))
     plan.save(d / "plan.json")

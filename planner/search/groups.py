@@ -302,11 +302,3 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                        alone=alone, slowest=slow, chosen=chosen, closest=closest,
                        solver_limit_hit=limit_hit)
 
-
-def group_names(plan) -> list:
-    """The group name of each pipeline rank of a plan ([] for a plan on one kind of GPU)."""
-    cl = plan.cluster
-    if not isinstance(cl, MixedCluster) or not cl.pipeline:
-        return []
-    return [cl.groups[g].name for g in cl.pipeline]
-
