@@ -200,3 +200,55 @@ def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process():
     for s in (1, 2):
         for k in ("loss", "grad_norm"):
             assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
+
+
+def test_layers_per_rank_are_the_best_split_by_brute_force(tmp_path):
+    """For the chosen candidate and group order, no split of the layers over the ranks (each
+    priced by planner.cost.price, every composition tried) beats the search's placement."""
+    import itertools
+    from planner.cost.price import price
+    from planner.search import Fixed
+    from planner.specs import Model
+    (tmp_path / "c.json").write_text(json.dumps({"groups": [
+        {"name": "fast", "gpu": {"base": "cpu", "peak_tflops": 0.15}, "num_gpus": 2,
+         "gpus_per_node": 2},
+        {"name": "slow", "gpu": "cpu", "num_gpus": 1, "gpus_per_node": 1}]}))
+    model = Model("tiny8", num_layers=9, hidden=128, ffn_hidden=344, num_heads=4,
+                  num_kv_heads=2, vocab_size=512, max_seq_len=64)
+    r = search_mixed(model, get_cluster(str(tmp_path / "c.json")),
+                     Fixed(tp=1, dp=1, recompute="none"), seq_len=64, global_batch=32,
+                     engine="runtime")
+    best = r.mixed_best
+    c, cl = best.candidate, best.cluster
+    assert c.pp == 3 and sorted(cl.pipeline) == [0, 0, 1]
+    steps = []
+    for cut in itertools.combinations(range(1, model.num_layers), c.pp - 1):
+        split = [b - a for a, b in zip((0,) + cut, cut + (model.num_layers,))]
+        est = price(model, cl, c, split, [0] * c.pp, engine="runtime").estimate
+        if est.fits:
+            steps.append((est.step_time_s, split))
+    least, split = min(steps)
+    assert best.estimate.step_time_s == pytest.approx(least, rel=1e-6), (best.layers, split)
+    fast = [n for n, g in zip(best.layers, cl.pipeline) if g == 0]
+    slow = [n for n, g in zip(best.layers, cl.pipeline) if g == 1]
+    assert min(fast) > max(slow)
+
+
+def test_the_link_between_groups_prices_the_boundary_send():
+    """A slower link between groups (link_gbps) slows exactly the ranks at the boundary."""
+    import dataclasses
+    from planner.cost.groups import mixed_coefficients
+    model = get_model("llama70b")
+    report = search_mixed(model, get_cluster(MIXED), global_batch=256)
+    best = report.mixed_best
+    c, cl = best.candidate, best.cluster
+    slow_link = dataclasses.replace(cl, link_gbps=cl.inter_gbps / 10)
+    a = mixed_coefficients(model, cl, c)
+    b = mixed_coefficients(model, slow_link, c)
+    edge = {r for r in range(c.pp - 1) if cl.pipeline[r] != cl.pipeline[r + 1]}
+    edge |= {r + 1 for r in edge}
+    for r in range(c.pp):
+        if r in edge:
+            assert b[r].pp_fixed > a[r].pp_fixed
+        else:
+            assert b[r].pp_fixed == a[r].pp_fixed
