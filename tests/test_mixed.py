@@ -153,22 +153,10 @@ def test_search_time_against_the_import_floor(tmp_path):
     assert small <= 3 * floor and large <= 20 * floor
 
 
-def _launch(nproc, *args):
-    import os
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "runtime"] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), "-m", "runtime"]
-    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process():
     pytest.importorskip("torch")
+    from tests.test_runtime_dist import launch, steps_of
     from planner.catalog import get_gpu
     from planner.plan import Batch, Parallelism, make_stages
     from planner.specs import Cluster
@@ -188,15 +176,11 @@ def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process():
     one.save(d / "one.json")
     p = plan.parallelism
     world = p.tp * p.pp * p.dp * p.cp
-    got = _launch(world, "--plan", d / "plan.json", "--steps", 2, "--metrics", d / "m.jsonl")
+    got = launch(world, "--plan", d / "plan.json", "--steps", 2, "--metrics", d / "m.jsonl")
     assert got.returncode == 0, got.stderr[-3000:]
-    base = _launch(1, "--plan", d / "one.json", "--steps", 2, "--metrics", d / "b.jsonl")
+    base = launch(1, "--plan", d / "one.json", "--steps", 2, "--metrics", d / "b.jsonl")
     assert base.returncode == 0, base.stderr[-3000:]
-
-    def steps(path):
-        return {x["step"]: x for x in map(json.loads, path.read_text().splitlines())
-                if "step" in x}
-    a, b = steps(d / "m.jsonl"), steps(d / "b.jsonl")
+    a, b = steps_of(d / "m.jsonl"), steps_of(d / "b.jsonl")
     for s in (1, 2):
         for k in ("loss", "grad_norm"):
             assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
