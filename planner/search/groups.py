@@ -18,6 +18,7 @@ chosen only when it beats every single group, and the report says what it bought
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.groups import mixed_coefficients
 from planner.cost.price import price
-from planner.cost.stage import Candidate, capacity_bytes, rank_budgets
+from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_coefficients
 from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.rules_fixed import check_fixed
@@ -122,6 +123,34 @@ def _pipelines(mixed: MixedCluster, c: Candidate) -> list:
             for order in itertools.permutations(range(len(mixed.groups)))]
 
 
+class ShapeBound:
+    """A step no placement of a candidate beats, before its coefficients exist: its layers and
+    its embedding and head (their compute_fixed at pp 1, what the ranks hold between them)
+    each at the least of the groups' times (planner.cost.stage.stage_coefficients on each
+    group's cluster, once per layer shape), spread evenly over the pp ranks, the sends (>= 0)
+    left out; as the pipeline's step is (m - 1) x its slowest rank + the sum of its ranks
+    (planner.cost.schedule.pipeline_time), at least m x the mean + (p - 1) x the mean."""
+
+    def __init__(self, model, mixed: MixedCluster, engine):
+        self.model, self.mixed, self.engine = model, mixed, engine
+        self._shape = {}
+
+    def __call__(self, c: Candidate) -> float:
+        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.tp_comm_overlap, c.seq_len, c.flash,
+               c.precision, c.recipe)
+        got = self._shape.get(key)
+        if got is None:
+            one = dataclasses.replace(c, pp=1, vpp=1, schedule="1f1b", zero=0,
+                                      recompute="none", dp=1)
+            ks = [stage_coefficients(self.model, g, one, self.engine)[0]
+                  for g in self.mixed.groups]
+            got = self._shape[key] = (min(k.compute_fixed for k in ks),
+                                      min(k.t_layer for k in ks))
+        fixed, layer = got
+        mean = (fixed + self.model.num_layers * layer) / c.pp
+        return c.m * mean + (c.pp - 1) * mean
+
+
 def _caps(coeffs, cap: list, c: Candidate, rules) -> list:
     """Most layers each rank can hold, recomputing all it may (memory is linear in n and r)."""
     _, hi = _recompute_bounds(c, rules)
@@ -132,14 +161,56 @@ def _caps(coeffs, cap: list, c: Candidate, rules) -> list:
     return out
 
 
-def _lower_bound(coeffs, c: Candidate, L: int) -> float:
-    """No placement is faster: the slowest rank takes at least T* (layers spread continuously
-    so every rank ends together, no recompute, no collective exposed), m micro-batches of it
-    and the others' fill at least the least per-layer time of the L layers."""
-    inv = sum(1.0 / k.t_layer for k in coeffs)
-    t_star = (L + sum(k.t_fixed / k.t_layer for k in coeffs)) / inv
+def _lower_bound(coeffs, c: Candidate, L: int, caps_bytes: list, rules) -> float:
+    """No placement is faster. The slowest rank takes at least T*, the least T at which the
+    ranks hold the L layers between them when layers may be split (a continuous relaxation of
+    solve_cpsat's model without the ZeRO exposures): rank i holds n layers within T when
+    t_fixed + n t_layer + r t_rec <= T, r the fewest recomputed layers its memory needs (0
+    while mem(n, 0) fits; every layer where the engine recomputes all, none where the
+    candidate recomputes nothing); m micro-batches of it, and one micro-batch through the
+    others, which take at least their fixed times and the least per-layer time of the L
+    layers (the pipeline's step: planner.cost.schedule.pipeline_time)."""
+    lo_r, hi_r = _recompute_bounds(c, rules)
+    ranks = []
+    for k, cap in zip(coeffs, caps_bytes):
+        every = lo_r == 1                     # every layer recomputed
+        ranks.append((k.t_fixed, k.t_layer + (k.t_rec if every else 0.0),
+                      cap - k.mem_total_fixed(),
+                      k.mem_total_layer() - (k.mem_rec if every else 0.0),
+                      k.mem_rec if (lo_r, hi_r) == (0, 1) else 0.0, k.t_rec))
+
+    def held(T: float) -> float:
+        """Layers the ranks hold within T (continuous)."""
+        total = 0.0
+        for t_fixed, t_n, room, m_n, save, t_rec in ranks:
+            if T <= t_fixed or room < 0:
+                continue
+            by_time = (T - t_fixed) / t_n
+            by_mem = room / m_n if m_n > 0 else math.inf   # without recompute
+            if by_time <= by_mem:
+                total += by_time
+            elif save > 0:
+                # past by_mem each more layer recomputes m_n / save layers' worth to make
+                # room: t_n + t_rec m_n / save a layer, up to every layer recomputed
+                most = room / (m_n - save) if m_n > save else math.inf
+                more = (T - t_fixed - by_mem * t_n) / (t_n + t_rec * m_n / save)
+                total += min(by_mem + more, most)
+            else:
+                total += by_mem
+        return total
+
+    lo = min(k.t_fixed for k in coeffs)
+    hi = max(k.t_fixed for k in coeffs) + L * max(k.t_layer + k.t_rec for k in coeffs)
+    if held(hi) < L:
+        return math.inf   # no placement holds the layers
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if held(mid) >= L:
+            hi = mid
+        else:
+            lo = mid
     fill = sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)
-    return (c.m - 1) * t_star + max(t_star, fill)
+    return (c.m - 1) * lo + max(lo, fill)
 
 
 def _speed_split(coeffs, L: int, caps: list) -> list | None:
@@ -202,17 +273,15 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     cands = [c for c in enumerate_candidates(model, whole, f, seq_len, gbs, engine)
              if c.vpp == 1 and c.schedule in MIXED_SCHEDULES and c.ep == 1]
     L = model.num_layers
-    # Candidates in the order of a bound computed without their coefficients: the least over
-    # the groups of the homogeneous time_bound (planner.search.bounds.SharedCoefficients: the
-    # pipeline's layers and embedding/head at that group's per-layer time, spread evenly,
-    # sends left out), below the mixed step, whose ranks each run at least as slowly as the
-    # fastest group's and send over links no faster. A candidate whose model states fit no
-    # placement even at the largest group's capacity is never priced.
+    # Candidates in the order of a bound computed from one pipeline-free build per layer shape
+    # and group (ShapeBound), never from their own coefficients; a candidate whose model states
+    # fit no placement even at the largest group's capacity (SharedCoefficients' screen, as
+    # the homogeneous search screens) is never priced.
+    bound = ShapeBound(model, mixed, engine)
     shared = [SharedCoefficients(model, g, engine) for g in mixed.groups]
-    roomiest = max(range(len(mixed.groups)), key=lambda i: mixed.groups[i].gpu.memory_gib)
-    big_cap = capacity_bytes(mixed.groups[roomiest], engine, margin_gib)
-    pending = sorted(((min(s.time_bound(c) for s in shared), i, c)
-                     for i, c in enumerate(cands)), key=lambda x: (x[0], x[1]))
+    big_cap = max(capacity_bytes(g, engine, margin_gib) for g in mixed.groups)
+    pending = sorted(((bound(c), i, c) for i, c in enumerate(cands)),
+                     key=lambda x: (x[0], x[1]))
     plans, closest, scored = [], None, []
     pruned_mem = pruned_bound = solved = limit_hit = 0
     best_heur = math.inf
@@ -235,7 +304,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
         orders = orders_of[c]
         if not orders:
             continue
-        if not shared[roomiest].states_alone_can_fit(c, big_cap):
+        if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
             pruned_mem += len(orders)
             continue
         rules = rules_for(engine, c, f)
@@ -250,7 +319,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             if split is None or sum(min(x, L) for x in caps) < L:
                 pruned_mem += 1
                 continue
-            lb = _lower_bound(coeffs, c, L)
+            lb = _lower_bound(coeffs, c, L, caps_bytes, rules)
             if lb > best_heur * (1 + 1e-9):
                 pruned_bound += 1
                 continue
