@@ -372,6 +372,8 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     from planner.engines import get_engine
     engine = get_engine(plan.engine)
     trust = trust_label(engine, c.gpu, plan.model.is_moe)
+    if groups:   # no published run over mixed GPUs validates the pipeline over groups
+        trust = f"not validated on mixed clusters (on {c.gpu.name} alone: {trust})"
     con.print(f"  engine {engine.name} ({engine.title}), {precision_label(plan)}, "
               f"{attention_label(plan)}; predictions {trust}")
     con.print(f"  {summary_line(plan)}")
