@@ -334,10 +334,12 @@ def mixing_lines(mixing: dict, step_s: float | None) -> list:
     fits = {k: v for k, v in alone.items() if v is not None}
     out = []
     if mixing.get("chosen", "mixed") != "mixed":
-        out.append(f"mixing does not pay: {mixing['chosen']} alone "
-                   f"({_fmt_time(fits[mixing['chosen']])}) beats the best pipeline over the "
-                   f"groups ("
-                   + (_fmt_time(mixed) if mixed else "none fits") + "); planned on it alone")
+        alone_s = _fmt_time(fits[mixing["chosen"]])
+        out.append(f"mixing does not pay: {mixing['chosen']} alone ({alone_s}) beats the best "
+                   f"pipeline over the groups ({_fmt_time(mixed)}); planned on it alone"
+                   if mixed else
+                   f"no pipeline over the groups fits; planned on {mixing['chosen']} alone "
+                   f"({alone_s})")
         return out
     best_alone = min(fits.items(), key=lambda kv: kv[1], default=None)
     line = "mixing the groups: "
