@@ -263,3 +263,22 @@ def test_mixed_throughput_is_near_the_groups_flops_share(llama70b_mixed):
     ratio = plan.estimate["tokens_per_s"] / share
     print(f"mixed / FLOPS-share throughput: {ratio:.3f}")
     assert 0.9 <= ratio <= 1.0 + 1e-9
+
+
+def test_launch_gives_each_group_its_node_ranks(tmp_path, capsys):
+    """torchrun's c10d rendezvous numbers nodes as they join; a mixed plan's pipeline ranks
+    must land on their groups' hosts, so its lines give node ranks (static rendezvous)."""
+    model = get_model(str(ROOT / "examples" / "tiny-llama.json"))
+    r = search_mixed(model, get_cluster(MIXED_CPU), seq_len=64, global_batch=16,
+                     engine="runtime")
+    plan = to_plan(model, r.best.cluster, r.best, r, engine="runtime")
+    plan.save(tmp_path / "p.json")
+    assert main(["launch", str(tmp_path / "p.json"), "--nnodes", "2"]) == 0
+    out = capsys.readouterr().out
+    names = plan.rank_groups()
+    for k, name in enumerate(names):   # one host per pipeline rank here (tp = dp = 1)
+        assert f"NODE_RANK {k}..{k}: hosts of group {name}" in out
+    assert '--node-rank "$NODE_RANK"' in out and "c10d" not in out
+    err = _one_line_exit_2(capsys, ["launch", str(tmp_path / "p.json"), "--nnodes", "2",
+                                    "--slurm"])
+    assert "node ranks" in err
