@@ -153,18 +153,35 @@ def test_search_time_against_the_import_floor(tmp_path):
     assert small <= 3 * floor and large <= 20 * floor
 
 
+FOUR_CPUS = {"name": "mixed-cpu4", "groups": [
+    {"name": "fast", "gpu": {"base": "cpu", "peak_tflops": 0.1, "hbm_gbps": 20.0},
+     "num_gpus": 2, "gpus_per_node": 2},
+    {"name": "slow", "gpu": "cpu", "num_gpus": 2, "gpus_per_node": 2}]}
+
+
 @pytest.mark.slow
-def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process():
+@pytest.mark.parametrize("cluster,dp", [(None, None), (FOUR_CPUS, 2)])
+def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process(tmp_path, cluster, dp):
+    """examples/mixed-cpu.json (one CPU a group, pp 2), and two CPUs a group with data
+    parallelism inside each (pp 2, dp 2: each stage's replicas in its group)."""
     pytest.importorskip("torch")
     from tests.test_runtime_dist import launch, steps_of
     from planner.catalog import get_gpu
     from planner.plan import Batch, Parallelism, make_stages
+    from planner.search import Fixed
     from planner.specs import Cluster
     model = get_model(str(ROOT / "examples" / "tiny-llama.json"))
-    r = search_mixed(model, get_cluster(MIXED_CPU), seq_len=64, global_batch=16,
+    path = MIXED_CPU
+    if cluster is not None:
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(cluster))
+    r = search_mixed(model, get_cluster(str(path)), Fixed(dp=dp), seq_len=64, global_batch=16,
                      engine="runtime")
-    assert r.chosen == "mixed"
-    plan = to_plan(model, r.best.cluster, r.best, r, engine="runtime")
+    if cluster is None:
+        assert r.chosen == "mixed"
+    best = r.mixed_best   # run the pipeline over the groups, chosen or not
+    plan = to_plan(model, best.cluster, best, r, engine="runtime")
+    assert plan.parallelism.dp == (dp or plan.parallelism.dp)
     counts, names = plan.layer_counts(), plan.rank_groups()
     assert counts[names.index("fast")] > counts[names.index("slow")]
     d = Path(tempfile.mkdtemp(prefix="mixed-"))
