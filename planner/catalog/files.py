@@ -19,7 +19,7 @@ from planner.catalog.hf import model_from_hf_config
 from planner.catalog.systems import host_size, system_layout
 from planner.errors import BadInput
 from planner.specs import (GPU_FIELDS, GPU_OVERRIDES, GPU_SCHEMA, PLAN_CLUSTER, Cluster, Gpu,
-                           Model)
+                           MixedCluster, Model)
 
 
 def model_name_of(cfg: dict, path: Path) -> str:
@@ -81,7 +81,6 @@ def load_cluster_file(path: str) -> Cluster:
     name = Path(path).stem
     if "groups" not in raw:
         return _file_cluster(S.check(CLUSTER_FILE, raw, where), where, name)
-    from planner.specs import MixedCluster
     d = S.check(MIXED_CLUSTER_FILE, raw, where)
     name = d.get("name") or name
     groups = []
@@ -191,7 +190,6 @@ def cluster_from_dict(d: dict, what: str = "cluster") -> Cluster:
     with it."""
     d = S.check(PLAN_CLUSTER, d, what)
     if "groups" in d:
-        from planner.specs import MixedCluster
         groups = tuple(cluster_from_dict(g, f"{what}: groups[{i}]")
                        for i, g in enumerate(d["groups"]))
         try:

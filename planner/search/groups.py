@@ -30,6 +30,7 @@ from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_co
 from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.rules_fixed import check_fixed
+from planner.search import default_global_batch, default_seq_len, search
 from planner.search.bounds import (SharedCoefficients, _min_recompute, _recompute_bounds,
                                    rules_for)
 from planner.search.enumeration import Fixed, enumerate_candidates
@@ -245,7 +246,6 @@ def _heuristic(model, cluster, c, coeffs, caps_bytes, rules, engine, margin_gib,
 
 def _alone(model, cluster: Cluster, name: str, f: Fixed, seq_len, gbs, engine,
            margin_gib) -> Alone:
-    from planner.search import search
     try:
         rep = search(model, cluster, f, seq_len, gbs, top=1, engine=engine,
                      margin_gib=margin_gib, rejected=False)
@@ -259,7 +259,6 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                  seq_len: int | None = None, global_batch: int | None = None, top: int = 5,
                  engine=None, margin_gib: float | None = None) -> MixedReport:
     """The best plans for `model` over the groups of `mixed` (see the module docstring)."""
-    from planner.search import default_global_batch, default_seq_len
     t0 = time.perf_counter()
     engine = get_engine(engine)
     f = fixed or Fixed()
