@@ -259,6 +259,7 @@ def test_the_link_between_groups_prices_the_boundary_send():
     (["--model", "mixtral-8x7b"], "dense models only"),
     (["--model", "llama8b", "--vpp", "2"], "one chunk per rank"),
     (["--model", "llama8b", "--stage-layers", "8,8,8,8"], "--stage-layers"),
+    (["--model", "llama8b", "--engine", "fsdp"], "no pipeline parallelism"),
 ])
 def test_what_a_mixed_cluster_does_not_plan_yet_is_one_line(capsys, extra, needle):
     err = _one_line_exit_2(capsys, [*extra, "--cluster", MIXED])

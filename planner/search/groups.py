@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from planner.cost.groups import mixed_coefficients
 from planner.cost.price import price
 from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_coefficients
-from planner.engines import get_engine
+from planner.engines import ENGINES, get_engine
+from planner import rules as V
 from planner.errors import BadInput
 from planner.rules_fixed import check_fixed
 from planner.search import default_global_batch, default_seq_len, search
@@ -98,7 +99,13 @@ def slowest_cluster(mixed: MixedCluster) -> Cluster:
     return Cluster(name=f"{mixed.gpu.name}x{n}", gpu=mixed.gpu, num_gpus=n, gpus_per_node=gpn)
 
 
-def _unsupported(model: Model, f: Fixed) -> str | None:
+def _unsupported(model: Model, f: Fixed, engine) -> str | None:
+    if not engine.pipelines:
+        return (f"{engine.name} has no pipeline parallelism, and a mixed cluster is planned as "
+                f"one pipeline over its groups (data parallelism across groups, every GPU at "
+                f"the slowest's pace, is not planned yet); plan it with an engine that "
+                f"pipelines ({', '.join(n for n, e in ENGINES.items() if e.pipelines)}) or on "
+                f"one group")
     if model.is_moe:
         return ("a mixed cluster plans dense models only so far (expert parallelism over "
                 "groups is not searched); plan an MoE model on one group")
@@ -262,7 +269,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     t0 = time.perf_counter()
     engine = get_engine(engine)
     f = fixed or Fixed()
-    why = _unsupported(model, f)
+    why = _unsupported(model, f, engine)
     if why:
         raise BadInput(why)
     seq_len = seq_len or default_seq_len(model)
@@ -313,8 +320,9 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             caps_bytes = [b.allocatable_bytes for b in rank_budgets(cl, engine, margin_gib,
                                                                      c.pp)]
             caps = _caps(coeffs, caps_bytes, c, rules)
-            split = ([L // c.pp] * c.pp if rules.equal_split and L % c.pp == 0
-                     else None if rules.equal_split else _speed_split(coeffs, L, caps))
+            # an engine that places no layers (rules.equal_split) gets its own split
+            split = (V.default_split(engine, L, c.pp) if rules.equal_split
+                     else _speed_split(coeffs, L, caps))
             if split is None or sum(min(x, L) for x in caps) < L:
                 pruned_mem += 1
                 continue
