@@ -290,6 +290,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                      key=lambda x: (x[0], x[1]))
     plans, closest, scored = [], None, []
     pruned_mem = pruned_bound = solved = limit_hit = 0
+    open_bound = math.inf   # least step a candidate not solved to optimality might reach
     best_heur = math.inf
 
     def consider(res):
@@ -351,8 +352,14 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             step_guess=heur.estimate.step_time_s, engine=engine, margin_gib=margin_gib,
             cutoff_s=best)
         solved += 1
-        limit_hit += status in ("FEASIBLE", "UNKNOWN")
-        heur.status = status
+        if status in ("FEASIBLE", "UNKNOWN"):   # stopped at the solver's time limit
+            limit_hit += 1
+            open_bound = min(open_bound, max(lb, (exact.bound_s or 0.0) if exact else lb))
+        # INFEASIBLE under the cutoff: no placement of c beats the best plan, which proves a
+        # heuristic placement that is that plan optimal (to CP-SAT's rounding)
+        proven = (status == "INFEASIBLE" and heur.estimate.fits
+                  and heur.estimate.step_time_s <= best * (1 + 1e-9))
+        heur.status = "OPTIMAL" if proven else status
         if exact is not None and exact.estimate.fits and (
                 not heur.estimate.fits
                 or exact.estimate.step_time_s < heur.estimate.step_time_s):
@@ -360,6 +367,10 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                                  status=status, gap=gap, cluster=cl))
     ranked = sorted(plans, key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     mixed_best = ranked[0] if ranked else None
+    gap = 0.0   # the whole search's, as planner.search reports it
+    if mixed_best is not None:
+        best_s = mixed_best.estimate.step_time_s
+        gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
     # what mixing buys: each group alone, and every GPU as the slowest
     alone = [_alone(model, g, g.name, f, seq_len, gbs, engine, margin_gib)
              for g in mixed.groups]
@@ -376,5 +387,5 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                        seconds=time.perf_counter() - t0, seq_len=seq_len, global_batch=gbs,
                        engine=engine, margin_gib=margin_gib, mixed_best=mixed_best,
                        alone=alone, slowest=slow, chosen=chosen, closest=closest,
-                       solver_limit_hit=limit_hit)
+                       solver_limit_hit=limit_hit, gap=gap)
 
