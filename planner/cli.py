@@ -25,6 +25,7 @@ from planner.explain import (alternatives, describe_candidate, ensure_estimate,
 from planner.plan import Plan
 from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
+from planner.specs import MixedCluster
 from planner.precision_choice import AUTO, choice_record, search_formats
 from planner.vocab import SCHEDULES, schedule_name
 
@@ -312,6 +313,8 @@ def run_plan(argv) -> int:
         raise BadInput("--recipe names the recipe of a fixed --precision; --precision auto "
                        "tries every recipe the engine offers")
     fixed = _fixed(a, engine)
+    if isinstance(cluster, MixedCluster):
+        return _run_mixed(a, model, cluster, engine, fixed, profile)
     with SearchProgress(f"planning {model.name} on {cluster.name}") as progress:
         try:
             # the rejected layouts are only for the text output's Alternatives table
@@ -347,6 +350,36 @@ def run_plan(argv) -> int:
         plan.search["profile_used"] = model_notes
     alts = [] if (a.json or a.export) else alternatives(model, cluster, report, best, fixed)
     _emit(a, plan, alts)
+    return 0
+
+
+def _run_mixed(a, model, cluster, engine, fixed, profile) -> int:
+    """`plan` on a cluster of GPU groups (planner.search.groups): the best pipeline over the
+    groups, or the best single group's plan when mixing does not pay (search.mixing says)."""
+    from planner.search.groups import search_mixed
+    if profile is not None or a.precision == AUTO:
+        raise BadInput(f"{'--profile' if profile is not None else '--precision auto'} is not "
+                       f"planned on a mixed cluster yet; plan each group alone")
+    report = search_mixed(model, cluster, fixed, a.seq_len, a.global_batch, top=a.top,
+                          engine=engine, margin_gib=a.memory_margin)
+    best = report.best
+    if best is None:
+        msg = (f"nothing fits {model.name} on {cluster.name} under {engine.name}: no pipeline "
+               f"over its groups nor any group alone")
+        c = report.closest
+        if c is not None:
+            over = c.estimate.overflow_gib()
+            k = max(range(len(over)), key=lambda i: over[i])
+            msg += (f"; closest: {describe_candidate(c.candidate)} overflows stage {k} by "
+                    f"{over[k]:.1f} GiB")
+        raise NothingFits(msg)
+    if report.chosen == "mixed":
+        plan = to_plan(model, best.cluster, best, report)
+    else:
+        alone = next(x for x in report.alone if x.name == report.chosen)
+        plan = to_plan(model, alone.cluster, best, alone.report)
+    plan.search["mixing"] = report.mixing_record()
+    _emit(a, plan, [])
     return 0
 
 

@@ -310,6 +310,53 @@ def attention_label(plan: Plan) -> str:
     return f"{plan.attention} attention"
 
 
+def _peak_memory_text(plan: Plan) -> str:
+    """"peak reserved X / capacity GiB"; where the ranks' GPUs differ (a mixed cluster), of the
+    rank with the least room, named with its group."""
+    e, c = plan.estimate, plan.cluster
+    caps = e.get("stage_capacity_gib") or []
+    groups = plan.rank_groups()
+    if caps and groups and len(caps) == len(groups):
+        reserved = [max((st.memory_gib.get("reserved", 0.0) for st in plan.stages_of_rank(r)),
+                        default=0.0) for r in range(len(caps))]
+        r = min(range(len(caps)), key=lambda i: caps[i] - reserved[i])
+        return (f"least room: {reserved[r]:.1f} / {caps[r]:.1f} GiB reserved on rank {r} "
+                f"({groups[r]})")
+    cap = e.get("capacity_gib", c.gpu.memory_gib)
+    return f"peak reserved {e.get('peak_reserved_gib', e['peak_memory_gib']):.1f} / {cap:.1f} GiB"
+
+
+def mixing_lines(mixing: dict, step_s: float | None) -> list:
+    """What mixing GPU groups bought (planner.search.groups.MixedReport.mixing_record): the plan
+    against the best single group and against every GPU as the slowest."""
+    mixed = mixing.get("mixed_step_time_s")
+    alone = {k: v for k, v in mixing.get("single_group", {}).items()}
+    fits = {k: v for k, v in alone.items() if v is not None}
+    out = []
+    if mixing.get("chosen", "mixed") != "mixed":
+        alone_s = _fmt_time(fits[mixing["chosen"]])
+        out.append(f"mixing does not pay: {mixing['chosen']} alone ({alone_s}) beats the best "
+                   f"pipeline over the groups ({_fmt_time(mixed)}); planned on it alone"
+                   if mixed else
+                   f"no pipeline over the groups fits; planned on {mixing['chosen']} alone "
+                   f"({alone_s})")
+        return out
+    best_alone = min(fits.items(), key=lambda kv: kv[1], default=None)
+    line = "mixing the groups: "
+    if best_alone:
+        line += (f"{best_alone[1] / step_s:.2f}x the best single group ({best_alone[0]} alone, "
+                 f"{_fmt_time(best_alone[1])})")
+    else:
+        line += "no group alone fits (" + ", ".join(alone) + ")"
+    slow = mixing.get("all_as_slowest")
+    if slow:
+        line += (f"; {slow['step_time_s'] / step_s:.2f}x all as the slowest ({slow['cluster']}, "
+                 f"{_fmt_time(slow['step_time_s'])})" if slow.get("step_time_s")
+                 else f"; nothing fits all as the slowest ({slow['cluster']})")
+    out.append(line)
+    return out
+
+
 def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> str:
     """The full report. `alternatives`: [(description, step_time_s or None, why_lost)]."""
     buf = io.StringIO()
@@ -317,12 +364,18 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     e, m, c = plan.estimate, plan.model, plan.cluster
     fits = e.get("fits", False)
     cap = e.get("capacity_gib", c.gpu.memory_gib)
+    groups = getattr(c, "groups", None)   # a mixed cluster (planner.specs.MixedCluster)
+    where = (" + ".join(f"{g.num_gpus} x {gpu_label(g.gpu)} ({g.name}, {g.gpus_per_node} per "
+                        f"node)" for g in groups)
+             + f"; {c.inter_gbps:g} GB/s per GPU between groups" if groups
+             else f"{c.num_gpus} x {gpu_label(c.gpu)}, {c.gpus_per_node} per node")
     con.print(f"Plan for {m.name} ({count_label(m.num_params())} params, {m.num_layers} "
-              f"layers) on {c.name} ({c.num_gpus} x {gpu_label(c.gpu)}, {c.gpus_per_node} "
-              f"per node)")
+              f"layers) on {c.name} ({where})")
     from planner.engines import get_engine
     engine = get_engine(plan.engine)
     trust = trust_label(engine, c.gpu, plan.model.is_moe)
+    if groups:   # no published run over mixed GPUs validates the pipeline over groups
+        trust = f"not validated on mixed clusters (on {c.gpu.name} alone: {trust})"
     con.print(f"  engine {engine.name} ({engine.title}), {precision_label(plan)}, "
               f"{attention_label(plan)}; predictions {trust}")
     con.print(f"  {summary_line(plan)}")
@@ -331,8 +384,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     if e.get("step_time_s"):
         con.print(f"  step {_fmt_time(e['step_time_s'])}   {e['tokens_per_s']:,.0f} tokens/s   "
                   f"{_fmt_tflops(e['tflops_per_gpu'])} TFLOP/s per GPU   MFU {e['mfu'] * 100:.1f}%   "
-                  f"peak reserved {e.get('peak_reserved_gib', e['peak_memory_gib']):.1f} / "
-                  f"{cap:.1f} GiB"
+                  + _peak_memory_text(plan)
                   + ("" if fits else "   DOES NOT FIT"))
     s = plan.search
     if s:
@@ -357,6 +409,9 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             bits.append(f"estimate {s['estimate']}")
         if bits:
             con.print("  search: " + ", ".join(bits))
+        if s.get("mixing"):   # a mixed cluster (planner.search.groups prices these)
+            for line in mixing_lines(s["mixing"], e.get("step_time_s")):
+                con.print("  " + line)
         if s.get("precision_choice"):   # --precision auto (planner.precision_choice)
             from planner.precision_choice import choice_lines
             for line in choice_lines(s["precision_choice"]):
@@ -367,16 +422,28 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     except Exception:   # a plan the cost model cannot price (e.g. an unknown GPU): no times
         timing = None
     margin = e.get("memory_margin_gib")
-    t = Table(title=f"Stages (memory per GPU in GiB; usable capacity {cap:.1f} of "
-                    f"{c.gpu.memory_gib:.1f} GiB"
-                    + (f" after {engine.context_gib:.1f} context and {margin:.1f} margin)"
+    rank_caps = e.get("stage_capacity_gib") or []
+    if rank_caps and groups and c.pipeline:   # per group where the groups' GPUs differ
+        usable = ", ".join(dict.fromkeys(
+            f"{groups[g].name} {rank_caps[r]:.1f} of {groups[g].gpu.memory_gib:.1f}"
+            for r, g in enumerate(c.pipeline)))
+        usable = f"usable capacity {usable} GiB"
+    else:
+        usable = f"usable capacity {cap:.1f} of {c.gpu.memory_gib:.1f} GiB"
+    margin_text = ("each GPU's" if rank_caps else f"{margin:.1f}") if margin is not None else ""
+    t = Table(title=f"Stages (memory per GPU in GiB; {usable}"
+                    + (f" after {engine.context_gib:.1f} context and {margin_text} margin)"
                        if margin is not None else ")"), title_justify="left",
               caption="total: tensors allocated at the peak; reserved: what the caching allocator "
                       "holds then (max_memory_reserved)"
                       + ("\ntime/mb: one micro-batch, forward and backward, through all the layers "
                          "of the stage's pipeline rank" if timing else ""), caption_justify="left")
-    for col in ("stage", "rank", "layers", "recomp", "params", "grads", "optim", "activ",
-                "other", "total", "reserved", "free"):
+    names = ([groups[g].name if groups[g].name == groups[g].gpu.name
+              else f"{groups[g].name}:{groups[g].gpu.name}" for g in c.pipeline]
+             if groups and c.pipeline else [])
+    caps = rank_caps
+    for col in ("stage", "rank", *(("group",) if names else ()), "layers", "recomp", "params",
+                "grads", "optim", "activ", "other", "total", "reserved", "free"):
         t.add_column(col, justify="right", no_wrap=True)
     if timing:
         t.add_column("time/mb", justify="right", no_wrap=True)
@@ -384,7 +451,10 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
         mem = st.memory_gib
         total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_PARTS))
         reserved = mem.get("reserved", total)
+        cap = caps[st.pp_rank] if st.pp_rank < len(caps) else e.get("capacity_gib",
+                                                                     c.gpu.memory_gib)
         row = [str(st.index), str(st.pp_rank),
+               *((names[st.pp_rank],) if names else ()),
                f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})" if st.num_layers
                else "- (0)",
                str(st.recompute_layers),

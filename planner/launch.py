@@ -90,6 +90,8 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     p = plan.parallelism
     summary = (f"# plan {_comment(plan.model.name)} on {_comment(plan.cluster.name)}: tp={p.tp} "
                f"pp={p.pp} dp={p.dp} -> {world} GPUs = {nnodes} node(s) x {g}")
+    if getattr(plan.cluster, "pipeline", None):
+        return _mixed_launch(plan, plan_path, nnodes, g, port, slurm, summary, extra_args)
     if slurm:
         # sbatch reads #SBATCH lines itself, without a shell: keep the name to plain characters
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name or f"plan-{plan.model.name}")[:100]
@@ -119,3 +121,40 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
         f"address of one of them (port {port} open) and the plan file at this path on all:",
         cmd,
     ]) + "\n"
+
+
+def _mixed_launch(plan: Plan, plan_path, nnodes: int, g: int, port: int, slurm: bool,
+                  summary: str, extra_args) -> str:
+    """A plan over GPU groups (planner.specs.MixedCluster): its pipeline ranks must land on
+    their groups' hosts, so node ranks are given (torchrun's static rendezvous, --node-rank),
+    never assigned by c10d in the order nodes join: pp is the outermost rank dimension, so
+    node rank k holds global ranks [k*g, (k+1)*g) and the pipeline rank they belong to."""
+    cl, p = plan.cluster, plan.parallelism
+    if slurm:
+        raise BadInput("plan launch --slurm: a mixed cluster's hosts need node ranks in the "
+                       "pipeline's group order; use the torchrun lines (plan launch without "
+                       "--slurm)")
+    sizes = {cl.groups[i].gpus_per_node for i in set(cl.pipeline)}
+    if len(sizes) > 1:
+        raise BadInput(f"plan launch: the groups' hosts hold {' and '.join(map(str, sorted(sizes)))} "
+                       f"GPUs each; torchrun starts the same number of processes on every node")
+    per_rank = p.tp * p.cp * p.dp
+    lines = [summary, "# a mixed cluster: run on each host with NODE_RANK its place below and "
+                      "MASTER_ADDR the address of node rank 0 (port "
+                      f"{port} open), the plan file at this path on all:"]
+    start = 0
+    for i, grp in enumerate(cl.pipeline):
+        if i == len(cl.pipeline) - 1 or cl.pipeline[i + 1] != grp:
+            first, end = start * per_rank // g, (i + 1) * per_rank // g
+            lines.append(f"#   NODE_RANK {first}..{end - 1}: hosts of group "
+                         f"{_comment(cl.groups[grp].name)} (pipeline ranks {start}-{i})")
+            start = i + 1
+    check_name(str(plan_path), "the plan path", MAX_PATH)
+    parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(g),
+             "--node-rank", '"$NODE_RANK"', "--master-addr", '"$MASTER_ADDR"',
+             "--master-port", str(port), "-m", "runtime", "--plan", shlex.quote(str(plan_path))]
+    for a in extra_args:
+        check_name(str(a), "a runtime argument", MAX_PATH)
+    parts += [shlex.quote(str(a)) for a in extra_args]
+    lines.append(" ".join(parts))
+    return "\n".join(lines) + "\n"

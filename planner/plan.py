@@ -188,6 +188,14 @@ class Plan:
     def stages_of_rank(self, pp_rank: int) -> list:
         return [s for s in self.stages if s.pp_rank == pp_rank]
 
+    def rank_groups(self) -> list:
+        """The group name of each pipeline rank on a mixed cluster (planner.specs.MixedCluster;
+        its `pipeline`), else []."""
+        cl = self.cluster
+        if not getattr(cl, "pipeline", None):
+            return []
+        return [cl.groups[g].name for g in cl.pipeline]
+
     def layer_counts(self) -> list:
         """Layers held by each pipeline rank."""
         return [sum(s.num_layers for s in self.stages_of_rank(r)) for r in range(self.parallelism.pp)]

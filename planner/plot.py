@@ -193,6 +193,10 @@ def _save(fig, out: Path) -> None:
         raise BadInput(f"--plot {out}: {e.strerror or e}") from None
 
 
+# a mixed cluster's groups, one tint each behind their pipeline ranks' rows
+GROUP_TINTS = ("#dbe9f6", "#fbe3d3", "#e2f0d9", "#ece2f3")
+
+
 def plot_plan(plan: Plan, path) -> str:
     """Write the schedule timeline and per-stage memory of `plan` to `path` (.png/.svg/.pdf)."""
     out = check_path(path)
@@ -244,6 +248,13 @@ def plan_figure(plan: Plan):
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_yticks(range(p) if p <= 32 else range(0, p, max(1, p // 16)))
     ax.set_ylabel("pipeline rank")
+    groups = plan.rank_groups()
+    if groups:   # a mixed cluster: each rank's band tinted by its group, named on its tick
+        names = sorted(set(groups), key=groups.index)
+        for r, g in enumerate(groups):
+            ax.axhspan(r - 0.5, r + 0.5, color=GROUP_TINTS[names.index(g) % len(GROUP_TINTS)],
+                       zorder=0, linewidth=0)
+        ax.set_yticklabels([f"{r} {groups[r]}" for r in ax.get_yticks()])
     ax.set_xlim(0, span * scale * 1.01)
     ax.set_xlabel(f"time ({unit})")
     sched = par.schedule if p > 1 else "no pipeline"
@@ -288,6 +299,8 @@ def plan_figure(plan: Plan):
     pad = max(0.0, (4 - p) / 2)
     ax2.set_xlim(-0.5 - pad, p - 0.5 + pad)
     ax2.set_xticks(range(p) if p <= 32 else range(0, p, max(1, p // 16)))
+    if groups:
+        ax2.set_xticklabels([f"{r}\n{groups[r]}" for r in ax2.get_xticks()])
     ax2.set_xlabel("pipeline rank (stage)")
     ax2.set_ylabel("GiB per GPU")
     ax2.set_ylim(0, max(max(bottom, default=0), plan.cluster.gpu.memory_gib) * 1.12)

@@ -122,6 +122,9 @@ RULE_SOURCES = {
     "positions": "megatron/core/models/common/embeddings/language_model_embedding.py (the "
                  "learned position table of max_position_embeddings rows); runtime/model.py "
                  "pos_embeddings",
+    "mixed_groups": "megatron/core/parallel_state.py initialize_model_parallel (order "
+                    "tp-cp-ep-dp-pp: pp outermost, so a pipeline rank's tp*cp*dp ranks are "
+                    "consecutive and the hosts launched in node-rank order hold them)",
     "pp_layers": "megatron/core/transformer/transformer_block.py get_num_layers_to_build (every "
                  "pipeline rank and virtual stage builds at least one layer); "
                  "deepspeed/runtime/pipe/module.py",
@@ -830,11 +833,34 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
                 f"interleaved 1F1B needs num_microbatches {b.num_microbatches} to be a "
                 f"multiple of {rounds} (rounds of pp = {p.pp})",
                 "torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B")
+    for why in mixed_cluster_problems(c, p):
+        add("mixed_groups", ("cluster", "pp", "tp", "dp", "cp"), why)
     if not pp_ok(m, p.pp, p.vpp):
         add("pp_layers", ("pp", "vpp"),
             f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
     out += [Problem("stages", ("stages",), why) for why in stage_problems(plan)]
     return [cited(x, engine) for x in out]
+
+
+def mixed_cluster_problems(cluster, p) -> list:
+    """A plan over GPU groups (planner.specs.MixedCluster): one group per pipeline rank, and
+    each group holding exactly its ranks' GPUs (pp is outermost in the rank order, so pipeline
+    rank s is the tp*cp*dp ranks from s*tp*cp*dp, all on the group the pipeline names)."""
+    groups = getattr(cluster, "groups", None)
+    if not groups:
+        return []
+    pipe = cluster.pipeline
+    if len(pipe) != p.pp:
+        return [f"cluster.pipeline names the groups of {len(pipe)} pipeline ranks; pp is {p.pp}"]
+    per_rank = p.tp * p.cp * p.dp
+    out = []
+    for i, g in enumerate(groups):
+        uses = pipe.count(i) * per_rank
+        if uses != g.num_gpus:
+            out.append(f"group {g.name} has {g.num_gpus} GPUs but the plan puts {pipe.count(i)} "
+                       f"pipeline rank(s) of tp*cp*dp = {per_rank} GPUs on it ({uses}); the "
+                       f"groups' GPUs must be what the plan uses")
+    return out
 
 
 def plan_problems(plan, whole_cluster: bool = False, runner: str | None = None) -> list:

@@ -482,10 +482,113 @@ class Cluster:
     def num_nodes(self) -> int:
         return math.ceil(self.num_gpus / self.gpus_per_node)
 
+    @property
+    def peak_tflops_per_gpu(self) -> float:
+        """The peak an MFU is measured against, per GPU."""
+        return self.gpu.peak_tflops
+
+    def rank_gpus(self, pp: int) -> list:
+        """The GPU of each of `pp` pipeline ranks: this cluster's one GPU."""
+        return [self.gpu] * pp
+
     def to_dict(self) -> dict:
         return {"name": self.name, "num_gpus": self.num_gpus, "gpus_per_node": self.gpus_per_node,
                 "nvlink_domain": self.nvlink_domain, "gpu": self.gpu.name,
                 "gpu_memory_gib": self.gpu.memory_gib, "gpu_spec": dataclasses.asdict(self.gpu)}
+
+
+@dataclass(frozen=True)
+class MixedCluster:
+    """GPU groups of different kinds in one job (issue 24): each group a homogeneous Cluster
+    (its own GPU, hosts, NVLink domain and NICs, named for the group), joined by one network
+    between groups. `link_gbps` (per GPU, one direction) and `link_latency_us` price what
+    crosses it; None: the slower side's NIC (the least internode_gbps_per_gpu and the largest
+    internode latency of the groups). `pipeline`: the group of each pipeline rank in rank
+    order, set by a plan (a cluster file has none); ranks are laid out pp outermost, so the
+    groups' hosts come in that order. A one-group cluster is a plain Cluster, never this."""
+    name: str
+    groups: tuple
+    link_gbps: float | None = None
+    link_latency_us: float | None = None
+    pipeline: tuple = ()
+
+    def __post_init__(self):
+        who = _who("cluster", self.name)
+        try:
+            S.Name()(self.name, "name")
+            if self.link_gbps is not None:
+                _BW(self.link_gbps, "link_gbps")
+            if self.link_latency_us is not None:
+                _LAT(self.link_latency_us, "link_latency_us")
+        except S.Invalid as e:
+            raise BadInput(f"{who}: {e}") from None
+        object.__setattr__(self, "groups", tuple(self.groups))
+        object.__setattr__(self, "pipeline", tuple(self.pipeline))
+        if len(self.groups) < 2 or not all(isinstance(g, Cluster) for g in self.groups):
+            raise BadInput(f"{who}: groups must be two or more clusters")
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise BadInput(f"{who}: group names {', '.join(names)} repeat; name each group")
+        if self.num_gpus > B.MAX_GPUS:
+            raise BadInput(f"{who}: {self.num_gpus} GPUs is more than this planner plans for "
+                           f"(at most {B.MAX_GPUS})")
+        if any(not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < len(self.groups)
+               for g in self.pipeline):
+            raise BadInput(f"{who}: pipeline must list group indices 0..{len(self.groups) - 1}")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.groups)
+
+    @property
+    def gpu(self) -> Gpu:
+        """The slowest group's GPU (least peak): what a reader that needs one GPU assumes."""
+        return min((g.gpu for g in self.groups), key=lambda x: x.peak_tflops)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(g.gpus_per_node for g in self.groups)
+
+    @property
+    def nvlink_domain(self) -> int:
+        return min(g.nvlink_domain for g in self.groups)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(g.num_nodes for g in self.groups)
+
+    @property
+    def peak_tflops_per_gpu(self) -> float:
+        """The GPUs' mean peak: an MFU over a mixed cluster is of their summed peaks."""
+        return sum(g.gpu.peak_tflops * g.num_gpus for g in self.groups) / self.num_gpus
+
+    @property
+    def inter_gbps(self) -> float:
+        return (self.link_gbps if self.link_gbps is not None
+                else min(g.gpu.internode_gbps_per_gpu for g in self.groups))
+
+    @property
+    def inter_latency_us(self) -> float:
+        return (self.link_latency_us if self.link_latency_us is not None
+                else max(g.gpu.internode_latency_us for g in self.groups))
+
+    def rank_gpus(self, pp: int) -> list:
+        """The GPU of each pipeline rank (the pipeline's groups; the slowest without one)."""
+        if len(self.pipeline) == pp:
+            return [self.groups[g].gpu for g in self.pipeline]
+        return [self.gpu] * pp
+
+    def group_of(self, name: str) -> int:
+        return [g.name for g in self.groups].index(name)
+
+    def with_pipeline(self, pipeline) -> "MixedCluster":
+        return dataclasses.replace(self, pipeline=tuple(pipeline))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "num_gpus": self.num_gpus,
+                "gpus_per_node": self.gpus_per_node, "gpu": self.gpu.name,
+                "groups": [g.to_dict() for g in self.groups], "link_gbps": self.link_gbps,
+                "link_latency_us": self.link_latency_us, "pipeline": list(self.pipeline)}
 
 
 def nvlink_domain_problem(domain, gpus_per_node: int, num_gpus: int) -> str | None:
@@ -509,4 +612,10 @@ def nvlink_domain_problem(domain, gpus_per_node: int, num_gpus: int) -> str | No
 PLAN_CLUSTER = S.Obj({"name": S.Name(), "num_gpus": S.Int(1, None),
                       "gpus_per_node": (S.Int(1, None), None),
                       "nvlink_domain": (S.Int(1, None), None), "gpu": (S.Name(), None),
-                      "gpu_memory_gib": (S.Num(), None), "gpu_spec": (S.Anything(), None)})
+                      "gpu_memory_gib": (S.Num(), None), "gpu_spec": (S.Anything(), None),
+                      # a mixed cluster's (MixedCluster.to_dict): its groups, each a cluster
+                      # of this form, the link between them and the pipeline's groups
+                      "groups": (S.List(S.Anything(), 2, 64), None),
+                      "link_gbps": (S.Nullable(_BW), None),
+                      "link_latency_us": (S.Nullable(_LAT), None),
+                      "pipeline": (S.List(S.Int(0, 63), 0, B.MAX_LAYERS), None)})

@@ -22,6 +22,8 @@ from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, PlannerError
 from planner.explain import describe_candidate, describe_result, no_configuration_message
 from planner.search import Fixed, default_global_batch, default_seq_len, search
+from planner.search.groups import search_mixed
+from planner.specs import MixedCluster
 from planner.suggest import diagnose_no_configuration
 
 COLUMNS = ["model", "cluster", "gpus", "seq_len", "global_batch", "fits", "config", "tp", "pp",
@@ -92,11 +94,15 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
                    global_batch=g_, fits=False, note="")
         if progress:
             progress(i, len(points), f"{cluster.name} seq {s_} batch {g_}")
+        mixed = isinstance(cluster, MixedCluster)
         try:
-            # no alternatives are shown: the rejected layouts need not be found
-            report = search(model, cluster, fixed, s_, g_, top=1, rejected=False)
+            if mixed:   # GPU groups of different kinds (planner.search.groups)
+                report = search_mixed(model, cluster, fixed, s_, g_, top=1)
+            else:
+                # no alternatives are shown: the rejected layouts need not be found
+                report = search(model, cluster, fixed, s_, g_, top=1, rejected=False)
         except PlannerError as e:       # e.g. a batch these GPUs cannot split
-            nc = diagnose_no_configuration(model, cluster, fixed, s_, g_)
+            nc = None if mixed else diagnose_no_configuration(model, cluster, fixed, s_, g_)
             row["note"] = no_configuration_message(model, nc) if nc is not None else str(e)
             rows.append(row)
             continue
@@ -124,6 +130,8 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
                    peak_reserved_gib=round(e.peak_reserved_gib, 2),
                    peak_allocated_gib=round(e.peak_memory_gib, 2),
                    capacity_gib=round(e.capacity_gib, 2))
+        if mixed and report.chosen != "mixed":
+            row["note"] = f"mixing does not pay: {report.chosen} alone"
         rows.append(row)
     if progress:
         progress(len(points), len(points), "done")

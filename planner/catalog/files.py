@@ -19,7 +19,7 @@ from planner.catalog.hf import model_from_hf_config
 from planner.catalog.systems import host_size, system_layout
 from planner.errors import BadInput
 from planner.specs import (GPU_FIELDS, GPU_OVERRIDES, GPU_SCHEMA, PLAN_CLUSTER, Cluster, Gpu,
-                           Model)
+                           MixedCluster, Model)
 
 
 def model_name_of(cfg: dict, path: Path) -> str:
@@ -64,9 +64,45 @@ CLUSTER_FILE = S.Obj({"name": (S.Name(), None), "num_gpus": S.Int(1, None),
                       **{k: (GPU_FIELDS[k], None) for k in GPU_OVERRIDES}})
 
 
+# a mixed cluster's file (issue 24): its groups, each a cluster of CLUSTER_FILE's form (named
+# for its GPU unless "name" says otherwise), the link between groups (default: the slower
+# side's NIC) and, optionally, the GPUs in all, which must be what the groups hold
+MIXED_CLUSTER_FILE = S.Obj({"name": (S.Name(), None), "num_gpus": (S.Int(1, None), None),
+                            "groups": S.List(CLUSTER_FILE, 1, 64),
+                            "link_gbps": (GPU_FIELDS["internode_gbps_per_gpu"], None),
+                            "link_latency_us": (GPU_FIELDS["internode_latency_us"], None)})
+
+
 def load_cluster_file(path: str) -> Cluster:
+    """A Cluster from a cluster file, or a MixedCluster from one with "groups" (a one-group
+    file is a plain Cluster)."""
     where = f"cluster file {S.show_path(path)}"
-    d = S.check(CLUSTER_FILE, S.read_json_object(path, "cluster file"), where)
+    raw = S.read_json_object(path, "cluster file")
+    name = Path(path).stem
+    if "groups" not in raw:
+        return _file_cluster(S.check(CLUSTER_FILE, raw, where), where, name)
+    d = S.check(MIXED_CLUSTER_FILE, raw, where)
+    name = d.get("name") or name
+    groups = []
+    for i, g in enumerate(d["groups"]):
+        gwhere = f"{where}: groups[{i}]"
+        groups.append(_file_cluster(g, gwhere, None))
+    total = sum(g.num_gpus for g in groups)
+    if "num_gpus" in d and d["num_gpus"] != total:
+        raise BadInput(f"{where}: num_gpus {d['num_gpus']} is not what the groups hold "
+                       f"({' + '.join(str(g.num_gpus) for g in groups)} = {total})")
+    if len(groups) == 1:
+        return dataclasses.replace(groups[0], name=name)
+    try:
+        return MixedCluster(name=name, groups=tuple(groups), link_gbps=d.get("link_gbps"),
+                            link_latency_us=d.get("link_latency_us"))
+    except BadInput as e:
+        raise BadInput(f"{where}: {e}") from None
+
+
+def _file_cluster(d: dict, where: str, name: str | None) -> Cluster:
+    """The Cluster of a checked CLUSTER_FILE dict (`name`: the file's stem, None: the GPU's
+    name, as a mixed cluster's groups are named)."""
     if ("gpu" in d) == ("base" in d):
         raise BadInput(f"{where}: give " + ("either 'gpu' or 'base', not both" if "gpu" in d else
                                             "'gpu' (a catalog GPU or an object of its figures) "
@@ -87,7 +123,7 @@ def load_cluster_file(path: str) -> Cluster:
     if n > B.MAX_GPUS:
         raise BadInput(f"{where}: {S.show(n)} GPUs is more than this planner plans for "
                        f"(at most {B.MAX_GPUS})")
-    name = d.get("name") or Path(path).stem
+    name = d.get("name") or name or gpu.name
     domain = d.get("nvlink_domain")
     # what is not given comes from the GPU's catalog system (planner.catalog.systems.SYSTEMS:
     # 8 to a host and an NVLink domain; GB200/GB300 NVL72: 4 to a host, 72 to a domain); a
@@ -153,6 +189,19 @@ def cluster_from_dict(d: dict, what: str = "cluster") -> Cluster:
     (else the catalog's `gpu`); `gpu` and `gpu_memory_gib`, written for readers, must agree
     with it."""
     d = S.check(PLAN_CLUSTER, d, what)
+    if "groups" in d:
+        groups = tuple(cluster_from_dict(g, f"{what}: groups[{i}]")
+                       for i, g in enumerate(d["groups"]))
+        try:
+            out = MixedCluster(name=d["name"], groups=groups, link_gbps=d.get("link_gbps"),
+                               link_latency_us=d.get("link_latency_us"),
+                               pipeline=tuple(d.get("pipeline", ())))
+        except BadInput as e:
+            raise BadInput(f"{what}: {e}") from None
+        if d["num_gpus"] != out.num_gpus:
+            raise BadInput(f"{what}: num_gpus {d['num_gpus']} is not what the groups hold "
+                           f"({out.num_gpus})")
+        return out
     if "gpu_spec" in d:
         gpu = gpu_from_json(d["gpu_spec"], what, "gpu_spec")
     elif "gpu" in d:

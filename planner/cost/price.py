@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.moe import moe_counts, plan_dispatcher
+from planner.cost.groups import mixed_coefficients
 from planner.cost.stage import Candidate, Estimate, evaluate, stage_coefficients
+from planner.specs import MixedCluster
 
 
 @dataclass
@@ -64,11 +66,19 @@ class Price:
         return out
 
 
+def coefficients_of(model, cluster, c: Candidate, engine=None) -> list:
+    """Stage coefficients of every pipeline rank: on a mixed cluster each rank on its group's
+    GPU (planner.cost.groups), else planner.cost.stage.stage_coefficients."""
+    if isinstance(cluster, MixedCluster):
+        return mixed_coefficients(model, cluster, c, engine)
+    return stage_coefficients(model, cluster, c, engine)
+
+
 def price(model, cluster, c: Candidate, layers: list, recompute: list, engine=None,
           margin_gib: float | None = None, coeffs: list | None = None) -> Price:
     """The price of candidate `c` with `layers` and `recompute` layers per pipeline rank
     (coefficients built unless given)."""
-    coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
+    coeffs = coeffs or coefficients_of(model, cluster, c, engine)
     est = evaluate(model, cluster, c, list(layers), list(recompute), coeffs, engine, margin_gib)
     return Price(model=model, candidate=c, layers=list(layers), recompute=list(recompute),
                  coeffs=coeffs,

@@ -296,6 +296,24 @@ def memory_budget(cluster: Cluster, engine: Engine | None = None,
                         engine.allocator_reserve)
 
 
+def rank_budgets(cluster, engine: Engine | None = None, margin_gib: float | None = None,
+                 pp: int = 1) -> list:
+    """MemoryBudget of each of `pp` pipeline ranks, on its own GPU (Cluster.rank_gpus: one GPU
+    on a plain cluster; a mixed cluster's pipeline groups); the default margin is a fraction of
+    each GPU's memory."""
+    engine = get_engine(engine)
+    by_gpu = {}
+    out = []
+    for gpu in cluster.rank_gpus(pp):
+        b = by_gpu.get(id(gpu))
+        if b is None:
+            margin = DEFAULT_MARGIN_FRACTION * gpu.memory_gib if margin_gib is None else margin_gib
+            b = by_gpu[id(gpu)] = MemoryBudget(gpu.memory_gib, engine.context_gib, margin,
+                                               engine.allocator_reserve)
+        out.append(b)
+    return out
+
+
 def capacity_bytes(cluster: Cluster, engine: Engine | None = None,
                    margin_gib: float | None = None) -> float:
     """Bytes the plan's tensors may take on one GPU (MemoryBudget.allocatable_bytes)."""
@@ -636,9 +654,12 @@ class Estimate:
     capacity_gib: float        # what the allocator may reserve: memory - context - margin
     peak_reserved_gib: float = 0.0   # the allocator's reserve at the peak (max over ranks)
     margin_gib: float = 0.0
+    # per pipeline rank where the ranks' GPUs differ (a mixed cluster); empty: capacity_gib
+    stage_capacity_gib: list = field(default_factory=list)
 
     def overflow_gib(self) -> list:
-        return [m["reserved"] - self.capacity_gib for m in self.stage_memory_gib]
+        caps = self.stage_capacity_gib or [self.capacity_gib] * len(self.stage_memory_gib)
+        return [m["reserved"] - c for m, c in zip(self.stage_memory_gib, caps)]
 
     def to_dict(self) -> dict:
         return {"fits": self.fits, "step_time_s": self.step_time_s,
@@ -646,7 +667,9 @@ class Estimate:
                 "mfu": self.mfu, "peak_memory_gib": self.peak_memory_gib,
                 "peak_reserved_gib": self.peak_reserved_gib,
                 "capacity_gib": self.capacity_gib, "memory_margin_gib": self.margin_gib,
-                "time_breakdown_s": self.time_breakdown_s}
+                "time_breakdown_s": self.time_breakdown_s,
+                **({"stage_capacity_gib": self.stage_capacity_gib}
+                   if self.stage_capacity_gib else {})}
 
 
 def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
@@ -655,7 +678,7 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     """Estimate of a full plan: per-rank layer counts `layers` and recomputed counts."""
     engine = get_engine(engine)
     coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
-    budget = memory_budget(cluster, engine, margin_gib)
+    budgets = rank_budgets(cluster, engine, margin_gib, len(coeffs))
     if coeffs[0].moe is not None:   # dense and MoE layers: how many of each a rank holds
         from planner.cost.moe import moe_counts
         qs, rqs = moe_counts(model, c.pp, c.vpp, layers, recompute)
@@ -689,18 +712,21 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         breakdown["ep_comm"] = c.m * (n * k.ep_layer + r * k.ep_rec
                                       + (q * km.ep_layer + rq * km.ep_rec if km else 0.0))
     mems = []
-    for kk, nn, rr, qq, rqq in zip(coeffs, layers, recompute, qs, rqs):
+    for kk, nn, rr, qq, rqq, budget in zip(coeffs, layers, recompute, qs, rqs, budgets):
         m = {key: val / GIB for key, val in kk.memory(nn, rr, qq, rqq).items()}
         m["reserved"] = budget.reserved(m["total"])
         mems.append(m)
-    cap = budget.usable_gib
+    caps = [b.usable_gib for b in budgets]
+    cap = min(caps)
+    fits = all(mm["reserved"] <= cb for mm, cb in zip(mems, caps))
     peak = max(mm["total"] for mm in mems)
     peak_reserved = max(mm["reserved"] for mm in mems)
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    return Estimate(fits=peak_reserved <= cap, step_time_s=step, tokens_per_s=tokens / step,
-                    tflops_per_gpu=tflops, mfu=tflops / cluster.gpu.peak_tflops,
+    return Estimate(fits=fits, step_time_s=step, tokens_per_s=tokens / step,
+                    tflops_per_gpu=tflops, mfu=tflops / cluster.peak_tflops_per_gpu,
                     peak_memory_gib=peak, time_breakdown_s=breakdown,
                     stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap,
-                    peak_reserved_gib=peak_reserved, margin_gib=budget.margin_gib)
+                    peak_reserved_gib=peak_reserved, margin_gib=budgets[0].margin_gib,
+                    stage_capacity_gib=caps if len(set(caps)) > 1 else [])

@@ -32,7 +32,25 @@ def header(plan: Plan, engine: str) -> list:
         f"seq_len={b.seq_len} global_batch={b.global_batch_size} "
         f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}; "
         f"precision={plan.precision}" + (f" recipe={plan.recipe}" if plan.recipe else ""),
-    ]
+    ] + mixed_launch_note(plan)
+
+
+def mixed_launch_note(plan: Plan) -> list:
+    """On a mixed cluster: which hosts each group's pipeline ranks need (pp is the outermost
+    rank dimension, so node ranks follow the pipeline's groups)."""
+    cl, p = plan.cluster, plan.parallelism
+    if not getattr(cl, "pipeline", None):
+        return []
+    per_rank = p.tp * p.cp * p.dp
+    parts, start = [], 0
+    for i, g in enumerate(cl.pipeline):
+        if i == len(cl.pipeline) - 1 or cl.pipeline[i + 1] != g:
+            grp = cl.groups[g]
+            parts.append(f"pipeline ranks {start}-{i} (global ranks {start * per_rank}-"
+                         f"{(i + 1) * per_rank - 1}) on group {grp.name} ({grp.gpu.name})")
+            start = i + 1
+    return ["mixed cluster: " + "; ".join(parts) + ": launch each group's hosts at those "
+            "node ranks"]
 
 
 def stage_layers(plan: Plan) -> list:

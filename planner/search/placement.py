@@ -238,8 +238,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             tail_expr = tail_expr + ns(d.opt_layer) * q
             dz = [(e[0], e[2]) for e in d.exposures()]
             dt = [(e[0], e[2]) for e in d.tail_exposures()]
-        # memory (bytes)
-        mdl.Add(mem_expr <= int(cap))
+        # memory (bytes); `cap` per rank where the ranks' GPUs differ (planner.search.groups)
+        mdl.Add(mem_expr <= int(cap[i] if isinstance(cap, (list, tuple)) else cap))
         # per micro-batch time, with the ZeRO-2/3 collectives' exposure
         for j, (cl, cf, hl, hf) in enumerate(k.exposures()):
             dc, dh = dz[j] if dz else (0.0, 0.0)

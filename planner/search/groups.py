@@ -1,0 +1,391 @@
+"""The search over a mixed cluster (planner.specs.MixedCluster, issue 24).
+
+A plan over GPU groups is one pipeline whose stages sit on groups, a stage never spanning two;
+data parallelism replicates the whole pipeline (each replica spans the groups, a stage's
+replicas in its group) and tensor parallelism is the same in every group, so each group g
+holds pp_g = N_g / (tp x cp x dp) pipeline ranks and the groups' order along the pipeline is
+searched (every permutation: 2 for 2 groups). The outer choices are the homogeneous search's
+(planner.search.enumeration over the cluster's GPU count, its hosts the smallest group's),
+less what a pipeline over groups does not run yet: virtual stages (interleaved and V
+schedules place a rank's chunks around the whole pipeline) and expert parallelism. Layers per
+rank are placed by the same CP-SAT model over counts (planner.search.placement.solve_cpsat),
+each rank with its own GPU's coefficients (planner.cost.groups) and memory capacity; the
+first placement tried gives each rank layers in proportion to its speed.
+
+Beside the mixed plans the search prices the best plan on each group alone and "all as the
+slowest" (the cluster's GPU count of the slowest group's GPU, hosts alike): a mixed plan is
+chosen only when it beats every single group, and the report says what it bought.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+from planner.cost.groups import mixed_coefficients
+from planner.cost.price import price
+from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_coefficients
+from planner.engines import ENGINES, get_engine
+from planner import rules as V
+from planner.errors import BadInput
+from planner.rules_fixed import check_fixed
+from planner.search import default_global_batch, default_seq_len, search
+from planner.search.bounds import (SharedCoefficients, _min_recompute, _recompute_bounds,
+                                   rules_for)
+from planner.search.enumeration import Fixed, enumerate_candidates
+from planner.search.placement import Result, solve_cpsat
+from planner.specs import Cluster, MixedCluster, Model
+
+# schedules a pipeline over groups runs (one chunk per rank: see the module docstring)
+MIXED_SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass
+class MixedResult(Result):
+    """A placed candidate on a mixed cluster: `cluster` carries the pipeline's groups."""
+    cluster: MixedCluster | None = None
+
+
+@dataclass
+class Alone:
+    """The best plan on one group alone, or on the cluster's GPU count of its slowest GPU
+    (`name` "all as <gpu>"): its cluster and step (None: nothing fits there)."""
+    name: str
+    cluster: Cluster
+    step_time_s: float | None
+    result: object = None       # planner.search.placement.Result
+    report: object = None       # its planner.search.SearchReport
+
+
+@dataclass
+class MixedReport:
+    best: Result | None          # MixedResult, or a single group's Result when mixing loses
+    ranked: list
+    candidates: int
+    pruned_memory: int
+    pruned_bound: int
+    solved: int
+    seconds: float
+    seq_len: int
+    global_batch: int
+    engine: object
+    margin_gib: float | None
+    mixed_best: MixedResult | None = None    # the best mixed plan (whether chosen or not)
+    alone: list = field(default_factory=list)   # [Alone] per group
+    slowest: Alone | None = None
+    chosen: str = "mixed"        # "mixed" or the group name whose plan is chosen
+    closest: Result | None = None
+    gap: float = 0.0
+    solver_limit_hit: int = 0
+
+    def mixing_record(self) -> dict:
+        """What the plan's `search.mixing` records (planner.explain renders it)."""
+        return {"chosen": self.chosen,
+                "mixed_step_time_s": (self.mixed_best.estimate.step_time_s
+                                      if self.mixed_best else None),
+                "single_group": {a.name: a.step_time_s for a in self.alone},
+                "all_as_slowest": {"cluster": self.slowest.cluster.name,
+                                   "step_time_s": self.slowest.step_time_s}
+                if self.slowest else None}
+
+
+def slowest_cluster(mixed: MixedCluster) -> Cluster:
+    """Every GPU as the slowest group's: the cluster's GPU count on that GPU, hosts of the
+    smallest group's size."""
+    gpn = mixed.gpus_per_node
+    n = mixed.num_gpus
+    return Cluster(name=f"{mixed.gpu.name}x{n}", gpu=mixed.gpu, num_gpus=n, gpus_per_node=gpn)
+
+
+def _unsupported(model: Model, f: Fixed, engine) -> str | None:
+    if not engine.pipelines:
+        return (f"{engine.name} has no pipeline parallelism, and a mixed cluster is planned as "
+                f"one pipeline over its groups (data parallelism across groups, every GPU at "
+                f"the slowest's pace, is not planned yet); plan it with an engine that "
+                f"pipelines ({', '.join(n for n, e in ENGINES.items() if e.pipelines)}) or on "
+                f"one group")
+    if model.is_moe:
+        return ("a mixed cluster plans dense models only so far (expert parallelism over "
+                "groups is not searched); plan an MoE model on one group")
+    if f.stage_layers is not None:
+        return "--stage-layers on a mixed cluster: the layers per group's ranks are searched"
+    if f.vpp not in (None, 1) or (f.schedule is not None and f.schedule not in MIXED_SCHEDULES):
+        return (f"a pipeline over GPU groups runs one chunk per rank "
+                f"({' or '.join(MIXED_SCHEDULES)}); --vpp and --schedule "
+                f"{f.schedule or 'interleaved'} are not searched on a mixed cluster")
+    return None
+
+
+def _pipelines(mixed: MixedCluster, c: Candidate) -> list:
+    """Every order of the groups along the pipeline, each group holding N_g / (tp cp dp) ranks;
+    [] when a group's GPUs are not whole pipeline ranks of c."""
+    per_rank = c.tp * c.cp * c.dp
+    counts = []
+    for g in mixed.groups:
+        if g.num_gpus % per_rank:
+            return []
+        counts.append(g.num_gpus // per_rank)
+    return [tuple(g for g in order for _ in range(counts[g]))
+            for order in itertools.permutations(range(len(mixed.groups)))]
+
+
+class ShapeBound:
+    """A step no placement of a candidate beats, before its coefficients exist: its layers and
+    its embedding and head (their compute_fixed at pp 1, what the ranks hold between them)
+    each at the least of the groups' times (planner.cost.stage.stage_coefficients on each
+    group's cluster, once per layer shape), spread evenly over the pp ranks, the sends (>= 0)
+    left out; as the pipeline's step is (m - 1) x its slowest rank + the sum of its ranks
+    (planner.cost.schedule.pipeline_time), at least m x the mean + (p - 1) x the mean."""
+
+    def __init__(self, model, mixed: MixedCluster, engine):
+        self.model, self.mixed, self.engine = model, mixed, engine
+        self._shape = {}
+
+    def __call__(self, c: Candidate) -> float:
+        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.tp_comm_overlap, c.seq_len, c.flash,
+               c.precision, c.recipe)
+        got = self._shape.get(key)
+        if got is None:
+            one = dataclasses.replace(c, pp=1, vpp=1, schedule="1f1b", zero=0,
+                                      recompute="none", dp=1)
+            ks = [stage_coefficients(self.model, g, one, self.engine)[0]
+                  for g in self.mixed.groups]
+            got = self._shape[key] = (min(k.compute_fixed for k in ks),
+                                      min(k.t_layer for k in ks))
+        fixed, layer = got
+        mean = (fixed + self.model.num_layers * layer) / c.pp
+        return c.m * mean + (c.pp - 1) * mean
+
+
+def _caps(coeffs, cap: list, c: Candidate, rules) -> list:
+    """Most layers each rank can hold, recomputing all it may (memory is linear in n and r)."""
+    _, hi = _recompute_bounds(c, rules)
+    out = []
+    for k, cb in zip(coeffs, cap):
+        per, room = k.mem_total_layer() - hi * k.mem_rec, cb - k.mem_total_fixed()
+        out.append(0 if room < 0 else 10 ** 9 if per <= 0 else int(room // per))
+    return out
+
+
+def _lower_bound(coeffs, c: Candidate, L: int, caps_bytes: list, rules) -> float:
+    """No placement is faster. The slowest rank takes at least T*, the least T at which the
+    ranks hold the L layers between them when layers may be split (a continuous relaxation of
+    solve_cpsat's model without the ZeRO exposures): rank i holds n layers within T when
+    t_fixed + n t_layer + r t_rec <= T, r the fewest recomputed layers its memory needs (0
+    while mem(n, 0) fits; every layer where the engine recomputes all, none where the
+    candidate recomputes nothing); m micro-batches of it, and one micro-batch through the
+    others, which take at least their fixed times and the least per-layer time of the L
+    layers (the pipeline's step: planner.cost.schedule.pipeline_time)."""
+    lo_r, hi_r = _recompute_bounds(c, rules)
+    ranks = []
+    for k, cap in zip(coeffs, caps_bytes):
+        every = lo_r == 1                     # every layer recomputed
+        ranks.append((k.t_fixed, k.t_layer + (k.t_rec if every else 0.0),
+                      cap - k.mem_total_fixed(),
+                      k.mem_total_layer() - (k.mem_rec if every else 0.0),
+                      k.mem_rec if (lo_r, hi_r) == (0, 1) else 0.0, k.t_rec))
+
+    def held(T: float) -> float:
+        """Layers the ranks hold within T (continuous)."""
+        total = 0.0
+        for t_fixed, t_n, room, m_n, save, t_rec in ranks:
+            if T <= t_fixed or room < 0:
+                continue
+            by_time = (T - t_fixed) / t_n
+            by_mem = room / m_n if m_n > 0 else math.inf   # without recompute
+            if by_time <= by_mem:
+                total += by_time
+            elif save > 0:
+                # past by_mem each more layer recomputes m_n / save layers' worth to make
+                # room: t_n + t_rec m_n / save a layer, up to every layer recomputed
+                most = room / (m_n - save) if m_n > save else math.inf
+                more = (T - t_fixed - by_mem * t_n) / (t_n + t_rec * m_n / save)
+                total += min(by_mem + more, most)
+            else:
+                total += by_mem
+        return total
+
+    lo = min(k.t_fixed for k in coeffs)
+    hi = max(k.t_fixed for k in coeffs) + L * max(k.t_layer + k.t_rec for k in coeffs)
+    if held(hi) < L:
+        return math.inf   # no placement holds the layers
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if held(mid) >= L:
+            hi = mid
+        else:
+            lo = mid
+    fill = sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)
+    return (c.m - 1) * lo + max(lo, fill)
+
+
+def _speed_split(coeffs, L: int, caps: list) -> list | None:
+    """Layers per rank in proportion to its speed (1 / per-layer time), at least one each, at
+    most what its memory holds; None when the caps do not hold L."""
+    p = len(coeffs)
+    caps = [min(x, L) for x in caps]
+    if sum(caps) < L or min(caps) < 1:
+        return None
+    w = [1.0 / k.t_layer for k in coeffs]
+    share = [max(1.0, L * x / sum(w)) for x in w]
+    n = [min(caps[i], max(1, int(share[i]))) for i in range(p)]
+    while sum(n) < L:   # to the rank that finishes its next layer soonest
+        i = min((i for i in range(p) if n[i] < caps[i]),
+                key=lambda i: coeffs[i].t_fixed + (n[i] + 1) * coeffs[i].t_layer)
+        n[i] += 1
+    while sum(n) > L:
+        i = max((i for i in range(p) if n[i] > 1),
+                key=lambda i: coeffs[i].t_fixed + n[i] * coeffs[i].t_layer)
+        n[i] -= 1
+    return n
+
+
+def _heuristic(model, cluster, c, coeffs, caps_bytes, rules, engine, margin_gib, split):
+    rec = []
+    for k, n, cb in zip(coeffs, split, caps_bytes):
+        r = _min_recompute(k, n, cb, c, rules)
+        rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
+    return MixedResult(c, list(split), rec, est, cluster=cluster)
+
+
+def _alone(model, cluster: Cluster, name: str, f: Fixed, seq_len, gbs, engine,
+           margin_gib) -> Alone:
+    try:
+        rep = search(model, cluster, f, seq_len, gbs, top=1, engine=engine,
+                     margin_gib=margin_gib, rejected=False)
+    except BadInput:
+        return Alone(name, cluster, None)
+    return Alone(name, cluster, rep.best.estimate.step_time_s if rep.best else None,
+                 rep.best, rep)
+
+
+def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
+                 seq_len: int | None = None, global_batch: int | None = None, top: int = 5,
+                 engine=None, margin_gib: float | None = None) -> MixedReport:
+    """The best plans for `model` over the groups of `mixed` (see the module docstring)."""
+    t0 = time.perf_counter()
+    engine = get_engine(engine)
+    f = fixed or Fixed()
+    why = _unsupported(model, f, engine)
+    if why:
+        raise BadInput(why)
+    seq_len = seq_len or default_seq_len(model)
+    gbs = global_batch or default_global_batch(seq_len, mixed.num_gpus)
+    whole = slowest_cluster(mixed)   # the outer choices of the cluster's GPU count
+    check_fixed(model, whole, f, seq_len, gbs, engine)
+    cands = [c for c in enumerate_candidates(model, whole, f, seq_len, gbs, engine)
+             if c.vpp == 1 and c.schedule in MIXED_SCHEDULES and c.ep == 1]
+    L = model.num_layers
+    # Candidates in the order of a bound computed from one pipeline-free build per layer shape
+    # and group (ShapeBound), never from their own coefficients; a candidate whose model states
+    # fit no placement even at the largest group's capacity (SharedCoefficients' screen, as
+    # the homogeneous search screens) is never priced.
+    bound = ShapeBound(model, mixed, engine)
+    shared = [SharedCoefficients(model, g, engine) for g in mixed.groups]
+    big_cap = max(capacity_bytes(g, engine, margin_gib) for g in mixed.groups)
+    pending = sorted(((bound(c), i, c) for i, c in enumerate(cands)),
+                     key=lambda x: (x[0], x[1]))
+    plans, closest, scored = [], None, []
+    pruned_mem = pruned_bound = solved = limit_hit = 0
+    open_bound = math.inf   # least step a candidate not solved to optimality might reach
+    best_heur = math.inf
+
+    def consider(res):
+        nonlocal closest, best_heur
+        if res.estimate.fits:
+            plans.append(res)
+            best_heur = min(best_heur, res.estimate.step_time_s)
+        elif closest is None or max(res.estimate.overflow_gib()) < max(
+                closest.estimate.overflow_gib()):
+            closest = res
+
+    orders_of = {c: _pipelines(mixed, c) for c in cands}
+    n_cands = sum(len(x) for x in orders_of.values())
+    for j, (tb, idx, c) in enumerate(pending):
+        if tb > best_heur * (1 + 1e-9):
+            pruned_bound += sum(len(orders_of[x]) for _, _, x in pending[j:])
+            break
+        orders = orders_of[c]
+        if not orders:
+            continue
+        if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
+            pruned_mem += len(orders)
+            continue
+        rules = rules_for(engine, c, f)
+        for pipeline in orders:
+            cl = mixed.with_pipeline(pipeline)
+            coeffs = mixed_coefficients(model, cl, c, engine)
+            caps_bytes = [b.allocatable_bytes for b in rank_budgets(cl, engine, margin_gib,
+                                                                     c.pp)]
+            caps = _caps(coeffs, caps_bytes, c, rules)
+            # an engine that places no layers (rules.equal_split) gets its own split
+            split = (V.default_split(engine, L, c.pp) if rules.equal_split
+                     else _speed_split(coeffs, L, caps))
+            if split is None or sum(min(x, L) for x in caps) < L:
+                pruned_mem += 1
+                continue
+            lb = _lower_bound(coeffs, c, L, caps_bytes, rules)
+            if lb > best_heur * (1 + 1e-9):
+                pruned_bound += 1
+                continue
+            res = _heuristic(model, cl, c, coeffs, caps_bytes, rules, engine, margin_gib,
+                             split)
+            consider(res)
+            scored.append((lb, idx, res, coeffs, caps_bytes, rules))
+    # exact placements, best bound first, while a bound can beat the best plan
+    scored.sort(key=lambda x: (x[0], x[1]))
+    for i, (lb, _, heur, coeffs, caps_bytes, rules) in enumerate(scored):
+        best = min((r.estimate.step_time_s for r in plans), default=math.inf)
+        if lb > best * (1 + 1e-9):
+            pruned_bound += len(scored) - i
+            break
+        c, cl = heur.candidate, heur.cluster
+        if rules.equal_split or c.pp == 1 or (
+                heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
+            heur.status = "OPTIMAL"
+            continue
+        exact, status, gap = solve_cpsat(
+            model, cl, c, coeffs, caps_bytes, rules, hint=heur if heur.estimate.fits else None,
+            step_guess=heur.estimate.step_time_s, engine=engine, margin_gib=margin_gib,
+            cutoff_s=best)
+        solved += 1
+        if status in ("FEASIBLE", "UNKNOWN"):   # stopped at the solver's time limit
+            limit_hit += 1
+            open_bound = min(open_bound, max(lb, (exact.bound_s or 0.0) if exact else lb))
+        # INFEASIBLE under the cutoff: no placement of c beats the best plan, which proves a
+        # heuristic placement that is that plan optimal (to CP-SAT's rounding)
+        proven = (status == "INFEASIBLE" and heur.estimate.fits
+                  and heur.estimate.step_time_s <= best * (1 + 1e-9))
+        heur.status = "OPTIMAL" if proven else status
+        if exact is not None and exact.estimate.fits and (
+                not heur.estimate.fits
+                or exact.estimate.step_time_s < heur.estimate.step_time_s):
+            consider(MixedResult(c, exact.layers, exact.recompute, exact.estimate,
+                                 status=status, gap=gap, cluster=cl))
+    ranked = sorted(plans, key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+    mixed_best = ranked[0] if ranked else None
+    gap = 0.0   # the whole search's, as planner.search reports it
+    if mixed_best is not None:
+        best_s = mixed_best.estimate.step_time_s
+        gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
+    # what mixing buys: each group alone, and every GPU as the slowest
+    alone = [_alone(model, g, g.name, f, seq_len, gbs, engine, margin_gib)
+             for g in mixed.groups]
+    slow = _alone(model, whole, f"all as {mixed.gpu.name}", f, seq_len, gbs, engine,
+                  margin_gib)
+    best, chosen = mixed_best, "mixed"
+    fastest_alone = min((a for a in alone if a.step_time_s is not None),
+                        key=lambda a: a.step_time_s, default=None)
+    if fastest_alone is not None and (mixed_best is None or fastest_alone.step_time_s
+                                      <= mixed_best.estimate.step_time_s):
+        best, chosen = fastest_alone.result, fastest_alone.name
+    return MixedReport(best=best, ranked=ranked, candidates=n_cands, pruned_memory=pruned_mem,
+                       pruned_bound=pruned_bound, solved=solved,
+                       seconds=time.perf_counter() - t0, seq_len=seq_len, global_batch=gbs,
+                       engine=engine, margin_gib=margin_gib, mixed_best=mixed_best,
+                       alone=alone, slowest=slow, chosen=chosen, closest=closest,
+                       solver_limit_hit=limit_hit, gap=gap)
+
