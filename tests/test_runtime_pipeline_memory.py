@@ -180,20 +180,13 @@ def test_full_recompute_last_stage_holds_what_the_plan_prices():
     in the stage's fwd_cache from a micro-batch's forward to its backward (runtime/memory.py
     now counts the kept stage outputs; the vocabulary-parallel loss saves its softmax beside
     them, 4 + 4 bytes per logit on CPU, planner.engines.runtime pipeline_keeps_logits)."""
-    from tests.test_runtime_searched import launch, steps_of
+    from tests.test_runtime_searched import run_best
     model = Model("llama-512", num_layers=4, hidden=512, ffn_hidden=1280, num_heads=8,
                   num_kv_heads=2, vocab_size=16000, max_seq_len=128)
     cluster = Cluster("cpux4", get_gpu("cpu"), 4, 4)
-    report = search(model, cluster, Fixed(tp=2, pp=2, dp=1, zero=0, sp=True, recompute="full",
-                                          schedule="1f1b"),
-                    seq_len=128, global_batch=8, engine="runtime")
-    best = report.ranked[0]
-    plan = to_plan(model, cluster, best, report, engine="runtime")
-    d = Path(tempfile.mkdtemp(prefix="pp-rec-"))
-    plan.save(d / "plan.json")
-    r = launch(4, "--plan", d / "plan.json", "--steps", 1, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    measured = steps_of(d / "m.jsonl")[1]["measured_memory_gib"]
+    _, best, measured = run_best(model, cluster, dict(tp=2, pp=2, dp=1, zero=0, sp=True,
+                                                      recompute="full", schedule="1f1b"),
+                                 128, 8, "pp-rec-")
     last = [m["activations"] for m in measured if m["pp_rank"] == 1]
     planned = best.estimate.stage_memory_gib[1]["activations"]
     assert len(last) == 2 and all(abs(a / planned - 1) <= 0.05 for a in last), (last, planned)
