@@ -467,3 +467,13 @@ def test_llama31_405b_pp16_vpp8_is_megatrons_embedding_and_loss_split(tmp_path, 
         per_rank[s["pp_rank"]] += s["layers"][1] - s["layers"][0]
     assert per_rank[1:-1] == [8] * 14 and sum(per_rank) == 126
     assert stages[0]["layers"][1] == stages[0]["layers"][0]   # the embedding's stage
+    # the export's --pipeline-model-parallel-layout: 128 virtual stages, 126 decoder layers,
+    # the embedding alone on the first (Megatron's layout parser takes an empty stage)
+    code, out, err = run(capsys, "--model", write(tmp_path, "llama405b.json", LLAMA31_405B),
+                         "--cluster", "gb200x256", "--tp", 4, "--pp", 16, "--vpp", 8,
+                         "--dp", 4, "--micro-batch", 1, "--global-batch", 1536, "--seq-len",
+                         8192, "--precision", "mxfp8", "--export", "megatron", limit_s=120)
+    assert code == 0, err
+    layout = out.split("--pipeline-model-parallel-layout", 1)[1].split("'")[1].split("|")
+    assert len(layout) == 128 and layout[0] == "E" and layout[-1] == "tL"
+    assert sum(st.count("t") for st in layout) == 126
