@@ -282,9 +282,24 @@ def has_positions(model, seq_len: int) -> bool:
     return seq_len <= model.max_seq_len or model.position != "learned"
 
 
-def pp_ok(model, pp: int, vpp: int = 1) -> bool:
-    """Every pipeline rank holds at least one layer of each of its vpp model chunks."""
-    return pp * vpp <= model.num_layers
+def rank_min_layers(engine, pp: int, vpp: int) -> list:
+    """The fewest decoder layers each of pp pipeline ranks may hold with vpp model chunks: one
+    per chunk, except where the engine lets the embedding and the loss stand for a layer
+    (`Engine.end_chunks_may_be_empty`: Megatron's --account-for-embedding-in-pipeline-split
+    and --account-for-loss-in-pipeline-split), whose first and last rank may leave one chunk
+    empty: Llama 3.1 405B's 126 layers over pp 16 x vpp 8 as 7, 8 x 14, 7 (Megatron-Bridge's
+    405B recipes)."""
+    mins = [vpp] * pp
+    if engine is not None and engine.end_chunks_may_be_empty and pp > 1 and vpp > 1:
+        mins[0] -= 1
+        mins[-1] -= 1
+    return mins
+
+
+def pp_ok(model, pp: int, vpp: int = 1, engine=None) -> bool:
+    """Every pipeline rank holds at least one layer of each of its vpp model chunks (but the
+    end chunks the engine lets go empty: `rank_min_layers`)."""
+    return sum(rank_min_layers(engine, pp, vpp)) <= model.num_layers
 
 
 def split_blockers(num_layers: int, pp: int, vpp: int, layers, engine=None) -> list:
@@ -297,9 +312,12 @@ def split_blockers(num_layers: int, pp: int, vpp: int, layers, engine=None) -> l
         out.append(f"{len(layers)} layer counts for pp {pp}")
     if sum(layers) != num_layers:
         out.append(f"the counts sum to {sum(layers)}, not the model's {num_layers} layers")
-    if min(layers, default=0) < vpp:
-        out.append(f"a rank holds {min(layers, default=0)} layers, fewer than its {vpp} "
-                   f"model chunks")
+    short = [(n, lo) for n, lo in zip(layers, rank_min_layers(engine, len(layers), vpp))
+             if n < lo]
+    if short or not layers:
+        n, lo = short[0] if short else (0, vpp)
+        out.append(f"a rank holds {n} layers, fewer than its {vpp} model chunks"
+                   + ("" if lo == vpp else f" less the one the embedding or loss stands for"))
     problem = partition_problem(engine, num_layers, layers) if engine and not out else None
     if problem:
         out.append(problem.message)
@@ -533,14 +551,22 @@ def pp_allowed(engine, model, pp: int) -> bool:
     return pp_ok(model, pp)
 
 
-def default_split(engine, num_layers: int, pp: int) -> list:
+def default_split(engine, num_layers: int, pp: int, vpp: int = 1) -> list:
     """Decoder layers per pipeline rank where the placement is not searched: the engine's own
     partition (DeepSpeed's 'type:transformer', the first stages one layer more), else the even
-    split (planner.layout.even_split, the larger shares last)."""
+    split (planner.layout.even_split, the larger shares last); where that leaves a rank fewer
+    layers than `rank_min_layers`, Megatron's account-for-embedding-and-loss split (the
+    embedding and the loss counted as a layer each on the first and last rank)."""
     from planner.layout import even_split
     splits = engine_partitions(engine, num_layers, pp)
-    return list(splits["type:transformer"]) if "type:transformer" in splits else \
-        even_split(num_layers, pp)
+    if "type:transformer" in splits:
+        return list(splits["type:transformer"])
+    split = even_split(num_layers, pp)
+    mins = rank_min_layers(engine, pp, vpp)
+    if pp > 1 and any(n < lo for n, lo in zip(split, mins)) and mins[0] < vpp:
+        split = even_split(num_layers + 2, pp)
+        split[0], split[-1] = split[0] - 1, split[-1] - 1
+    return split
 
 
 def engine_partitions(engine, num_layers: int, pp: int) -> dict:
@@ -835,7 +861,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
                 "torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B")
     for why in mixed_cluster_problems(c, p):
         add("mixed_groups", ("cluster", "pp", "tp", "dp", "cp"), why)
-    if not pp_ok(m, p.pp, p.vpp):
+    if not pp_ok(m, p.pp, p.vpp, engine):
         add("pp_layers", ("pp", "vpp"),
             f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
     out += [Problem("stages", ("stages",), why) for why in stage_problems(plan)]

@@ -248,9 +248,11 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
         if f.schedule not in (None,) + MULTI_CHUNK_SCHEDULES:
             yield _p("vpp_needs_interleaved", ("vpp", "schedule"),
                      "--vpp > 1 needs --schedule " + " | ".join(MULTI_CHUNK_SCHEDULES))
-        if f.pp is not None and not V.pp_ok(model, f.pp, f.vpp):
+        if f.pp is not None and not V.pp_ok(model, f.pp, f.vpp, eng):
             yield _p("pp_layers", ("pp", "vpp"), f"pp*vpp = {f.pp * f.vpp} exceeds the model's "
-                                                 f"{model.num_layers} layers")
+                                                 f"{model.num_layers} layers"
+                     + ("" if not eng.end_chunks_may_be_empty else
+                        " and its embedding and loss"))
     if f.schedule == "interleaved" and f.pp == 1:
         yield _p("interleaved_needs_pp", ("schedule", "pp"),
                  "--schedule interleaved needs --pp > 1")

@@ -11,7 +11,10 @@ e.g. a tied weight, counts once; a storage FSDP has freed counts zero):
 * `optimizer`: the AdamW state tensors;
 * `activations`: the peak bytes of tensors saved for backward (through
   `torch.autograd.graph.saved_tensors_hooks`, live until autograd frees them), parameters
-  excluded; recomputed layers save only what activation checkpointing keeps;
+  excluded; recomputed layers save only what activation checkpointing keeps; and the outputs
+  a `torch.distributed.pipelining` stage keeps for its backward (`fwd_cache`, from a
+  micro-batch's forward to its backward: the last stage's logits, another stage's hidden
+  states), which no saved-tensor hook sees;
 * `peak`: the process's allocator peak (`torch.cuda.max_memory_allocated` on GPUs, the max RSS of
   the process on CPU, which includes the libraries).
 """
@@ -85,6 +88,7 @@ class StepMemory:
         self.live_bytes = 0
         self.act_peak = 0
         self.param_ptrs = set()
+        self.stages = ()            # pipeline stages whose kept outputs count (train.py)
 
     def _params(self):
         ts = [p for part in self.parts for p in part.parameters()]
@@ -106,6 +110,7 @@ class StepMemory:
         return ts
 
     def sample(self):
+        self.act_peak = max(self.act_peak, self.live_bytes + self._kept_outputs())
         now = {"params": _sum(self._params()), "grads": _sum(self._grads()),
                "optimizer": _sum(t for opt in self.optims if opt is not None
                                  for st in opt.state.values() for t in st.values()
@@ -128,7 +133,7 @@ class StepMemory:
         entry = self.live.setdefault(ptr, [0, n])
         if entry[0] == 0:
             self.live_bytes += n
-            self.act_peak = max(self.act_peak, self.live_bytes)
+            self.act_peak = max(self.act_peak, self.live_bytes + self._kept_outputs())
         entry[0] += 1
         # keep a detached alias (same storage and version counter, no grad_fn): holding `t`
         # itself would tie a saved output to its own autograd node in a cycle that only a
@@ -137,6 +142,20 @@ class StepMemory:
         holder = _Saved(t.detach())
         weakref.finalize(holder, self._release, ptr)
         return holder
+
+    def _kept_outputs(self) -> int:
+        """Bytes of the stage outputs the pipeline keeps for backward that no saved tensor
+        already holds (torch.distributed.pipelining stage.fwd_cache: (outputs, inputs) per
+        micro-batch from its forward to its backward)."""
+        seen = {}
+        for st in self.stages:
+            for outputs, _ in getattr(st, "fwd_cache", {}).values():
+                for t in outputs:
+                    if isinstance(t, torch.Tensor):
+                        ptr, n = _storage(t)
+                        if n and ptr and ptr not in self.live and ptr not in self.param_ptrs:
+                            seen[ptr] = n
+        return sum(seen.values())
 
     def _release(self, ptr):
         entry = self.live.get(ptr)

@@ -543,6 +543,8 @@ class Trainer:
 
         local_loss = torch.zeros((), device=self.device)
         sample = memory.sample if memory is not None else (lambda: None)
+        if memory is not None and self.schedule is not None:
+            memory.stages = self.stages
         for ci, st in enumerate(self.stages if self.schedule is not None else ()):
             st.after_backward = memory.sample if memory is not None else None
             st.before_last_backward = (None if self.grad_sync is None

@@ -153,7 +153,9 @@ def test_stage_layers_fix_the_split_and_bad_ones_get_one_line():
     assert per_rank == [7, 9, 9, 7]
     for bad, why in ((["--stage-layers", "8,8,8", "--pp", "4"], "3 layer counts for pp 4"),
                      (["--stage-layers", "8,8,8,9"], "sum to 33, not the model's 32"),
-                     (["--stage-layers", "1,15,8,8", "--vpp", "2"], "fewer than its 2"),
+                     # a middle rank: Megatron lets only the first rank's first chunk (the
+                     # embedding's) and the last rank's last (the loss's) go empty
+                     (["--stage-layers", "8,1,15,8", "--vpp", "2"], "fewer than its 2"),
                      (["--stage-layers", "8,x"], "must be an integer")):
         r = subprocess.run(base + bad, capture_output=True, text=True)
         assert r.returncode == 2, (bad, r.stdout)

@@ -405,3 +405,75 @@ def test_rope_beyond_the_configs_positions_plans(capsys):
     code, _, err = run(capsys, "--model", "gpt3", "--cluster", "h100x8", "--seq-len", 4096,
                        "--global-batch", 8)
     one_line(code, err, 2, "exceeds the model's 2048 learned positions")
+
+
+def megatron_layers_to_build(num_layers: int, pp: int, vpp: int) -> list:
+    """Decoder layers per (pp rank, model chunk) with --account-for-embedding-in-pipeline-split
+    and --account-for-loss-in-pipeline-split, reproduced from Megatron-Core's
+    megatron/core/transformer/transformer_block.py get_num_layers_to_build (NVIDIA/Megatron-LM
+    @d98e8a64): (num_layers + 2) / pp per rank, / vpp per chunk, one fewer on the first chunk
+    of the first rank (the embedding) and the last chunk of the last rank (the loss); the
+    asserts are its own."""
+    total = num_layers + 2
+    assert total % pp == 0
+    per_rank = total // pp
+    assert per_rank % vpp == 0
+    out = []
+    for rank in range(pp):
+        chunks = [per_rank // vpp] * vpp
+        if rank == 0:
+            chunks[0] -= 1
+        if rank == pp - 1:
+            chunks[-1] -= 1
+        assert min(chunks) >= 0
+        out.append(chunks)
+    return out
+
+
+LLAMA31_405B = {"model_type": "llama", "num_hidden_layers": 126, "hidden_size": 16384,
+                "num_attention_heads": 128, "num_key_value_heads": 8,
+                "intermediate_size": 53248, "vocab_size": 128256, "hidden_act": "silu",
+                "max_position_embeddings": 8192, "tie_word_embeddings": False}
+
+
+def test_llama31_405b_pp16_vpp8_is_megatrons_embedding_and_loss_split(tmp_path, capsys):
+    """Megatron-Bridge's published Llama 3.1 405B MXFP8 run on 256 GB200 (docs/performance-
+    summary-archive.md 26.02-26.06: tp 4, pp 16, vp 8, GBS 1536, MBS 1, 8K) puts 126 layers on
+    128 virtual stages: its 405B recipes set account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split (src/megatron/bridge/recipes/llama/h100/llama3.py
+    @067f987df0, "Large model specific pipeline split configurations"). It was refused
+    ("pp*vpp = 128 exceeds the model's 126 layers"; the fidelity table: "no configuration with
+    the published knobs"). Now the rules pass it, the default split is Megatron's per rank,
+    the first virtual stage holds only the embedding, and the plan is made end to end."""
+    meg = megatron_layers_to_build(126, 16, 8)
+    assert V.default_split(get_engine("megatron"), 126, 16, 8) == [sum(c) for c in meg]
+    model = get_model(write(tmp_path, "llama405b.json", LLAMA31_405B))
+    assert V.pp_ok(model, 16, 8, get_engine("megatron"))
+    assert list(fixed_problems(model, get_cluster("gb200x256"),
+                               Fixed(tp=4, pp=16, dp=4, vpp=8, schedule="interleaved"),
+                               8192, 1536, "megatron")) == []
+    # an engine without Megatron's split keeps one layer per chunk
+    assert not V.pp_ok(model, 16, 8, get_engine("torchtitan"))
+    # only the end chunks may be empty: a middle rank short of its chunks is refused
+    assert V.split_blockers(126, 16, 8, [8, 7] + [8] * 13 + [8], get_engine("megatron"))
+    code, out, err = run(capsys, "--model", write(tmp_path, "llama405b.json", LLAMA31_405B),
+                         "--cluster", "gb200x256", "--tp", 4, "--pp", 16, "--vpp", 8,
+                         "--dp", 4, "--micro-batch", 1, "--global-batch", 1536, "--seq-len",
+                         8192, "--precision", "mxfp8", "--json", limit_s=120)
+    assert code == 0, err
+    stages = json.loads(out)["stages"]
+    per_rank = [0] * 16
+    for s in stages:
+        per_rank[s["pp_rank"]] += s["layers"][1] - s["layers"][0]
+    assert per_rank[1:-1] == [8] * 14 and sum(per_rank) == 126
+    assert stages[0]["layers"][1] == stages[0]["layers"][0]   # the embedding's stage
+    # the export's --pipeline-model-parallel-layout: 128 virtual stages, 126 decoder layers,
+    # the embedding alone on the first (Megatron's layout parser takes an empty stage)
+    code, out, err = run(capsys, "--model", write(tmp_path, "llama405b.json", LLAMA31_405B),
+                         "--cluster", "gb200x256", "--tp", 4, "--pp", 16, "--vpp", 8,
+                         "--dp", 4, "--micro-batch", 1, "--global-batch", 1536, "--seq-len",
+                         8192, "--precision", "mxfp8", "--export", "megatron", limit_s=120)
+    assert code == 0, err
+    layout = out.split("--pipeline-model-parallel-layout", 1)[1].split("'")[1].split("|")
+    assert len(layout) == 128 and layout[0] == "E" and layout[-1] == "tL"
+    assert sum(st.count("t") for st in layout) == 126

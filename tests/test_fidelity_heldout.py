@@ -23,6 +23,16 @@ def test_every_row_is_scored_or_says_why(scored):
     assert len(rows) >= 150 and all(why for _, why in skipped)
 
 
+def test_no_published_configuration_is_refused(scored):
+    """Every held-out published configuration gets a plan with its published knobs (the five
+    Megatron-Bridge GB200 Llama 3.1 405B rows, 126 layers at pp 16 x vpp 8, were the last
+    refused: Megatron's embedding-and-loss split, planner.rules.rank_min_layers)."""
+    rows, skipped = scored
+    assert skipped == []
+    gb200 = [r for r in rows if "gb200-llama31405b-mxfp8-256gpu-tp4pp16" in r["run"]]
+    assert len(gb200) == 5 and all(r["fits"] for r in gb200)
+
+
 def test_no_held_out_row_entered_a_fit():
     runs = fidelity.load_runs(fidelity.DATA_HELDOUT)
     fitted = {r["id"] for r in fidelity.loso_runs()
@@ -54,9 +64,25 @@ def test_never_fits_then_out_of_memory(scored):
     assert v["measured"] >= 5 and v["fits_then_oom"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="open finding: 5 published configurations predicted not "
-                   "to fit (A100-40GB FSDP 1B at 38.4-38.9 of 38.0 GiB, NeMo 24.07 Llama 3 8B cp2 "
-                   "FP8 at 90.8 of 77.6, Nemotron-4 340B at 87.2)")
+def test_llm_foundry_a100_40gb_1b_runs_fit(scored):
+    """llm-foundry's MPT-1b on A100 40GB (scripts/train/benchmarking/README.md: 32-128 GPUs,
+    MBS 10, seq 2048, no activation checkpointing, FULL_SHARD) ran; they were predicted at
+    38.4-38.9 GiB of 38.0 ("does not fit") while the loss's peak and a layer's backward
+    working set were counted together though they are of different moments
+    (planner/cost/stage.py). Now each fits, and the 80 GB and 40 GB rows that fitted still do."""
+    rows, _ = scored
+    a100 = [r for r in rows if r["run"].startswith("llmfoundry-a10040gb-1b-seq2048-")
+            and r["run"].endswith(("gbs1280", "gbs640", "gbs320"))]
+    assert len(a100) == 3 and all(r["fits"] for r in a100)
+    assert all(r["fits"] for r in rows if r["run"].startswith("llmfoundry-"))
+
+
+@pytest.mark.xfail(strict=True, reason="open finding: 4 NeMo 24.07 H100 FP8 configurations "
+                   "predicted not to fit (GPT-3 20B tp2 at 98 of 77.6 GiB, GPT-3 175B at 78.7, "
+                   "Llama 3 8B cp2 at 90.3, Nemotron-4 340B at 87.2); their launcher configs run "
+                   "Apex's DistributedFusedAdam (optim.name distributed_fused_adam), whose "
+                   "memory the planner does not model (it prices Megatron's distributed "
+                   "optimizer)")
 def test_no_published_configuration_predicted_not_to_fit(scored):
     rows, _ = scored
     assert all(r["fits"] for r in rows)

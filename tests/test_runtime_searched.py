@@ -65,6 +65,22 @@ def launch(nproc, *args):
                           text=True, timeout=300)
 
 
+def run_best(model, cluster, fixed: dict, seq_len: int, gbs: int, prefix: str):
+    """Search a runtime plan with `fixed` knobs, run its best for one step on as many CPU
+    processes as the cluster has GPUs: (plan, the search's Result, the first step's
+    measured_memory_gib per rank)."""
+    report = search(model, cluster, Fixed(**fixed), seq_len=seq_len, global_batch=gbs,
+                    engine="runtime")
+    best = report.ranked[0]
+    plan = to_plan(model, cluster, best, report, engine="runtime")
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    plan.save(d / "plan.json")
+    r = launch(cluster.num_gpus, "--plan", d / "plan.json", "--steps", 1, "--metrics",
+               d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return plan, best, steps_of(d / "m.jsonl")[1]["measured_memory_gib"]
+
+
 def steps_of(path):
     return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
             if "step" in d}
@@ -225,14 +241,7 @@ def test_saved_activations_are_what_the_plan_prices(fixed, tol):
     model = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
                   vocab_size=128, max_seq_len=64)
     cluster = Cluster("cpux2", get_gpu("cpu"), 2, 2)
-    report = search(model, cluster, Fixed(**fixed), seq_len=32, global_batch=8,
-                    engine="runtime")
-    best = report.ranked[0]
-    plan = to_plan(model, cluster, best, report, engine="runtime")
-    d = Path(tempfile.mkdtemp(prefix="saved-act-"))
-    plan.save(d / "plan.json")
-    r = launch(2, "--plan", d / "plan.json", "--steps", 1, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    for rank, m in enumerate(steps_of(d / "m.jsonl")[1]["measured_memory_gib"]):
+    plan, best, measured = run_best(model, cluster, fixed, 32, 8, "saved-act-")
+    for rank, m in enumerate(measured):
         want = planned_activations(plan, best, m["pp_rank"])
         assert activations_as_planned(m["activations"], *want, tol=tol), (rank, m, want)

@@ -13,6 +13,11 @@ It is rewritten only where the cost model changes on purpose, after checking tha
 under the old figures still gives the recorded answers: the MoE host-stall refit of issue 22
 (MOE_LAYER_OVERHEAD_S 4.33 -> 4.78 ms, MOE_EXPERT_OVERHEAD_S 0.213 -> 0.200 ms) was checked so
 (all 11 instances equal with the old two figures on the merged search), then rewritten.
+Rewritten again for one memory-model change of issue 22 (planner/cost/stage.py: on the last
+stage, with no layer recomputed, the loss's peak and a layer's working set are counted as the
+larger of the two, not both): with that change reverted all 11 instances equal the previous
+record; with it only deepseek-v3_h100x2048_tp8pp1 moves, at ranks 3-4 (a no-recompute
+candidate at 2.959 s now fits and enters at rank 3); ranks 0-2 are unchanged.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

@@ -78,6 +78,11 @@ MEGATRON = Engine(
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     max_tp=None, sp_choices=(False, True),
     schedules=("1f1b", "interleaved"), stage_layers=ANY_SPLIT,
+    # --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split count
+    # the embedding and the loss as a layer each: (L + 2) / pp per rank, the first virtual
+    # stage one decoder layer fewer (it may hold none), the last likewise (get_num_layers_to_
+    # build); Megatron-Bridge's Llama 3.1 405B recipes run 126 layers at pp 16, vpp 8 so
+    end_chunks_may_be_empty=True,
     recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE)),
     # --recompute-modules (megatron/core/transformer/transformer_config.py)
     recompute_modules=RECOMPUTE_MODULES,
@@ -104,6 +109,12 @@ MEGATRON = Engine(
                               "path\" (examples/multimodal_dev/scripts/run_qwen35_vl.sh, "
                               "NVIDIA/Megatron-LM#6081)"),
              ("stage_layers", "megatron/training/arguments.py --pipeline-model-parallel-layout"),
+             ("end_chunks_may_be_empty",
+              "megatron/core/transformer/transformer_block.py get_num_layers_to_build (\"Reduce "
+              "the number of layers to construct by 1 on the first (or last) stage if the "
+              "embedding (or loss) layer is included in the pipeline parallelism partition\"; "
+              "transformer_config.py account_for_embedding_in_pipeline_split, "
+              "account_for_loss_in_pipeline_split; NVIDIA/Megatron-LM @d98e8a64)"),
              ("tp_splits_model", "megatron/core/tensor_parallel/layers.py ColumnParallelLinear / "
                                  "megatron/core/transformer/attention.py: divide() asserts tp "
                                  "divides the heads, the query groups and the FFN "

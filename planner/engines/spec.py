@@ -134,6 +134,11 @@ class Engine:
     # BALANCED_SPLIT: (num_layers, pp) -> {partition method: decoder layers per stage}, the
     # splits its partition methods give (planner.engines.deepspeed.transformer_counts)
     stage_partitions: object = field(default=None, compare=False, repr=False)
+    # the embedding and the loss may stand for a decoder layer in the pipeline split, so the
+    # first model chunk of the first rank and the last of the last rank may hold no decoder
+    # layer (Megatron's --account-for-embedding-in-pipeline-split /
+    # --account-for-loss-in-pipeline-split; `sources` "end_chunks_may_be_empty")
+    end_chunks_may_be_empty: bool = False
     # TP groups must sit inside one host (torchrun's local ranks), not just one NVLink domain
     tp_within_host: bool = False
     # what its "selective" recompute may recompute of every layer (planner.cost.recompute

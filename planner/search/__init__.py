@@ -238,7 +238,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             return None
         coeffs = shared.coefficients(c)
         caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
-        if sum(min(x, L) for x in caps) < L or min(caps) < c.vpp:
+        if sum(min(x, L) for x in caps) < L or rules.short_of_layers(caps, c.vpp):
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
             rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
@@ -386,7 +386,7 @@ class RejectedLayout:
 def _ideal_price(model, cluster, c, rules: Rules, engine, margin_gib):
     """The candidate's price on the engine's default split (planner.rules.default_split, as
     the heuristic places it) with no more recompute than fixed: its speed if memory allowed."""
-    split = V.default_split(get_engine(engine), model.num_layers, c.pp)
+    split = V.default_split(get_engine(engine), model.num_layers, c.pp, c.vpp)
     rec0 = list(split) if rules.all_layers_recomputed else [0] * c.pp
     return price(model, cluster, c, split, rec0, engine, margin_gib)
 

@@ -59,6 +59,12 @@ class Rules:
     per_chunk: bool = False
     equal_split: bool = False
     fixed_split: tuple | None = None
+    # the fewest layers each rank may hold (planner.rules.rank_min_layers); None: vpp each
+    min_layers: tuple | None = None
+
+    def short_of_layers(self, caps, vpp: int) -> bool:
+        """Some rank can hold fewer layers than it must."""
+        return any(x < lo for x, lo in zip(caps, self.min_layers or [vpp] * len(caps)))
 
 
 def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
@@ -67,7 +73,8 @@ def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
                                         or engine.all_layers_recomputed(c.recompute)),
                  per_chunk=engine.recompute_count(c.recompute) == PER_CHUNK,
                  equal_split=engine.stage_layers == BALANCED_SPLIT,
-                 fixed_split=f.stage_layers if f is not None and c.pp > 1 else None)
+                 fixed_split=f.stage_layers if f is not None and c.pp > 1 else None,
+                 min_layers=tuple(V.rank_min_layers(engine, c.pp, c.vpp)))
 
 
 def _recompute_bounds(c: Candidate, rules: Rules):
@@ -134,14 +141,19 @@ def _with_exposures(t, coeffs, n):
 
 def _rank_min_times(coeffs, L: int, v: int, cap: float, c: Candidate, rules: Rules):
     """Least per-micro-batch time of each rank holding n = v, v+1, ... layers (inf if n cannot
-    fit): (n, ranks x n times)."""
+    fit, or is fewer than the rank may hold: rules.min_layers, from v on at most one fewer):
+    (n, ranks x n times)."""
     n = np.arange(v, L + 1, dtype=float)
+    if rules.min_layers and min(rules.min_layers) < v:   # from the fewest any rank may hold
+        n = np.arange(min(rules.min_layers), L + 1, dtype=float)
     mem0 = (_stacked([k.mem_total_fixed() for k in coeffs])
             + n * _stacked([k.mem_total_layer() for k in coeffs]))
     r = _least_recompute(mem0, _stacked([k.mem_rec for k in coeffs]), n, cap, c, rules)
     with np.errstate(invalid="ignore"):
         t = (_stacked([k.t_fixed for k in coeffs]) + n * _stacked([k.t_layer for k in coeffs])
              + np.where(np.isfinite(r), r * _stacked([k.t_rec for k in coeffs]), np.inf))
+    if n[0] < v:
+        t = np.where(n < _stacked(rules.min_layers), np.inf, t)
     return n, _with_exposures(t, coeffs, n)
 
 
@@ -232,6 +244,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     else:
         n_all, t_all = _rank_min_times(coeffs, L, v, cap, c, rules)
         kinds_total = kinds_memory = 0.0
+    first = int(n_all[0]) if n_all.ndim == 1 else v   # the fewest layers a rank may hold
     values = np.unique(t_all[np.isfinite(t_all)])
     if values.size == 0:
         return math.inf
@@ -241,7 +254,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
 
     def layers_within(x) -> int:
         k = (suffix <= x).sum(axis=1)
-        return int(np.where(k > 0, v - 1 + k, 0).sum())
+        return int(np.where(k > 0, first - 1 + k, 0).sum())
 
     lo, hi = 0, values.size - 1
     if layers_within(values[hi]) < L:
@@ -551,9 +564,10 @@ class SharedCoefficients:
         if self.pooled_states(c) + (D * kd + Q * km) * min(infl) > room * len(states):
             return False
         total = 0
-        for (fixed, dense, moe), fl in zip(states, infl):
+        for (fixed, dense, moe), fl, lo in zip(states, infl,
+                                               V.rank_min_layers(self.engine, c.pp, c.vpp)):
             n = self._most_layers(room - fixed, dense + kd * fl, moe + km * fl)
-            if n < c.vpp:
+            if n < lo:
                 return False
             total += n
         return total >= L
@@ -563,9 +577,10 @@ class SharedCoefficients:
         if self._pooled_of(states) > room * len(states):
             return False
         total = 0
-        for fixed, dense, moe in states:
+        for (fixed, dense, moe), lo in zip(states,
+                                           V.rank_min_layers(self.engine, len(states), v)):
             n = self._most_layers(room - fixed, dense, moe)
-            if n < v:
+            if n < lo:
                 return False
             total += n
         return total >= self.model.num_layers
@@ -574,7 +589,7 @@ class SharedCoefficients:
         """A lower bound on max(overflow_gib()) of c's heuristic placement (the even split):
         the most reserved bytes of the model states alone of any rank, less the capacity."""
         model = self.model
-        split = V.default_split(self.engine, model.num_layers, c.pp)
+        split = V.default_split(self.engine, model.num_layers, c.pp, c.vpp)
         if self.kinds is not None:
             qs, _ = moe_counts(model, c.pp, c.vpp, split, [0] * c.pp)
         else:

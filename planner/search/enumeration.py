@@ -200,8 +200,9 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                     scheds += [(sch, 2)] if f.vpp in (None, 2) and V.pp_ok(model, pp, 2) else []
                 elif sch in MULTI_CHUNK_SCHEDULES:
                     vpps = [f.vpp] if f.vpp and f.vpp > 1 else list(SEARCHED_VPP)
-                    scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v)
-                               and (f.stage_layers is None or min(f.stage_layers) >= v)]
+                    scheds += [(sch, v) for v in vpps if V.pp_ok(model, pp, v, engine)
+                               and (f.stage_layers is None or not V.split_blockers(
+                                   model.num_layers, pp, v, f.stage_layers, engine))]
                 elif f.vpp in (None, 1):
                     scheds.append((sch, 1))
         recs = searched_recompute(engine, f, model)

@@ -50,7 +50,7 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     fit."""
     if split is None:
         split = (list(rules.fixed_split) if rules.fixed_split
-                 else V.default_split(get_engine(engine), model.num_layers, c.pp))
+                 else V.default_split(get_engine(engine), model.num_layers, c.pp, c.vpp))
     rec = []
     P = layer_kinds(model) if coeffs[0].moe is not None else None
     start = 0
@@ -160,7 +160,10 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         return e
 
     p = len(coeffs)
-    n_vars = [mdl.NewIntVar(v, L, f"n{i}") for i in range(p)]   # at least one layer per chunk
+    # at least one layer per chunk (but the end chunks the engine lets go empty: rules.min_layers,
+    # for dense models, as lower_bound's _rank_min_times counts them)
+    lows = rules.min_layers if rules.min_layers and coeffs[0].moe is None else [v] * p
+    n_vars = [mdl.NewIntVar(lo, L, f"n{i}") for i, lo in enumerate(lows)]
     stage_ends = q_vars = sizes = None
     if P is not None:
         # rank i's layers are split over its v chunks as planner.plan.make_stages splits them
@@ -315,7 +318,8 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
     if c.pp == 1 or rules.equal_split or rules.fixed_split:
         return heur, heur.estimate.fits
     caps = max_layers(low or [lower_coeffs(k) for k in coeffs], cap, c.vpp, rules, c)
-    if sum(min(x, model.num_layers) for x in caps) < model.num_layers or min(caps) < c.vpp:
+    if (sum(min(x, model.num_layers) for x in caps) < model.num_layers
+            or rules.short_of_layers(caps, c.vpp)):
         return heur, False
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
                                    hint=heur if heur.estimate.fits else None,
