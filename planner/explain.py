@@ -25,7 +25,7 @@ from planner.plan import Plan
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
          "pp_comm": "PP comm",
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
-         "ep_comm": "EP dispatch+combine"}
+         "ep_comm": "EP dispatch+combine", "offload": "exposed offload copies"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 NOT_DIVISIBLE_SHOWN = 3
 
@@ -57,10 +57,17 @@ def summary_line(plan: Plan) -> str:
     if p.pp > 1:
         parts.append(p.schedule + (f"(vpp={p.vpp})" if p.vpp > 1 else ""))
     parts.append(f"mbs={b.micro_batch_size}x{b.num_microbatches}")
+    parts += offload_labels(p)
     rec = sum(s.recompute_layers for s in plan.stages)
     parts.append(f"recompute={recompute_label(p.recompute, p.recompute_modules)}"
                  + (f"({rec}/{plan.model.num_layers} layers)" if p.recompute != "none" else ""))
     return " ".join(parts)
+
+
+def offload_labels(p) -> list:
+    """offload-optimizer=cpu / offload-params=nvme of a plan's parallelism or a candidate."""
+    return [f"offload-{k}={getattr(p, 'offload_' + k)}" for k in ("optimizer", "params")
+            if getattr(p, "offload_" + k, "none") != "none"]
 
 
 def recompute_label(mode: str, modules: tuple) -> str:
@@ -89,7 +96,9 @@ def describe_candidate(c) -> str:
         s += " sp" if c.sp else " no-sp"
     if c.pp > 1:
         s += f" {c.schedule}" + (f"(vpp={c.vpp})" if c.vpp > 1 else "")
-    return s + f" mbs={c.mbs}x{c.m} recompute={recompute_label(c.recompute, c.recompute_modules)}"
+    s += f" mbs={c.mbs}x{c.m}"
+    s += "".join(" " + x for x in offload_labels(c))
+    return s + f" recompute={recompute_label(c.recompute, c.recompute_modules)}"
 
 
 def describe_result(r, num_layers: int) -> str:
@@ -395,6 +404,11 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             row.append(_fmt_time(timing[st.pp_rank]["total"]))
         t.add_row(*row)
     con.print(t)
+    if "host_memory_gib_per_node" in e:
+        con.print(f"host per node (offload): {e['host_memory_gib_per_node']:,.0f} of "
+                  f"{e['host_capacity_gib_per_node']:,.0f} GiB memory, "
+                  f"{e['nvme_tib_per_node']:,.1f} of {e['nvme_capacity_tib_per_node']:,.1f} "
+                  f"TiB NVMe")
 
     bd = e.get("time_breakdown_s", {})
     if bd:

@@ -160,6 +160,7 @@ ENGINE_RULES = frozenset((
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
+    "engine_offload", "offload_param_zero3",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
     "tp_splits_model", "zero_bubble_zero"))
 
@@ -517,6 +518,78 @@ def zero_under_pp_problem(engine, zero: int, head: str) -> Problem | None:
                    if zero in engine.zero_stages else f"use --zero {max(stages)}")
 
 
+# ---- offload (planner.cost.offload) --------------------------------------------------------
+
+# the planner's own: where its figures of the host come from, and what it prices
+OFFLOAD_SOURCES = {
+    "offload_host_known": "planner/catalog/gpus.py HOSTS (the host figures of each catalog "
+                          "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
+                          "host_memory_gbps, nvme_gbps, nvme_tib)",
+    "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
+    "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
+                           "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
+                           "estimate_zero3_model_states_mem_needs)",
+}
+
+
+def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | None,
+                    model=None) -> Problem | None:
+    """Why the engine cannot offload the optimizer to `optimizer` and the parameters to
+    `params` ("none", "cpu", "nvme") at ZeRO-`zero` (None: not fixed yet) on this cluster:
+    devices it has, DeepSpeed's offload_param at ZeRO-3 only, the host figures the cluster
+    must give to price it, a dense model (`model`, when given)."""
+    if optimizer == "none" and params == "none":
+        return None
+    e, g = engine.name, cluster.gpu
+    src = engine.source_of("offload") or rule_source("engine_offload", engine)
+    for knob, dev, have in (("offload_optimizer", optimizer, engine.offload_optimizer_devices),
+                            ("offload_params", params, engine.offload_param_devices)):
+        if dev != "none" and dev not in have:
+            what = "the optimizer states" if knob == "offload_optimizer" else "the parameters"
+            has = f"it offloads them to {' or '.join(have)} only" if have else \
+                f"it has no such offload"
+            return Problem("engine_offload", (knob,), f"{e} does not offload {what} to {dev}: "
+                           f"{has}", source=src,
+                           fix="plan with --engine deepspeed (ZeRO-Offload / ZeRO-Infinity)"
+                           if e != "deepspeed" else "")
+    if params != "none" and engine.offload_param_zero3 and zero is not None and zero != 3:
+        return Problem("offload_param_zero3", ("offload_params", "zero"),
+                       f"{e} offloads the parameters under ZeRO-3 only (offload_param), not "
+                       f"ZeRO-{zero}", source=src, fix="use --zero 3")
+    if model is not None and model.is_moe:
+        return Problem("offload_moe", ("model",), f"offload is not priced for MoE models "
+                       f"({model.name})", source=OFFLOAD_SOURCES["offload_moe"])
+    need = [("host_link_gbps", g.host_link_gbps), ("host_memory_gib", g.host_memory_gib),
+            ("host_memory_gbps", g.host_memory_gbps)]
+    if "nvme" in (optimizer, params):
+        need += [("nvme_gbps", g.nvme_gbps), ("nvme_tib", g.nvme_tib)]
+    missing = [k for k, v in need if v <= 0]
+    if missing:
+        return Problem("offload_host_known", ("cluster",),
+                       f"cluster {cluster.name} gives no {', '.join(missing)} of its hosts, "
+                       f"which an offload is priced with",
+                       source=OFFLOAD_SOURCES["offload_host_known"],
+                       fix="give them in a cluster JSON (--cluster FILE)")
+    return None
+
+
+def offload_capacity_problem(host, knobs: str) -> Problem | None:
+    """An offload whose states one node's host memory or NVMe cannot hold (`host`:
+    planner.cost.offload.HostUse of the layout that needs the least); `knobs` names it."""
+    if host.fits:
+        return None
+    if host.host_gib > host.host_capacity_gib:
+        what = (f"{host.host_gib:,.0f} GiB of host memory per node, more than its "
+                f"{host.host_capacity_gib:,.0f} GiB")
+    else:
+        what = (f"{host.nvme_tib:,.1f} TiB of NVMe per node, more than its "
+                f"{host.nvme_capacity_tib:,.1f} TiB")
+    return Problem("offload_host_memory", ("offload_optimizer", "offload_params"),
+                   f"{knobs} needs at least {what}",
+                   source=OFFLOAD_SOURCES["offload_host_memory"],
+                   fix="offload to nvme, or plan on more GPUs")
+
+
 def _stages(stages) -> str:
     s = sorted(stages)
     return f"{s[0]}-{s[-1]}" if len(s) >= 2 and s == list(range(s[0], s[-1] + 1)) else \
@@ -675,6 +748,10 @@ def engine_problems(plan, engine) -> list:
     if problem:
         out.append(problem)
     problem = partition_problem(engine, m.num_layers, plan.layer_counts())
+    if problem:
+        out.append(problem)
+    problem = offload_problem(engine, plan.cluster, p.offload_optimizer, p.offload_params,
+                              p.zero_stage, m)
     if problem:
         out.append(problem)
     problem = recompute_problem(plan, engine)

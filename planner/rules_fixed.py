@@ -24,6 +24,16 @@ def _p(rule: str, knobs: tuple, message: str, source: str = "", fix: str = "") -
     return Problem(rule, knobs, message, source, fix)
 
 
+def offload_fixed_problems(model, cluster, engine, f):
+    """The fixed offload (--offload-optimizer, --offload-params) the engine cannot run here."""
+    if f.offload_optimizer is None and f.offload_params is None:
+        return
+    problem = V.offload_problem(engine, cluster, f.offload_optimizer or "none",
+                                f.offload_params or "none", f.zero, model)
+    if problem:
+        yield V.cited(problem, engine)
+
+
 def engine_fixed_problems(engine, f):
     """The fixed values the engine cannot run at all (Problems, in order)."""
     e = engine.name
@@ -146,6 +156,7 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
             yield _p("ep_split", ("etp",),
                      f"--etp {f.etp} does not divide the expert FFN ({model.moe_ffn_hidden})")
     yield from engine_fixed_problems(eng, f)
+    yield from offload_fixed_problems(model, cluster, eng, f)
     problem = precision_problem(eng, cluster.gpu, f.precision, f.recipe, flags=True)
     if problem:
         yield problem

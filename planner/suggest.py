@@ -15,7 +15,8 @@ from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
 from planner.engines import get_engine
 from planner.search import (Fixed, Result, check_fixed, default_global_batch, default_seq_len,
-                            enumerate_candidates, search, states_per_gpu_bound)
+                            enumerate_candidates, offload_overflow, search,
+                            states_per_gpu_bound)
 from planner.specs import Cluster
 
 # GPU counts searched one by one (each not ruled out by the memory bound) before the rest
@@ -218,4 +219,7 @@ def diagnose_no_configuration(model, cluster: Cluster, fixed: Fixed, seq_len, gl
             return None
     except PlannerError:
         return None
+    overflow = offload_overflow(model, cluster, fixed, s, g, get_engine(engine))
+    if overflow:   # the fixed offload is what no layout holds: bad input, said as it is
+        raise BadInput(overflow)
     return no_configuration(model, cluster, fixed, s, g, engine)

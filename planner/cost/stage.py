@@ -18,6 +18,7 @@ from planner.cost.context import cp_exchange
 from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
 from planner.cost.schedule import (forward_and_wgrad, head_rank, in_flight, pipeline_time,
@@ -84,6 +85,10 @@ class Candidate:
     # MoE routing imbalance: the busiest expert rank's tokens over its balanced share (1:
     # balanced, as the benchmarks force it; planner.cost.moe)
     moe_imbalance: float = 1.0
+    # offload (planner.cost.offload; planner.vocab.OFFLOAD_DEVICES): where the optimizer
+    # states with their fp32 master weights, and the parameters, live between steps
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
 
     @property
     def m(self) -> int:
@@ -143,6 +148,15 @@ class StageCoeffs:
     gather_overlapped: bool = True
     opt_layer: float = 0.0
     opt_fixed: float = 0.0
+    # offload (planner.cost.offload): of opt_*, the host transfers the step waits for (the
+    # rest is the optimizer step, on the CPU); of zf_* / zb_*, the host transfers of every
+    # micro-batch (parameters up, gradients down), hidden as the collectives are
+    off_layer: float = 0.0
+    off_fixed: float = 0.0
+    offf_layer: float = 0.0
+    offf_fixed: float = 0.0
+    offb_layer: float = 0.0
+    offb_fixed: float = 0.0
     # memory: m_fixed + n * m_layer - r * m_rec
     mem_fixed: dict = field(default_factory=dict)   # by category
     mem_layer: dict = field(default_factory=dict)
@@ -175,9 +189,18 @@ class StageCoeffs:
         return self.compute_rec + self.tp_rec + self.cp_rec + self.ep_rec
 
     def exposures(self):
-        """(c_layer, c_fixed, h_layer, h_fixed) of the per-micro-batch ZeRO collectives."""
+        """(c_layer, c_fixed, h_layer, h_fixed) of what runs beside every micro-batch's forward
+        and backward: the ZeRO collectives, then the offload's host copies (on the copy
+        engines, beside the collectives as beside the compute)."""
         return ((self.zf_layer, self.zf_fixed, self.fwd_layer, self.fwd_fixed),
-                (self.zb_layer, self.zb_fixed, self.bwd_layer, self.bwd_fixed))
+                (self.zb_layer, self.zb_fixed, self.bwd_layer, self.bwd_fixed),
+                (self.offf_layer, self.offf_fixed, self.fwd_layer, self.fwd_fixed),
+                (self.offb_layer, self.offb_fixed, self.bwd_layer, self.bwd_fixed))
+
+    def exposure_slowdowns(self):
+        """The compute slowdown of each of `exposures`: a collective's (NCCL runs on SMs);
+        none for a host copy, which the GPU's copy engines run."""
+        return (self.overlap_slowdown, self.overlap_slowdown, 0.0, 0.0)
 
     def tail_exposures(self):
         """(c_layer, c_fixed, h_layer, h_fixed) of the once-per-step collectives."""
@@ -186,7 +209,8 @@ class StageCoeffs:
         return ((self.grad_layer, self.grad_fixed) + g, (self.gather_layer, self.gather_fixed) + a)
 
     def exposed_comm(self, c_layer: float, c_fixed: float, h_layer: float, h_fixed: float,
-                     n: int, q: int = 0, dc: float = 0.0, dh: float = 0.0) -> float:
+                     n: int, q: int = 0, dc: float = 0.0, dh: float = 0.0,
+                     slowdown: float | None = None) -> float:
         """Time a collective of c_fixed + n*c_layer adds when it overlaps h_fixed + n*h_layer of
         compute: what sticks out (at least its last layer's bucket, which has nothing left to
         hide behind), plus the compute it slows while it runs. q of the n layers are MoE layers,
@@ -195,8 +219,9 @@ class StageCoeffs:
         comm = c_fixed + n * c_layer + q * dc
         if comm <= 0:
             return 0.0
+        slow = self.overlap_slowdown if slowdown is None else slowdown
         return (max(min(c_layer, c_layer + dc), comm - (h_fixed + n * h_layer + q * dh))
-                + self.overlap_slowdown * comm)
+                + slow * comm)
 
     def _moe_deltas(self, which: str):
         """(dc, dh) per exposure of one MoE layer; zeros without layer kinds."""
@@ -208,8 +233,9 @@ class StageCoeffs:
 
     def zero_exposed(self, n: int, q: int = 0) -> float:
         """ZeRO-2/3 collectives of one micro-batch, overlapping its forward and its backward."""
-        return sum(self.exposed_comm(*e, n, q, *d)
-                   for e, d in zip(self.exposures(), self._moe_deltas("zero")))
+        return sum(self.exposed_comm(*e, n, q, *d, slowdown=a)
+                   for e, d, a in zip(self.exposures(), self._moe_deltas("zero"),
+                                      self.exposure_slowdowns()))
 
     def time(self, n: int, r: int, q: int = 0, rq: int = 0) -> float:
         t = self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n, q)
@@ -339,6 +365,14 @@ def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: i
     return mode, attn, dense_mlp_rerun(mods, gemm + elem, mlp_saved)
 
 
+def _step_time(facts, off, c: Candidate, params_local: float) -> float:
+    """The optimizer step of `params_local` parameters: on the GPU, or on the CPU with the
+    host transfers it waits for where the optimizer is offloaded (planner.cost.offload)."""
+    if c.offload_optimizer == "none":
+        return facts.optimizer_time(params_local)
+    return (off.step_cpu_s + off.step_move_s) * params_local
+
+
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                        engine: Engine | None = None, ranks=None) -> list:
     """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`), for the model as
@@ -415,6 +449,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                   optimizer_bytes=engine.optimizer_bytes,
                   compute_copy_bytes=facts.compute_copy_bytes,
                   autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
+    # what stays in GPU memory of them under an offload (planner.cost.offload)
+    gpu_states = gpu_state_bytes(engine, states, c)
+    off = per_param(engine, cluster, c)
 
     # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered in
     # its compute dtype (bf16; fp32 where it computes in fp32)
@@ -426,7 +463,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         w_layer -= (BF16 - lp.element_bytes) * linear_params
     local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
     # memory of a layer, the same on every rank but for the micro-batches in flight
-    wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
+    wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **gpu_states)
     wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
         engine, c, layer_params, states, dp)))
     if lp is not None and lp.recipe.weight_copy_bytes:
@@ -444,7 +481,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         wgrad_layer=weight_grad_time(lt),
         grad_overlapped=engine.overlap_grad_reduce,
         gather_overlapped=engine.overlap_param_gather,
-        opt_layer=facts.optimizer_time(local(layer_params)),
+        opt_layer=_step_time(facts, off, c, local(layer_params)),
+        off_layer=off.step_move_s * local(layer_params),
+        offf_layer=off.fwd_s * local(layer_params),
+        offb_layer=off.bwd_s * local(layer_params),
         overlap_slowdown=facts.gpu.overlap_slowdown)
 
     def fixed_part(first: bool, last: bool) -> dict:
@@ -457,7 +497,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         g_fixed = grad_bytes * fixed_params
         w_fixed = facts.compute_elem_bytes * fixed_params
         z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed)
-        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
+        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **gpu_states)
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
@@ -479,7 +519,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         if last:
             other += head.working
         return dict(compute_fixed=compute_fixed, fwd_fixed=fwd_fixed, bwd_fixed=bwd_fixed,
-                    opt_fixed=facts.optimizer_time(local(fixed_params)),
+                    opt_fixed=_step_time(facts, off, c, local(fixed_params)),
+                    off_fixed=off.step_move_s * local(fixed_params),
+                    offf_fixed=off.fwd_s * local(fixed_params),
+                    offb_fixed=off.bwd_s * local(fixed_params),
                     mem_fixed={"params": wf, "grads": gf, "optimizer": of,
                                "activations": fixed_act, "other": other},
                     **z)
@@ -636,6 +679,7 @@ class Estimate:
     capacity_gib: float        # what the allocator may reserve: memory - context - margin
     peak_reserved_gib: float = 0.0   # the allocator's reserve at the peak (max over ranks)
     margin_gib: float = 0.0
+    host: object = None   # planner.cost.offload.HostUse of an offload plan, else None
 
     def overflow_gib(self) -> list:
         return [m["reserved"] - self.capacity_gib for m in self.stage_memory_gib]
@@ -646,7 +690,12 @@ class Estimate:
                 "mfu": self.mfu, "peak_memory_gib": self.peak_memory_gib,
                 "peak_reserved_gib": self.peak_reserved_gib,
                 "capacity_gib": self.capacity_gib, "memory_margin_gib": self.margin_gib,
-                "time_breakdown_s": self.time_breakdown_s}
+                "time_breakdown_s": self.time_breakdown_s,
+                **({"host_memory_gib_per_node": self.host.host_gib,
+                    "host_capacity_gib_per_node": self.host.host_capacity_gib,
+                    "nvme_tib_per_node": self.host.nvme_tib,
+                    "nvme_capacity_tib_per_node": self.host.nvme_capacity_tib}
+                   if self.host is not None else {})}
 
 
 def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
@@ -683,6 +732,14 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         "bubble": bubble,
         "optimizer": opt,
     }
+    if offloads(c):
+        # the host transfers the step waits for, and what those of every micro-batch add to
+        # the exposed collectives they hide with (planner.cost.offload)
+        moved = kt.off_fixed + nt * kt.off_layer
+        per_mb = c.m * sum(k.exposed_comm(*e, n, slowdown=0.0) for e in k.exposures()[2:])
+        breakdown["optimizer"] = opt - moved
+        breakdown["offload"] = moved + per_mb
+        breakdown["dp_comm_exposed"] -= per_mb
     if c.cp > 1:   # the exposed context-parallel exchange (a plan without CP has no entry)
         breakdown["cp_comm"] = c.m * (n * k.cp_layer + r * k.cp_rec)
     if model.is_moe:   # expert-parallel dispatch and combine (all-to-all or all-gather)
@@ -699,7 +756,9 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    return Estimate(fits=peak_reserved <= cap, step_time_s=step, tokens_per_s=tokens / step,
+    host = host_use(model, cluster, c, engine) if offloads(c) else None
+    return Estimate(fits=peak_reserved <= cap and (host is None or host.fits),
+                    host=host, step_time_s=step, tokens_per_s=tokens / step,
                     tflops_per_gpu=tflops, mfu=tflops / cluster.gpu.peak_tflops,
                     peak_memory_gib=peak, time_breakdown_s=breakdown,
                     stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap,

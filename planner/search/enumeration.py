@@ -13,6 +13,7 @@ from planner.cost.facts import facts_for
 from planner.cost.context import cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import schedule_problem
+from planner.cost.offload import host_use
 from planner.cost.stage import Candidate
 from planner.engines import get_engine
 from planner.engines.spec import Engine
@@ -69,6 +70,12 @@ class Fixed:
     # decoder layers per pipeline rank, in rank order (None: placed by the search); each
     # rank's layers are split evenly over its virtual stages (planner.plan.make_stages)
     stage_layers: tuple | None = None
+    # offload (planner.cost.offload): where the optimizer states and the parameters live
+    # ("none", "cpu", "nvme"); None: "none", or searched among the engine's where
+    # `offload_searched` (the search's second pass, when nothing fits without)
+    offload_optimizer: str | None = None
+    offload_params: str | None = None
+    offload_searched: bool = False
 
 
 def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
@@ -263,7 +270,58 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                                                          cluster.num_gpus)),
                                     moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap,
                                     moe_capacity_factor=capacity,
-                                    moe_imbalance=imbalance)))
+                                    moe_imbalance=imbalance,
+                                    offload_optimizer="none", offload_params="none")))
+    return _with_offloads(model, cluster, f, engine, out)
+
+
+def searched_offloads(model: Model, f: Fixed, engine: Engine) -> list:
+    """(optimizer, parameters) offload pairs to try: the fixed ones; else none, and where the
+    search looks for offload (`Fixed.offload_searched`) the optimizer to each device the
+    engine has, with the parameters beside it (never the parameters alone: the optimizer
+    states are the larger). MoE models are not priced with offload (planner.cost.moe prices
+    their optimizer on the GPU)."""
+    if f.offload_optimizer is not None or f.offload_params is not None:
+        return [(f.offload_optimizer or "none", f.offload_params or "none")]
+    if not f.offload_searched or model.is_moe:
+        return [("none", "none")]
+    out = [("none", "none")]
+    for opt in engine.offload_optimizer_devices:
+        out.append((opt, "none"))
+        out += [(opt, par) for par in engine.offload_param_devices
+                if not (opt == "cpu" and par == "nvme")]
+    return out
+
+
+def _with_offloads(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
+                   candidates: list) -> list:
+    """Each candidate with each offload pair it may take (searched_offloads) that the rules
+    allow (planner.rules.offload_problem) and the node's host memory and NVMe hold
+    (planner.cost.offload.host_use); a pair on NVMe where the same pair on host memory fits is
+    left out (host memory is the faster, and the GPU's memory is the same)."""
+    pairs = searched_offloads(model, f, engine)
+    if pairs == [("none", "none")]:
+        return candidates
+    searched = f.offload_optimizer is None and f.offload_params is None
+    out = []
+    for c in candidates:
+        for opt, par in pairs:
+            if (opt, par) == ("none", "none"):
+                out.append(c)
+                continue
+            k = _candidate({**c.__dict__, "offload_optimizer": opt, "offload_params": par})
+            if (V.offload_problem(engine, cluster, opt, par, c.zero, model)
+                    or not host_use(model, cluster, k, engine).fits):
+                continue
+            faster = _candidate({**k.__dict__,
+                                 "offload_optimizer": "cpu" if opt == "nvme" else opt,
+                                 "offload_params": "cpu" if par == "nvme" else par})
+            if (searched and "nvme" in (opt, par) and not V.offload_problem(
+                    engine, cluster, faster.offload_optimizer, faster.offload_params, c.zero)
+                    and host_use(model, cluster, faster, engine).fits):
+                continue
+            out.append(k)
+    return out
     return out
 
 
