@@ -160,7 +160,7 @@ ENGINE_RULES = frozenset((
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
-    "engine_offload", "offload_param_zero3",
+    "engine_offload", "offload_param_zero3", "offload_distributed_optimizer",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
     "tp_splits_model", "zero_bubble_zero"))
 
@@ -533,7 +533,7 @@ OFFLOAD_SOURCES = {
 
 
 def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | None,
-                    model=None) -> Problem | None:
+                    model=None, dp_cp: int | None = None) -> Problem | None:
     """Why the engine cannot offload the optimizer to `optimizer` and the parameters to
     `params` ("none", "cpu", "nvme") at ZeRO-`zero` (None: not fixed yet) on this cluster:
     devices it has, DeepSpeed's offload_param at ZeRO-3 only, the host figures the cluster
@@ -556,6 +556,12 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
         return Problem("offload_param_zero3", ("offload_params", "zero"),
                        f"{e} offloads the parameters under ZeRO-3 only (offload_param), not "
                        f"ZeRO-{zero}", source=src, fix="use --zero 3")
+    if (optimizer != "none" and engine.offload_needs_distributed_optimizer and zero == 0
+            and dp_cp is not None and dp_cp > 1):
+        return Problem("offload_distributed_optimizer", ("offload_optimizer", "zero"),
+                       f"{e} offloads the optimizer with its distributed optimizer only (ZeRO-1 "
+                       f"or more), not ZeRO-0 over dp x cp = {dp_cp}", source=src,
+                       fix="use --zero 1")
     if model is not None and model.is_moe:
         return Problem("offload_moe", ("model",), f"offload is not priced for MoE models "
                        f"({model.name})", source=OFFLOAD_SOURCES["offload_moe"])
@@ -751,7 +757,7 @@ def engine_problems(plan, engine) -> list:
     if problem:
         out.append(problem)
     problem = offload_problem(engine, plan.cluster, p.offload_optimizer, p.offload_params,
-                              p.zero_stage, m)
+                              p.zero_stage, m, p.dp * p.cp)
     if problem:
         out.append(problem)
     problem = recompute_problem(plan, engine)

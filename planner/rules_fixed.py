@@ -29,7 +29,8 @@ def offload_fixed_problems(model, cluster, engine, f):
     if f.offload_optimizer is None and f.offload_params is None:
         return
     problem = V.offload_problem(engine, cluster, f.offload_optimizer or "none",
-                                f.offload_params or "none", f.zero, model)
+                                f.offload_params or "none", f.zero, model,
+                                f.dp * (f.cp or 1) if f.dp else None)
     if problem:
         yield V.cited(problem, engine)
 

@@ -114,7 +114,9 @@ MEGATRON = Engine(
              ("moe_tp_needs_sp", "megatron/training/arguments.py"),
              ("offload", "megatron/training/arguments.py --optimizer-cpu-offload (the "
                          "optimizer to CPU memory: megatron/core/optimizer/cpu_offloading/"
-                         "hybrid_optimizer.py; no NVMe, no parameter offload)")),
+                         "hybrid_optimizer.py; no NVMe, no parameter offload); "
+                         "megatron/core/optimizer/optimizer_config.py (\"--use-precision-aware-"
+                         "optimizer only supported with distributed optimizer\")")),
     moe_capacity_factor=True, moe_saves_expert_outputs=False,
     moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S, moe_expert_overhead_s=MOE_EXPERT_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),
@@ -129,6 +131,9 @@ MEGATRON = Engine(
     # --overlap-cpu-optimizer-d2h-h2d (megatron/core/optimizer/cpu_offloading/README.md).
     # CPU memory only, no NVMe; parameters are not offloaded.
     offload_optimizer_devices=("cpu",), offload_overlaps_step=True,
+    # megatron/core/optimizer/optimizer_config.py OptimizerConfig.__post_init__:
+    # "--use-precision-aware-optimizer only supported with distributed optimizer"
+    offload_needs_distributed_optimizer=True,
     offload_transfer_bytes=(4.0, 4.0),
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "delayed")), ("mxfp8", ("mxfp8",)),
                 ("nvfp4", ("nvfp4",))),

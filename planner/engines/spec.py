@@ -237,6 +237,9 @@ class Engine:
     # the gradient copy out, the CPU step and the parameter copy back run concurrently
     # (Megatron --overlap-cpu-optimizer-d2h-h2d); False: one after the other
     offload_overlaps_step: bool = False
+    # optimizer offload only with its distributed optimizer (ZeRO-1 or more where dp x cp > 1;
+    # over one rank the export still names it)
+    offload_needs_distributed_optimizer: bool = False
     # bytes per parameter it moves to the host (gradients) and back (updated parameters)
     offload_transfer_bytes: tuple = (2.0, 2.0)
     # ---- how fast ----------------------------------------------------------------------

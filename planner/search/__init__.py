@@ -483,7 +483,7 @@ def offload_overflow(model, cluster, f, seq_len, gbs, engine) -> str | None:
     uses = [host_use(model, cluster, dataclasses.replace(c, offload_optimizer=opt,
                                                          offload_params=par), engine)
             for c in plain
-            if not V.offload_problem(engine, cluster, opt, par, c.zero, model)]
+            if not V.offload_problem(engine, cluster, opt, par, c.zero, model, c.dp * c.cp)]
     if not uses:
         return None
     least = min(uses, key=lambda h: (h.host_gib / max(h.host_capacity_gib, 1e-9),

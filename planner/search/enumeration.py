@@ -310,7 +310,7 @@ def _with_offloads(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
                 out.append(c)
                 continue
             k = _candidate({**c.__dict__, "offload_optimizer": opt, "offload_params": par})
-            if (V.offload_problem(engine, cluster, opt, par, c.zero, model)
+            if (V.offload_problem(engine, cluster, opt, par, c.zero, model, c.dp * c.cp)
                     or not host_use(model, cluster, k, engine).fits):
                 continue
             faster = _candidate({**k.__dict__,
