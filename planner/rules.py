@@ -150,6 +150,14 @@ RULE_SOURCES = {
                                   "--fp8-format)",
     "precision_on_gpu": "Transformer Engine docs, \"Using FP8 and FP4 with Transformer "
                         "Engine\"; NVIDIA and AMD datasheets (planner.precision ARCHS)",
+    # offload: the planner's own, where its figures of the host come from and what it prices
+    "offload_host_known": "planner/catalog/gpus.py HOSTS (the host figures of each catalog "
+                          "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
+                          "host_memory_gbps, nvme_gbps, nvme_tib)",
+    "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
+    "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
+                           "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
+                           "estimate_zero3_model_states_mem_needs)",
 }
 
 # the rules of what one engine offers (its spec's data): cited by the engine's own statement
@@ -520,16 +528,6 @@ def zero_under_pp_problem(engine, zero: int, head: str) -> Problem | None:
 
 # ---- offload (planner.cost.offload) --------------------------------------------------------
 
-# the planner's own: where its figures of the host come from, and what it prices
-OFFLOAD_SOURCES = {
-    "offload_host_known": "planner/catalog/gpus.py HOSTS (the host figures of each catalog "
-                          "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
-                          "host_memory_gbps, nvme_gbps, nvme_tib)",
-    "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
-    "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
-                           "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
-                           "estimate_zero3_model_states_mem_needs)",
-}
 
 
 def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | None,
@@ -564,7 +562,7 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
                        fix="use --zero 1")
     if model is not None and model.is_moe:
         return Problem("offload_moe", ("model",), f"offload is not priced for MoE models "
-                       f"({model.name})", source=OFFLOAD_SOURCES["offload_moe"])
+                       f"({model.name})", source=RULE_SOURCES["offload_moe"])
     need = [("host_link_gbps", g.host_link_gbps), ("host_memory_gib", g.host_memory_gib),
             ("host_memory_gbps", g.host_memory_gbps)]
     if "nvme" in (optimizer, params):
@@ -574,7 +572,7 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
         return Problem("offload_host_known", ("cluster",),
                        f"cluster {cluster.name} gives no {', '.join(missing)} of its hosts, "
                        f"which an offload is priced with",
-                       source=OFFLOAD_SOURCES["offload_host_known"],
+                       source=RULE_SOURCES["offload_host_known"],
                        fix="give them in a cluster JSON (--cluster FILE)")
     return None
 
@@ -592,7 +590,7 @@ def offload_capacity_problem(host, knobs: str) -> Problem | None:
                 f"{host.nvme_capacity_tib:,.1f} TiB")
     return Problem("offload_host_memory", ("offload_optimizer", "offload_params"),
                    f"{knobs} needs at least {what}",
-                   source=OFFLOAD_SOURCES["offload_host_memory"],
+                   source=RULE_SOURCES["offload_host_memory"],
                    fix="offload to nvme, or plan on more GPUs")
 
 
