@@ -73,10 +73,13 @@ def _more_gpus(cluster: Cluster, n: int) -> Cluster:
                                gpus_per_node=min(gpn, n), nvlink_domain=domain)
 
 
-def _hopeless(model, cluster: Cluster, engine, margin_gib) -> bool:
+def _hopeless(model, cluster: Cluster, engine, margin_gib, fixed: Fixed | None = None) -> bool:
     """Nothing can fit on this cluster: its GPUs cannot hold the model states even sharded
-    over all of them (planner.search.states_per_gpu_bound), so no search is needed."""
-    return (states_per_gpu_bound(model, get_engine(engine), cluster.num_gpus)
+    over all of them (planner.search.states_per_gpu_bound; less what the engine's offloads may
+    move off them unless `fixed` keeps everything on the GPUs), so no search is needed."""
+    offload = fixed is None or (fixed.offload_optimizer in (None, "cpu", "nvme")
+                                and fixed.offload_optimizer != "none")
+    return (states_per_gpu_bound(model, get_engine(engine), cluster.num_gpus, offload)
             > capacity_bytes(cluster, get_engine(engine), margin_gib) * (1 + 1e-9))
 
 
@@ -137,7 +140,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                                gpus_per_node=gpn))
 
     def fits(cl, f, s, g):
-        if _hopeless(model, cl, engine, margin_gib):
+        if _hopeless(model, cl, engine, margin_gib, fixed):
             return None
         return _fits(model, cl, f, s, g, engine, margin_gib)
 
@@ -165,7 +168,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         searched, last = 0, None
         for n in gpu_counts(cluster):
             bigger = _more_gpus(cluster, n)
-            if _hopeless(model, bigger, engine, margin_gib):
+            if _hopeless(model, bigger, engine, margin_gib, fixed):
                 continue            # a sound bound: no layout on n GPUs holds the model states
             if searched >= MAX_COUNTS_SEARCHED and n < 2 * last:
                 continue            # past the one-by-one budget: doublings only

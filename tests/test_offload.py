@@ -164,3 +164,18 @@ def test_plans_that_fit_do_not_offload():
     """Offload is searched only where nothing fits without: llama3-8b on h100x8 unchanged."""
     rep = search(get_model("llama3-8b"), H100X8, Fixed(), engine="deepspeed")
     assert rep.best.candidate.offload_optimizer == "none"
+
+
+def test_offload_respects_the_fixed_choices_where_nothing_else_fits(capsys):
+    """--recompute none --tp 8 --pp 4 --micro-batch 4 fits no 70B layout on h100x32's GPUs
+    alone (tests/test_cli.py test_nothing_fits_suggests_recompute): with the optimizer in host
+    memory it fits, keeping every fixed choice."""
+    code, out, err = run(capsys, "--model", "llama70b", "--cluster", "h100x32", "--recompute",
+                         "none", "--tp", "8", "--pp", "4", "--micro-batch", "4", "--seq-len",
+                         "8192", "--global-batch", "64", "--zero", "0", "--json", limit_s=60)
+    assert code == 0, err
+    plan = json.loads(out)
+    par = plan["parallelism"]
+    assert par["offload_optimizer"] == "cpu" and par["recompute"] == "none"
+    assert (par["tp"], par["pp"], par["zero_stage"]) == (8, 4, 0)
+    assert plan["estimate"]["fits"]

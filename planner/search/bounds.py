@@ -589,7 +589,8 @@ class SharedCoefficients:
         return budget.reserved(worst / GIB) - budget.usable_gib
 
 
-def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
+def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
+                         offload: bool = False) -> float:
     """Bytes of model states that the busiest GPU of any candidate on `num_gpus` GPUs holds at
     least: every parameter's weight, gradient and optimizer state is held at least once over
     the cluster (ZeRO-3 shards each over dp x cp, the experts over expert-dp, which folding
@@ -604,6 +605,14 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
     params = (D * dense + Q * moe + m.vocab_size * m.hidden
               + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
               + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
-    return params * (engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes) / num_gpus
+    per = engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes
+    if offload and not m.is_moe:
+        # what the engine's offloads may leave on the GPUs (planner.cost.offload
+        # gpu_state_bytes): no optimizer states, no gradients where they live on the host, no
+        # parameters where it offloads them
+        per = ((0.0 if engine.offload_param_devices else engine.weight_bytes)
+               + (0.0 if engine.offload_grads_each_microbatch else engine.grad_bytes)
+               + (0.0 if engine.offload_optimizer_devices else engine.optimizer_bytes))
+    return params * per / num_gpus
 
 
