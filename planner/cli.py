@@ -180,6 +180,12 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--offload-params", choices=OFFLOAD_DEVICES,
                    help="keep the ZeRO-3 parameter shards in host memory (cpu) or on NVMe "
                         "(ZeRO-Infinity, DeepSpeed) (default: as --offload-optimizer)")
+    p.add_argument("--dp-shard", type=_positive("--dp-shard"), metavar="S",
+                   help="hybrid sharding (HSDP): ZeRO shards over groups of S data-parallel "
+                        "ranks, replicated across dp / S groups (torchtitan "
+                        "data_parallel_shard_degree, DeepSpeed MiCS, Megatron "
+                        "--num-distributed-optimizer-instances) (default: searched, the "
+                        "ranks of one node)")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
                    help="GiB per GPU kept free below what the allocator may reserve "
                         "(default: 3%% of the GPU's memory)")
@@ -206,7 +212,8 @@ def _fixed(a, engine=None) -> Fixed:
                  tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,
                  ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor,
                  moe_imbalance=a.moe_imbalance, stage_layers=a.stage_layers,
-                 offload_optimizer=a.offload_optimizer, offload_params=a.offload_params)
+                 offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
+                 dp_shard=a.dp_shard)
 
 
 def _engine_of(a):

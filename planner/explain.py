@@ -49,7 +49,8 @@ def summary_line(plan: Plan) -> str:
         if p.moe_dispatcher:
             parts.append(f"dispatch={p.moe_dispatcher}"
                          + ("+ep-comm-overlap" if p.ep_comm_overlap else ""))
-    parts.append(f"zero={p.zero_stage}")
+    parts.append(f"zero={p.zero_stage}" + (f"(hsdp {p.dp * p.cp // p.dp_shard}x{p.dp_shard})"
+                                           if p.dp_shard else ""))
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
         if p.tp_comm_overlap:
@@ -87,9 +88,10 @@ def _experts(model, tp: int, dp: int, ep: int, etp: int) -> str:
 
 def describe_candidate(c) -> str:
     """One line for a search candidate (planner.cost.Candidate)."""
-    s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}"
+    hsdp = f"(hsdp {c.replicas}x{c.shard})" if getattr(c, "dp_shard", 0) else ""
+    s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}{hsdp}"
     if c.ep > 1 or c.etp > 1:
-        s = f"tp={c.tp} pp={c.pp} dp={c.dp} ep={c.ep} etp={c.etp} zero={c.zero}"
+        s = f"tp={c.tp} pp={c.pp} dp={c.dp} ep={c.ep} etp={c.etp} zero={c.zero}{hsdp}"
     if c.cp > 1:
         s = s.replace(" pp=", f" cp={c.cp}({c.cp_comm}) pp=", 1)
     if c.tp > 1:
@@ -222,6 +224,10 @@ def no_configuration_message(model, nc) -> str:
         elif name == "dp":
             reasons.append(f"--dp {v}: not divisible: global batch {global_batch} and the "
                            f"other degrees")
+        elif name == "dp_shard":
+            reasons.append(f"--dp-shard {v}: it divides no data-parallel degree here (dp x cp "
+                           f"must be a multiple of it) under a ZeRO stage the engine shards "
+                           f"in groups")
         else:
             reasons.append(f"{_FLAG[name]} {v} cannot be combined with the other choices")
     if reasons:

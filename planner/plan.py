@@ -8,7 +8,7 @@ Layout of `schema_version` 1:
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
                  schedule, recompute, recompute_modules, rank_order, tp_comm_overlap,
                  moe_dispatcher, ep_comm_overlap, moe_capacity_factor, moe_imbalance,
-                 offload_optimizer, offload_params}
+                 offload_optimizer, offload_params, dp_shard}
                  (ep, etp: 1 when absent; moe_imbalance 1, balanced routing, when absent;
                  recompute_modules ["core_attn"] when absent: what "selective" recomputes
                  of every layer, Megatron's --recompute-modules, planner.cost.recompute;
@@ -17,7 +17,9 @@ Layout of `schema_version` 1:
                  moe_dispatcher "" when absent: the MoE token dispatcher priced,
                  planner.cost.moe, "" for a dense model; moe_capacity_factor null when
                  absent: dropless; offload_optimizer, offload_params "none" when absent:
-                 "cpu" or "nvme" where that state lives, planner.cost.offload)
+                 "cpu" or "nvme" where that state lives, planner.cost.offload; dp_shard 0
+                 when absent: ZeRO shards over all of dp x cp, else over groups of dp_shard
+                 ranks replicated across the rest, HSDP)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -108,6 +110,9 @@ class Parallelism:
     # weights, and the parameters, live ("none", "cpu", "nvme"); "none" in plans from before it
     offload_optimizer: str = "none"
     offload_params: str = "none"
+    # hybrid sharding (HSDP): ZeRO shards over groups of dp_shard consecutive ranks of dp x cp,
+    # replicated across the others (planner.cost.dataparallel); 0 (and absent): over all
+    dp_shard: int = 0
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -206,6 +211,8 @@ class Plan:
         for k in ("offload_optimizer", "offload_params"):   # written where something moves
             if par[k] == "none":
                 del par[k]
+        if not par["dp_shard"]:     # written under hybrid sharding only
+            del par["dp_shard"]
         return {
             "schema_version": self.schema_version,
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
@@ -344,6 +351,8 @@ class Plan:
                 f"(null for bf16, else one of {', '.join(RECIPES)})")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
+        if p.dp_shard and (p.dp * p.cp) % p.dp_shard:
+            bad(f"dp_shard {p.dp_shard} does not divide dp x cp = {p.dp * p.cp}")
         if p.cp_comm_type not in CP_COMM_TYPES:
             bad(f"cp_comm_type {S.show(p.cp_comm_type)} not in {CP_COMM_TYPES}")
         problems = plan_problems(self, whole_cluster)
@@ -369,7 +378,8 @@ PARALLELISM = S.Obj({
     "moe_capacity_factor": (S.Nullable(S.Num(gt=0.0, le=1e3)), None),
     "moe_imbalance": (S.Num(ge=1.0, le=1e3), 1.0),
     "offload_optimizer": (S.Enum(*OFFLOAD_DEVICES), "none"),
-    "offload_params": (S.Enum(*OFFLOAD_DEVICES), "none")})
+    "offload_params": (S.Enum(*OFFLOAD_DEVICES), "none"),
+    "dp_shard": (S.Int(0, B.MAX_GPUS), 0)})
 
 
 def with_cp(order: tuple) -> tuple:

@@ -155,6 +155,10 @@ RULE_SOURCES = {
                           "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
                           "host_memory_gbps, nvme_gbps, nvme_tib)",
     "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
+    "dp_shard_divides": "torchtitan/distributed/parallel_dims.py _validate (dp_replicate x "
+                        "dp_shard = dp); megatron/core/parallel_state.py (data-parallel size "
+                        "divisible by num_distributed_optimizer_instances)",
+    "hsdp_priced": "planner/cost/dataparallel.py (the dense, cp = 1 data-parallel groups)",
     "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
                            "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
                            "estimate_zero3_model_states_mem_needs)",
@@ -168,7 +172,7 @@ ENGINE_RULES = frozenset((
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
-    "engine_offload", "offload_param_zero3", "offload_distributed_optimizer",
+    "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
     "tp_splits_model", "zero_bubble_zero"))
 
@@ -577,6 +581,36 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
     return None
 
 
+def hsdp_problem(engine, dp_shard: int, dp: int, cp: int, zero: int | None,
+                 model=None) -> Problem | None:
+    """Why the engine cannot shard the ZeRO states over groups of `dp_shard` of the dp x cp
+    ranks (HSDP; 0 or dp x cp: not hybrid) at ZeRO-`zero` (None: not fixed yet)."""
+    n = dp * cp
+    if dp_shard in (0, n):
+        return None
+    e = engine.name
+    if dp_shard < 1 or n % dp_shard:
+        return Problem("dp_shard_divides", ("dp_shard", "dp"),
+                       f"dp shard {dp_shard} does not divide dp x cp = {n}",
+                       source=RULE_SOURCES["dp_shard_divides"],
+                       fix="give --dp-shard a divisor of dp x cp")
+    if not engine.hsdp_zero_stages:
+        return Problem("engine_hsdp", ("dp_shard",),
+                       f"{e} has no hybrid sharding (--dp-shard {dp_shard})",
+                       fix="plan with --engine torchtitan, deepspeed (MiCS) or megatron")
+    if zero is not None and zero not in engine.hsdp_zero_stages:
+        return Problem("engine_hsdp", ("dp_shard", "zero"),
+                       f"{e} shards inside groups (--dp-shard) under ZeRO "
+                       f"{'/'.join(map(str, engine.hsdp_zero_stages))} only, not ZeRO-{zero}",
+                       source=engine.source_of("hsdp"),
+                       fix=f"use --zero {max(engine.hsdp_zero_stages)}")
+    if cp > 1 or (model is not None and (model.is_moe or model.mtp_layers)):
+        return Problem("hsdp_priced", ("dp_shard",),
+                       "hybrid sharding is priced for dense models without context parallelism "
+                       "or MTP only", source=RULE_SOURCES["hsdp_priced"])
+    return None
+
+
 def offload_capacity_problem(host, knobs: str) -> Problem | None:
     """An offload whose states one node's host memory or NVMe cannot hold (`host`:
     planner.cost.offload.HostUse of the layout that needs the least); `knobs` names it."""
@@ -754,8 +788,9 @@ def engine_problems(plan, engine) -> list:
     problem = partition_problem(engine, m.num_layers, plan.layer_counts())
     if problem:
         out.append(problem)
-    problem = offload_problem(engine, plan.cluster, p.offload_optimizer, p.offload_params,
-                              p.zero_stage, m, p.dp * p.cp)
+    problem = (offload_problem(engine, plan.cluster, p.offload_optimizer, p.offload_params,
+                               p.zero_stage, m, p.dp * p.cp)
+               or hsdp_problem(engine, p.dp_shard, p.dp, p.cp, p.zero_stage, m))
     if problem:
         out.append(problem)
     problem = recompute_problem(plan, engine)

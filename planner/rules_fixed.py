@@ -35,6 +35,16 @@ def offload_fixed_problems(model, cluster, engine, f):
         yield V.cited(problem, engine)
 
 
+def hsdp_fixed_problems(model, engine, f):
+    """A fixed --dp-shard the engine cannot run (with --dp: one that does not divide it)."""
+    if not f.dp_shard:
+        return
+    dp, cp = (f.dp, f.cp or 1) if f.dp else (f.dp_shard * 2, 1)   # dp unknown: any multiple
+    problem = V.hsdp_problem(engine, f.dp_shard, dp, cp, f.zero, model)
+    if problem:
+        yield V.cited(problem, engine)
+
+
 def engine_fixed_problems(engine, f):
     """The fixed values the engine cannot run at all (Problems, in order)."""
     e = engine.name
@@ -158,6 +168,7 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
                      f"--etp {f.etp} does not divide the expert FFN ({model.moe_ffn_hidden})")
     yield from engine_fixed_problems(eng, f)
     yield from offload_fixed_problems(model, cluster, eng, f)
+    yield from hsdp_fixed_problems(model, eng, f)
     problem = precision_problem(eng, cluster.gpu, f.precision, f.recipe, flags=True)
     if problem:
         yield problem

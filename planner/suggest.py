@@ -185,7 +185,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
 # ---- fixed choices that match no configuration -------------------------------------------
 
 # the fixed choices a NoConfiguration may name, in the order it names them
-CHOICES = ("tp", "pp", "dp", "mbs", "vpp", "zero", "sp", "schedule", "recompute")
+CHOICES = ("tp", "pp", "dp", "mbs", "vpp", "zero", "sp", "schedule", "recompute", "dp_shard")
 
 
 @dataclass

@@ -12,15 +12,27 @@ from planner.engines.spec import Engine
 
 
 def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, g_fixed: float,
-                   w_layer: float, w_fixed: float) -> dict:
+                   w_layer: float, w_fixed: float, replicas: int = 1,
+                   replica_link=None) -> dict:
     """Seconds of the data-parallel collectives over `dp` ranks for gradients of g_* bytes and
-    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields)."""
+    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields).
+
+    Hybrid sharding (HSDP: FSDP2 over a 2-D replicate x shard mesh, DeepSpeed's MiCS,
+    Megatron's distributed-optimizer instances): `dp` is then the shard group, the states
+    sharded over it, and `replicas` copies of it; the gradients are reduce-scattered inside the
+    shard group and the 1/dp shard all-reduced across the replicas over `replica_link`
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: reduce-scatter,
+    then all_reduce on the replicate group), the parameters all-gathered inside the shard
+    group only (Zhang et al. 2022, MiCS, Sec. 3)."""
     z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
              grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
-    if dp > 1:
+    if dp > 1 or replicas > 1:
+        def rs(x):
+            shard = comm.reduce_scatter(x, dp, dp_link) if dp > 1 else 0.0
+            return shard + (comm.all_reduce(x / dp, replicas, replica_link)
+                            if replicas > 1 else 0.0)
         ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
-        rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
-        ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
+        ag = lambda x: comm.all_gather(x, dp, dp_link) if dp > 1 else 0.0   # noqa: E731
         if zero == 0:
             z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
         elif zero == 1:

@@ -124,7 +124,7 @@ def shard_params(model, c) -> tuple:
     layers = math.ceil(model.num_layers / c.pp) * model.layer_params()
     fixed = model.embedding_params() + model.head_params()
     rank = (layers + fixed) / c.tp
-    dpc = c.dp * c.cp
+    dpc = c.shard       # the ZeRO shard group (dp x cp but under HSDP)
     return rank / (dpc if c.zero >= 1 else 1), rank / (dpc if c.zero >= 3 else 1)
 
 

@@ -89,6 +89,19 @@ class Candidate:
     # states with their fp32 master weights, and the parameters, live between steps
     offload_optimizer: str = "none"
     offload_params: str = "none"
+    # hybrid sharding (HSDP): ZeRO shards over groups of dp_shard ranks of the dp x cp group,
+    # replicated across the dp x cp / dp_shard groups; 0: over the whole dp x cp group
+    dp_shard: int = 0
+
+    @property
+    def shard(self) -> int:
+        """The ranks ZeRO shards the states over: dp_shard, or all of dp x cp."""
+        return self.dp_shard or self.dp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded states across the dp x cp group (1 but under HSDP)."""
+        return self.dp * self.cp // self.shard
 
     @property
     def m(self) -> int:
@@ -387,7 +400,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     lp = low_precision(engine, cluster.gpu, c.precision, c.recipe)
     # ranks tp innermost, then cp, dp, pp (planner.cost.comm): the gradient group dp x cp
     tp_link = comm.group_link(cluster, t, 1)
-    dp_link = comm.group_link(cluster, c.dp_cp, t)
+    # the ZeRO shard group: consecutive ranks of dp x cp (all of it but under HSDP), and the
+    # replicas of it, shard x t apart
+    dp_link = comm.group_link(cluster, c.shard, t)
+    rep_link = comm.group_link(cluster, c.replicas, t * c.shard)
     pp_link = comm.group_link(cluster, 2, t * cp * c.dp)
 
     # tensor parallel: per layer 2 all-reduces forward and 2 backward (Megatron, Shoeybi et al.
@@ -455,7 +471,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
 
     # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered in
     # its compute dtype (bf16; fp32 where it computes in fp32)
-    dp = c.dp_cp      # weights replicated over cp: reduced and sharded over dp x cp
+    # weights replicated over cp: reduced and sharded over dp x cp (its shard group under HSDP)
+    dp = c.shard
     g_layer = grad_bytes * layer_params
     w_layer = facts.compute_elem_bytes * layer_params
     if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
@@ -496,7 +513,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
         g_fixed = grad_bytes * fixed_params
         w_fixed = facts.compute_elem_bytes * fixed_params
-        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed)
+        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed,
+                           c.replicas, rep_link)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **gpu_states)
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))

@@ -108,6 +108,8 @@ DEEPSPEED = Engine(
                               "'parameters', 'type:<regex>': partition_balanced)"),
              ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only; "
                           "DualPipeV is deepspeedai/DeepSpeed PR 8576, not merged)"),
+             ("hsdp", "deepspeed/runtime/zero/mics.py (MiCS_Init / MiCS_Optimizer: "
+                      "mics_shard_size with ZeRO-3)"),
              ("offload", "deepspeed/runtime/zero/offload_config.py (offload_optimizer, "
                          "offload_param: device cpu | nvme; offload_param with ZeRO-3)")),
     recompute=(("full", ALL_OR_NONE), ("selective", ALL_OR_NONE)),
@@ -126,6 +128,10 @@ DEEPSPEED = Engine(
     # Sec. 4.1: "fp16 gradients ... to CPU", "fp16 parameters ... back to GPU"), one after the
     # other (the one-step delayed update, DPU, is off by default).
     offload_optimizer_devices=("cpu", "nvme"), offload_param_devices=("cpu", "nvme"),
+    # MiCS (zero_optimization.mics_shard_size, ZeRO-3): the states sharded inside groups of
+    # mics_shard_size ranks, replicated across them (deepspeed/runtime/zero/mics.py; Zhang et
+    # al. 2022, "MiCS: Near-linear Scaling for Training Gigantic Model on Public Cloud")
+    hsdp_zero_stages=(3,),
     offload_grads_each_microbatch=True, offload_transfer_bytes=(2.0, 2.0),
     validation=validation_of("deepspeed"),
 )

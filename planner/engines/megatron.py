@@ -112,6 +112,8 @@ MEGATRON = Engine(
                           "no zero-bubble or DualPipe schedule: NVIDIA/Megatron-LM PR 5254 "
                           "closed unmerged)"),
              ("moe_tp_needs_sp", "megatron/training/arguments.py"),
+             ("hsdp", "megatron/training/arguments.py --num-distributed-optimizer-instances "
+                      "(with --use-distributed-optimizer)"),
              ("offload", "megatron/training/arguments.py --optimizer-cpu-offload (the "
                          "optimizer to CPU memory: megatron/core/optimizer/cpu_offloading/"
                          "hybrid_optimizer.py; no NVMe, no parameter offload); "
@@ -130,6 +132,12 @@ MEGATRON = Engine(
     # updated fp32 parameters copied back (param_update_in_fp32), the three overlapped with
     # --overlap-cpu-optimizer-d2h-h2d (megatron/core/optimizer/cpu_offloading/README.md).
     # CPU memory only, no NVMe; parameters are not offloaded.
+    # --num-distributed-optimizer-instances N: N copies of the distributed optimizer, each
+    # sharded over dp / N ranks (megatron/training/arguments.py; megatron/core/parallel_state.py
+    # the intra / inter distributed-optimizer-instance groups), the gradients reduce-scattered
+    # inside an instance and all-reduced across them (megatron/core/distributed/
+    # param_and_grad_buffer.py)
+    hsdp_zero_stages=(1,),
     offload_optimizer_devices=("cpu",), offload_overlaps_step=True,
     # megatron/core/optimizer/optimizer_config.py OptimizerConfig.__post_init__:
     # "--use-precision-aware-optimizer only supported with distributed optimizer"

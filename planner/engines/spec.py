@@ -219,6 +219,10 @@ class Engine:
     # where it states its limits, as ((rule, file or document), ...): the `source` of the
     # planner.rules Problem for that rule
     sources: tuple = ()
+    # ---- hybrid sharding (HSDP: planner.cost.dataparallel) -----------------------------
+    # the ZeRO stages it shards inside groups of the data-parallel ranks, replicated across
+    # them (empty: none)
+    hsdp_zero_stages: tuple = ()
     # ---- offload (planner.cost.offload) ------------------------------------------------
     # where it offloads the optimizer states with their fp32 master weights, the optimizer
     # step then running on the CPU ("cpu", "nvme"; empty: it does not), and the parameters

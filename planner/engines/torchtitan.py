@@ -73,7 +73,9 @@ TORCHTITAN = Engine(
                                   "parallelize_llama (releases 0.1-0.2: \"DDP has not supported "
                                   "> 1D parallelism\")"),
              ("schedule", "torch/distributed/pipelining/schedules.py (GPipe, 1F1B, "
-                          "Interleaved1F1B)")),
+                          "Interleaved1F1B)"),
+             ("hsdp", "torchtitan/distributed/parallel_dims.py (data_parallel_replicate_degree "
+                      "x data_parallel_shard_degree; the shard dimension is FSDP2's)")),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and
@@ -87,6 +89,10 @@ TORCHTITAN = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    # [parallelism] data_parallel_shard_degree x data_parallel_replicate_degree: FSDP2 over
+    # the 2-D (dp_replicate, dp_shard) mesh (torchtitan/distributed/parallel_dims.py;
+    # torchtitan/models/llama3/infra/parallelize.py apply_fsdp "HSDP")
+    hsdp_zero_stages=(2, 3),
     # train step: `del pred` before backward; loss_parallel under tp (torchtitan/distributed/
     # utils.py train_context); torch.distributed.pipelining under pp
     loss_memory=EAGER_LOSS, tp_loss_memory=LOSS_PARALLEL_LOSS, pipeline_keeps_logits=True,

@@ -118,6 +118,11 @@ def deepspeed_config(plan: Plan) -> str:
         "activation_checkpointing": activation_checkpointing,
     }
     config["zero_optimization"].update(offload_settings(p))
+    if p.dp_shard:
+        # MiCS: the ZeRO-3 states sharded inside groups of mics_shard_size ranks, replicated
+        # across them (deepspeed/runtime/zero/config.py mics_shard_size); its hierarchical
+        # all-gather stays off, as priced (one all-gather inside the shard group)
+        config["zero_optimization"]["mics_shard_size"] = p.dp_shard
     if p.pp > 1:
         config["pipeline"] = {"activation_checkpoint_interval": interval}
     config["_parallelism"] = parallelism

@@ -152,6 +152,10 @@ def _zero(plan: Plan, args: list, notes: list) -> bool:
         return False
     if p.zero_stage == 1:
         args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
+        if p.dp_shard:
+            # each instance of the distributed optimizer sharded over dp_shard ranks
+            args.append(("--num-distributed-optimizer-instances",
+                         p.dp * p.cp // p.dp_shard))
         return False
     if p.pp == 1:
         args += [("--use-megatron-fsdp", None),

@@ -465,14 +465,14 @@ class SharedCoefficients:
         layer), bytes, each at most what planner.cost.stage charges."""
         v_shape = c.schedule in V_SCHEDULES and c.pp > 1   # the head on rank 0
         layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, v_shape, c.offload_optimizer,
-                  c.offload_params)
+                  c.offload_params, c.dp_shard)
         out = self._states.get(layout)
         if out is not None:
             return out
         m, t, p = self.model, c.tp, c.pp
         # what stays on the GPU of them under an offload, as planner.cost.stage charges it
         kw = gpu_state_bytes(self.engine, self._state_bytes, c)
-        dpc = c.dp_cp
+        dpc = c.shard       # the ZeRO shard group (dp x cp but under HSDP)
 
         def held(params, dp=dpc):
             return sum(model_state_bytes(params, dp, c.zero, **kw))
@@ -500,7 +500,7 @@ class SharedCoefficients:
     def pooled_states(self, c: Candidate) -> float:
         """The model states of all ranks together: every layer held once."""
         layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.offload_optimizer,
-                  c.offload_params)
+                  c.offload_params, c.dp_shard)
         got = self._pooled.get(layout)
         if got is None:
             got = self._pooled[layout] = self._pooled_of(self.states(c))
@@ -529,7 +529,7 @@ class SharedCoefficients:
         only where states_can_fit is False; needs no layer figures."""
         key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap,   # states' layout
                c.schedule in V_SCHEDULES and c.pp > 1,                   # (head on rank 0)
-               c.offload_optimizer, c.offload_params)
+               c.offload_optimizer, c.offload_params, c.dp_shard)
         got = self._states_alone.get(key)
         if got is None:
             got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),

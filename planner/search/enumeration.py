@@ -76,6 +76,10 @@ class Fixed:
     offload_optimizer: str | None = None
     offload_params: str | None = None
     offload_searched: bool = False
+    # hybrid sharding: ZeRO over groups of dp_shard data-parallel ranks, replicated across
+    # (planner.cost.dataparallel); None: searched (the dp ranks of one node, where the engine
+    # shards inside groups), 0: never
+    dp_shard: int | None = None
 
 
 def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
@@ -271,8 +275,33 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                                     moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap,
                                     moe_capacity_factor=capacity,
                                     moe_imbalance=imbalance,
-                                    offload_optimizer="none", offload_params="none")))
-    return _with_offloads(model, cluster, f, engine, out)
+                                    offload_optimizer="none", offload_params="none",
+                                    dp_shard=0)))
+    return _with_offloads(model, cluster, f, engine, _with_hsdp(model, cluster, f, engine, out))
+
+
+def _with_hsdp(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
+               candidates: list) -> list:
+    """The candidates with hybrid sharding: a fixed --dp-shard on every candidate it applies
+    to (planner.rules.hsdp_problem), the others dropped; searched, each candidate whose ZeRO
+    stage the engine shards in groups gets a twin sharded over the data-parallel ranks of one
+    node (gpus_per_node / tp: the shard group's collectives on NVLink, only the replicas'
+    all-reduce across nodes), where that is neither 1 nor all of dp."""
+    if f.dp_shard == 0 or (f.dp_shard is None and not engine.hsdp_zero_stages):
+        return candidates
+    out = []
+    for c in candidates:
+        if f.dp_shard is not None:
+            shard = 0 if f.dp_shard == c.dp * c.cp else f.dp_shard
+            if not V.hsdp_problem(engine, shard, c.dp, c.cp, c.zero, model):
+                out.append(_candidate({**c.__dict__, "dp_shard": shard}))
+            continue
+        out.append(c)
+        shard = cluster.gpus_per_node // c.tp
+        if (c.cp == 1 and 1 < shard < c.dp and c.tp * shard == cluster.gpus_per_node
+                and not V.hsdp_problem(engine, shard, c.dp, c.cp, c.zero, model)):
+            out.append(_candidate({**c.__dict__, "dp_shard": shard}))
+    return out
 
 
 def searched_offloads(model: Model, f: Fixed, engine: Engine) -> list:
