@@ -186,6 +186,12 @@ def plan_parser() -> argparse.ArgumentParser:
                         "data_parallel_shard_degree, DeepSpeed MiCS, Megatron "
                         "--num-distributed-optimizer-instances) (default: searched, the "
                         "ranks of one node)")
+    p.add_argument("--zeropp", dest="zeropp", action="store_true", default=None,
+                   help="ZeRO++ under ZeRO-3 (DeepSpeed): int8 weight all-gathers, the node's "
+                        "secondary weight partition for backward, int4 gradients (default: "
+                        "searched where the engine has it)")
+    p.add_argument("--no-zeropp", dest="zeropp", action="store_false",
+                   help="no ZeRO++")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
                    help="GiB per GPU kept free below what the allocator may reserve "
                         "(default: 3%% of the GPU's memory)")
@@ -213,7 +219,7 @@ def _fixed(a, engine=None) -> Fixed:
                  ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor,
                  moe_imbalance=a.moe_imbalance, stage_layers=a.stage_layers,
                  offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
-                 dp_shard=a.dp_shard)
+                 dp_shard=a.dp_shard, zeropp=a.zeropp)
 
 
 def _engine_of(a):

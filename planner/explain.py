@@ -67,8 +67,9 @@ def summary_line(plan: Plan) -> str:
 
 def offload_labels(p) -> list:
     """offload-optimizer=cpu / offload-params=nvme of a plan's parallelism or a candidate."""
-    return [f"offload-{k}={getattr(p, 'offload_' + k)}" for k in ("optimizer", "params")
-            if getattr(p, "offload_" + k, "none") != "none"]
+    return ([f"offload-{k}={getattr(p, 'offload_' + k)}" for k in ("optimizer", "params")
+             if getattr(p, "offload_" + k, "none") != "none"]
+            + (["zero++"] if getattr(p, "zeropp", False) else []))
 
 
 def recompute_label(mode: str, modules: tuple) -> str:

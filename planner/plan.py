@@ -8,7 +8,7 @@ Layout of `schema_version` 1:
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
                  schedule, recompute, recompute_modules, rank_order, tp_comm_overlap,
                  moe_dispatcher, ep_comm_overlap, moe_capacity_factor, moe_imbalance,
-                 offload_optimizer, offload_params, dp_shard}
+                 offload_optimizer, offload_params, dp_shard, zeropp}
                  (ep, etp: 1 when absent; moe_imbalance 1, balanced routing, when absent;
                  recompute_modules ["core_attn"] when absent: what "selective" recomputes
                  of every layer, Megatron's --recompute-modules, planner.cost.recompute;
@@ -19,7 +19,8 @@ Layout of `schema_version` 1:
                  absent: dropless; offload_optimizer, offload_params "none" when absent:
                  "cpu" or "nvme" where that state lives, planner.cost.offload; dp_shard 0
                  when absent: ZeRO shards over all of dp x cp, else over groups of dp_shard
-                 ranks replicated across the rest, HSDP)
+                 ranks replicated across the rest, HSDP; zeropp false when absent: DeepSpeed
+                 ZeRO++ under ZeRO-3)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -113,6 +114,9 @@ class Parallelism:
     # hybrid sharding (HSDP): ZeRO shards over groups of dp_shard consecutive ranks of dp x cp,
     # replicated across the others (planner.cost.dataparallel); 0 (and absent): over all
     dp_shard: int = 0
+    # ZeRO++ (DeepSpeed ZeRO-3: qwZ, hpZ, qgZ; planner.cost.dataparallel.ZeroPP); false when
+    # absent
+    zeropp: bool = False
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -213,6 +217,8 @@ class Plan:
                 del par[k]
         if not par["dp_shard"]:     # written under hybrid sharding only
             del par["dp_shard"]
+        if not par["zeropp"]:
+            del par["zeropp"]
         return {
             "schema_version": self.schema_version,
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
@@ -379,7 +385,8 @@ PARALLELISM = S.Obj({
     "moe_imbalance": (S.Num(ge=1.0, le=1e3), 1.0),
     "offload_optimizer": (S.Enum(*OFFLOAD_DEVICES), "none"),
     "offload_params": (S.Enum(*OFFLOAD_DEVICES), "none"),
-    "dp_shard": (S.Int(0, B.MAX_GPUS), 0)})
+    "dp_shard": (S.Int(0, B.MAX_GPUS), 0),
+    "zeropp": (S.Bool(), False)})
 
 
 def with_cp(order: tuple) -> tuple:

@@ -158,6 +158,8 @@ RULE_SOURCES = {
     "dp_shard_divides": "torchtitan/distributed/parallel_dims.py _validate (dp_replicate x "
                         "dp_shard = dp); megatron/core/parallel_state.py (data-parallel size "
                         "divisible by num_distributed_optimizer_instances)",
+    "engine_zeropp": "deepspeed/runtime/zero/config.py (zero_quantized_weights, "
+                     "zero_hpz_partition_size, zero_quantized_gradients: DeepSpeed's own)",
     "hsdp_priced": "planner/cost/dataparallel.py (the dense, cp = 1 data-parallel groups)",
     "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
                            "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
@@ -173,6 +175,7 @@ ENGINE_RULES = frozenset((
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
+    "zeropp_zero3",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
     "tp_splits_model", "zero_bubble_zero"))
 
@@ -611,6 +614,25 @@ def hsdp_problem(engine, dp_shard: int, dp: int, cp: int, zero: int | None,
     return None
 
 
+def zeropp_problem(engine, zero: int | None, dp_shard: int = 0) -> Problem | None:
+    """Why the engine cannot run ZeRO++ (quantized weight and gradient collectives, the
+    node's secondary partition) at ZeRO-`zero` (None: not fixed yet)."""
+    if not engine.zeropp:
+        return Problem("engine_zeropp", ("zeropp",), f"{engine.name} has no ZeRO++ (it is "
+                       f"DeepSpeed's: zero_quantized_weights, zero_hpz_partition_size, "
+                       f"zero_quantized_gradients)", source=RULE_SOURCES["engine_zeropp"],
+                       fix="plan with --engine deepspeed")
+    if zero is not None and zero != 3:
+        return Problem("zeropp_zero3", ("zeropp", "zero"),
+                       f"{engine.name} runs ZeRO++ under ZeRO-3 only, not ZeRO-{zero}",
+                       source=engine.source_of("zeropp"), fix="use --zero 3")
+    if dp_shard:
+        return Problem("hsdp_priced", ("zeropp", "dp_shard"),
+                       "ZeRO++ is priced without hybrid sharding (MiCS)",
+                       source=RULE_SOURCES["hsdp_priced"])
+    return None
+
+
 def offload_capacity_problem(host, knobs: str) -> Problem | None:
     """An offload whose states one node's host memory or NVMe cannot hold (`host`:
     planner.cost.offload.HostUse of the layout that needs the least); `knobs` names it."""
@@ -790,7 +812,8 @@ def engine_problems(plan, engine) -> list:
         out.append(problem)
     problem = (offload_problem(engine, plan.cluster, p.offload_optimizer, p.offload_params,
                                p.zero_stage, m, p.dp * p.cp)
-               or hsdp_problem(engine, p.dp_shard, p.dp, p.cp, p.zero_stage, m))
+               or hsdp_problem(engine, p.dp_shard, p.dp, p.cp, p.zero_stage, m)
+               or (zeropp_problem(engine, p.zero_stage, p.dp_shard) if p.zeropp else None))
     if problem:
         out.append(problem)
     problem = recompute_problem(plan, engine)

@@ -169,6 +169,10 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
     yield from engine_fixed_problems(eng, f)
     yield from offload_fixed_problems(model, cluster, eng, f)
     yield from hsdp_fixed_problems(model, eng, f)
+    if f.zeropp:
+        problem = V.zeropp_problem(eng, f.zero, f.dp_shard or 0)
+        if problem:
+            yield V.cited(problem, eng)
     problem = precision_problem(eng, cluster.gpu, f.precision, f.recipe, flags=True)
     if problem:
         yield problem

@@ -88,7 +88,7 @@ def candidate_of(plan) -> Candidate:
                      ep_comm_overlap=p.ep_comm_overlap,
                      moe_capacity_factor=p.moe_capacity_factor,
                      moe_imbalance=p.moe_imbalance, offload_optimizer=p.offload_optimizer,
-                     offload_params=p.offload_params, dp_shard=p.dp_shard)
+                     offload_params=p.offload_params, dp_shard=p.dp_shard, zeropp=p.zeropp)
 
 
 def price_plan(plan, margin_gib: float | None = None) -> Price:

@@ -15,7 +15,8 @@ from planner.cost import comm
 from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
                                    mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
-from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded
+from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives,
+                                       pipelined_fsdp_unsharded)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
@@ -92,6 +93,9 @@ class Candidate:
     # hybrid sharding (HSDP): ZeRO shards over groups of dp_shard ranks of the dp x cp group,
     # replicated across the dp x cp / dp_shard groups; 0: over the whole dp x cp group
     dp_shard: int = 0
+    # ZeRO++ under ZeRO-3 (DeepSpeed): int8 weight gathers, the node's secondary weight
+    # partition for the backward gather, int4 gradients (planner.cost.dataparallel.ZeroPP)
+    zeropp: bool = False
 
     @property
     def shard(self) -> int:
@@ -487,14 +491,22 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # the quantised weight copies kept beside the bf16 weights (Transformer Engine), of
         # the shard this rank holds under ZeRO-3
         wl += lp.recipe.weight_copy_bytes * linear_params / (dp if c.zero >= 3 else 1)
+    zpp, (q_fwd, q_bwd) = None, (0.0, 0.0)
+    if c.zeropp and c.zero == 3 and dp > 1:
+        # hpZ's group: the data-parallel ranks of one node (zero_hpz_partition_size)
+        hpz = min(dp, max(1, cluster.gpus_per_node // t))
+        zpp = ZeroPP(hpz, comm.group_link(cluster, hpz, t), QWZ_BYTES / facts.compute_elem_bytes,
+                     QGZ_BYTES / grad_bytes)
+        q_fwd, q_bwd = zpp.kernel_times(layer_params, dp, facts.gpu.hbm_gbps)
+        wl += facts.compute_elem_bytes * layer_params / hpz     # hpZ's secondary partition
     head_in_flight = _head_in_flight(schedule, p, c)
     layer = dict(
-        compute_layer=lt.fwd + lt.bwd,
+        compute_layer=lt.fwd + lt.bwd + q_fwd + q_bwd,
         compute_rec=lt.recompute(rec_mode) + attn_rerun.fwd_s + mlp_rerun.fwd_s,
         tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
         cp_layer=cp_layer, cp_rec=cp_rec,
-        fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd,
-        bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd,
+        fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd + q_fwd,
+        bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd + q_bwd,
         wgrad_layer=weight_grad_time(lt),
         grad_overlapped=engine.overlap_grad_reduce,
         gather_overlapped=engine.overlap_param_gather,
@@ -514,8 +526,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         g_fixed = grad_bytes * fixed_params
         w_fixed = facts.compute_elem_bytes * fixed_params
         z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed,
-                           c.replicas, rep_link)
+                           c.replicas, rep_link, zpp)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **gpu_states)
+        if zpp is not None:     # hpZ's secondary partition of the embedding and head
+            wf += facts.compute_elem_bytes * fixed_params / zpp.hpz
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
         other = DP_BUCKET_BYTES if dp > 1 else 0.0

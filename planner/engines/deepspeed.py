@@ -108,6 +108,9 @@ DEEPSPEED = Engine(
                               "'parameters', 'type:<regex>': partition_balanced)"),
              ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only; "
                           "DualPipeV is deepspeedai/DeepSpeed PR 8576, not merged)"),
+             ("zeropp", "deepspeed/runtime/zero/config.py (zero_quantized_weights, "
+                        "zero_hpz_partition_size, zero_quantized_gradients: ZeRO-3's; "
+                        "deepspeed.ai/tutorials/zeropp)"),
              ("hsdp", "deepspeed/runtime/zero/mics.py (MiCS_Init / MiCS_Optimizer: "
                       "mics_shard_size with ZeRO-3)"),
              ("offload", "deepspeed/runtime/zero/offload_config.py (offload_optimizer, "
@@ -132,6 +135,9 @@ DEEPSPEED = Engine(
     # mics_shard_size ranks, replicated across them (deepspeed/runtime/zero/mics.py; Zhang et
     # al. 2022, "MiCS: Near-linear Scaling for Training Gigantic Model on Public Cloud")
     hsdp_zero_stages=(3,),
+    # ZeRO++ (deepspeed/runtime/zero/config.py zero_quantized_weights, zero_hpz_partition_size,
+    # zero_quantized_gradients; stage 3: DeepSpeed's ZeRO++ tutorial)
+    zeropp=True,
     offload_grads_each_microbatch=True, offload_transfer_bytes=(2.0, 2.0),
     validation=validation_of("deepspeed"),
 )

@@ -223,6 +223,9 @@ class Engine:
     # the ZeRO stages it shards inside groups of the data-parallel ranks, replicated across
     # them (empty: none)
     hsdp_zero_stages: tuple = ()
+    # ZeRO++ under ZeRO-3 (zero_quantized_weights, zero_hpz_partition_size,
+    # zero_quantized_gradients: planner.cost.dataparallel.ZeroPP)
+    zeropp: bool = False
     # ---- offload (planner.cost.offload) ------------------------------------------------
     # where it offloads the optimizer states with their fp32 master weights, the optimizer
     # step then running on the CPU ("cpu", "nvme"; empty: it does not), and the parameters

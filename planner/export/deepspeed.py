@@ -118,6 +118,13 @@ def deepspeed_config(plan: Plan) -> str:
         "activation_checkpointing": activation_checkpointing,
     }
     config["zero_optimization"].update(offload_settings(p))
+    if p.zeropp:
+        # ZeRO++ as priced (planner.cost.dataparallel.ZeroPP): the hpZ group the data-parallel
+        # ranks of one node
+        config["zero_optimization"].update(
+            zero_quantized_weights=True, zero_quantized_gradients=True,
+            zero_hpz_partition_size=max(1, min(p.dp * p.cp,
+                                               plan.cluster.gpus_per_node // p.tp)))
     if p.dp_shard:
         # MiCS: the ZeRO-3 states sharded inside groups of mics_shard_size ranks, replicated
         # across them (deepspeed/runtime/zero/config.py mics_shard_size); its hierarchical

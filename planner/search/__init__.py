@@ -515,7 +515,7 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       moe_capacity_factor=c.moe_capacity_factor,
                       moe_imbalance=c.moe_imbalance,
                       offload_optimizer=c.offload_optimizer, offload_params=c.offload_params,
-                      dp_shard=c.dp_shard,
+                      dp_shard=c.dp_shard, zeropp=c.zeropp,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none",
                       recompute_modules=(c.recompute_modules if any(r.recompute)

@@ -80,6 +80,8 @@ class Fixed:
     # (planner.cost.dataparallel); None: searched (the dp ranks of one node, where the engine
     # shards inside groups), 0: never
     dp_shard: int | None = None
+    # ZeRO++ (DeepSpeed ZeRO-3); None: searched where the engine has it, False: never
+    zeropp: bool | None = None
 
 
 def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
@@ -276,8 +278,25 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                                     moe_capacity_factor=capacity,
                                     moe_imbalance=imbalance,
                                     offload_optimizer="none", offload_params="none",
-                                    dp_shard=0)))
-    return _with_offloads(model, cluster, f, engine, _with_hsdp(model, cluster, f, engine, out))
+                                    dp_shard=0, zeropp=False)))
+    out = _with_zeropp(f, engine, _with_hsdp(model, cluster, f, engine, out))
+    return _with_offloads(model, cluster, f, engine, out)
+
+
+def _with_zeropp(f: Fixed, engine: Engine, candidates: list) -> list:
+    """The candidates with ZeRO++: fixed (--zeropp), on every ZeRO-3 candidate (the others
+    dropped); searched, a twin of each ZeRO-3 candidate with data parallelism and without
+    hybrid sharding, where the engine has it (planner.rules.zeropp_problem)."""
+    if f.zeropp is False or (f.zeropp is None and not engine.zeropp):
+        return candidates
+    out = []
+    for c in candidates:
+        ok = c.dp * c.cp > 1 and not V.zeropp_problem(engine, c.zero, c.dp_shard)
+        if f.zeropp is None:
+            out.append(c)
+        if ok:
+            out.append(_candidate({**c.__dict__, "zeropp": True}))
+    return out
 
 
 def _with_hsdp(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
