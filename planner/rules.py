@@ -175,7 +175,7 @@ ENGINE_RULES = frozenset((
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
-    "zeropp_zero3",
+    "zeropp_zero3", "offload_together", "offload_zero",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
     "tp_splits_model", "zero_bubble_zero"))
 
@@ -557,6 +557,16 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
                            f"{has}", source=src,
                            fix="plan with --engine deepspeed (ZeRO-Offload / ZeRO-Infinity)"
                            if e != "deepspeed" else "")
+    if engine.offload_optimizer_with_params and (optimizer == "none") != (params == "none"):
+        return Problem("offload_together", ("offload_optimizer", "offload_params"),
+                       f"{e} offloads the parameters, gradients and optimizer states together "
+                       f"(give --offload-optimizer cpu --offload-params cpu)", source=src)
+    if (engine.offload_zero_stages is not None and zero is not None
+            and zero not in engine.offload_zero_stages):
+        return Problem("offload_zero", ("offload_optimizer", "zero"),
+                       f"{e} offloads under ZeRO "
+                       f"{'/'.join(map(str, engine.offload_zero_stages))} only, not ZeRO-{zero}",
+                       source=src, fix=f"use --zero {max(engine.offload_zero_stages)}")
     if params != "none" and engine.offload_param_zero3 and zero is not None and zero != 3:
         return Problem("offload_param_zero3", ("offload_params", "zero"),
                        f"{e} offloads the parameters under ZeRO-3 only (offload_param), not "

@@ -127,7 +127,9 @@ def test_405b_on_8_h100_offloads_parameters_under_deepspeed():
     (("--model", "llama405b", "--engine", "megatron", "--offload-params", "cpu"),
      "megatron does not offload the parameters"),
     (("--model", "llama70b", "--engine", "torchtitan", "--offload-optimizer", "cpu"),
-     "torchtitan does not offload the optimizer"),
+     "torchtitan offloads the parameters, gradients and optimizer states together"),
+    (("--model", "llama70b", "--engine", "fsdp", "--offload-optimizer", "cpu"),
+     "fsdp does not offload the optimizer"),
     (("--model", "llama405b", "--engine", "deepspeed", "--offload-optimizer", "cpu"),
      "GiB of host memory per node, more than its 2,048 GiB"),
     (("--model", "llama70b", "--engine", "deepspeed", "--offload-params", "cpu", "--zero", "2"),
@@ -179,3 +181,16 @@ def test_offload_respects_the_fixed_choices_where_nothing_else_fits(capsys):
     assert par["offload_optimizer"] == "cpu" and par["recompute"] == "none"
     assert (par["tp"], par["pp"], par["zero_stage"]) == (8, 4, 0)
     assert plan["estimate"]["fits"]
+
+
+def test_70b_on_8_h100_under_torchtitan_offloads_with_fsdp2_cpu_offload():
+    """torchtitan's enable_cpu_offload (FSDP2 CPUOffloadPolicy) moves parameters, gradients
+    and optimizer states together; its all-gathers copy the fp32 shard up in every
+    micro-batch's forward and backward."""
+    from planner.export.torchtitan import torchtitan_toml
+    rep = search(L70, H100X8, Fixed(), engine="torchtitan")
+    plan = to_plan(L70, H100X8, rep.best, rep)
+    p = plan.parallelism
+    assert (p.offload_optimizer, p.offload_params) == ("cpu", "cpu") and p.zero_stage >= 2
+    assert "enable_cpu_offload = true" in torchtitan_toml(plan)
+    assert plan.stages[0].memory_gib["optimizer"] == 0.0

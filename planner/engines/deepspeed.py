@@ -139,5 +139,6 @@ DEEPSPEED = Engine(
     # zero_quantized_gradients; stage 3: DeepSpeed's ZeRO++ tutorial)
     zeropp=True,
     offload_grads_each_microbatch=True, offload_transfer_bytes=(2.0, 2.0),
+    offload_zero_stages=(1, 2, 3),   # ZeRO-Offload is a ZeRO optimizer's (stage 1-3)
     validation=validation_of("deepspeed"),
 )

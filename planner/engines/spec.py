@@ -234,6 +234,8 @@ class Engine:
     offload_param_devices: tuple = ()
     # the parameters offload only under ZeRO-3 (DeepSpeed's offload_param is a ZeRO-3 setting)
     offload_param_zero3: bool = True
+    # the ZeRO stages it offloads under (None: any it runs)
+    offload_zero_stages: tuple | None = None
     # the optimizer offloads only together with the parameters (FSDP2's CPUOffloadPolicy
     # moves parameters, gradients and optimizer states at once)
     offload_optimizer_with_params: bool = False

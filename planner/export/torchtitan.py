@@ -108,6 +108,8 @@ def torchtitan_toml(plan: Plan) -> str:
     training["seq_len"] = b.seq_len
     training["mixed_precision_param"] = "bfloat16" if uses_bf16(plan) else "float32"
     training["mixed_precision_reduce"] = "float32"
+    if p.offload_params != "none":      # FSDP2's CPUOffloadPolicy, all states in CPU memory
+        training["enable_cpu_offload"] = True
 
     par = {}
     if p.zero_stage == 0:
