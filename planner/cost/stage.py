@@ -166,8 +166,9 @@ class StageCoeffs:
     opt_layer: float = 0.0
     opt_fixed: float = 0.0
     # offload (planner.cost.offload): of opt_*, the host transfers the step waits for (the
-    # rest is the optimizer step, on the CPU); of zf_* / zb_*, the host transfers of every
-    # micro-batch (parameters up, gradients down), hidden as the collectives are
+    # rest is the optimizer step, on the CPU); offf_* / offb_*, the host copies of every
+    # micro-batch beside its forward (parameters up) and backward (parameters up, gradients
+    # down), on the copy engines (`exposures`)
     off_layer: float = 0.0
     off_fixed: float = 0.0
     offf_layer: float = 0.0
