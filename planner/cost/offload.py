@@ -116,12 +116,14 @@ def per_param(engine, cluster, c) -> OffloadCosts:
     return OffloadCosts(fwd_s=fwd, bwd_s=bwd, step_cpu_s=cpu, step_move_s=move)
 
 
-def shard_params(model, c) -> tuple:
-    """(optimizer shard, parameter shard) of the busiest GPU, parameters: a pipeline rank's
-    ceil(L / pp) layers with the embedding and the head (an upper bound on any even-ish
-    placement), divided over tp, and over dp x cp where ZeRO shards them (the optimizer from
-    ZeRO-1, the parameters at ZeRO-3)."""
-    layers = math.ceil(model.num_layers / c.pp) * model.layer_params()
+def shard_params(model, c, layers: list | None = None) -> tuple:
+    """(optimizer shard, parameter shard) of the busiest GPU, parameters: the most layers a
+    pipeline rank holds (`layers` per rank; not given, ceil(L / pp), the even split) with the
+    embedding and the head both (an upper bound wherever they sit), divided over tp, and over
+    the ZeRO shard group where ZeRO shards them (the optimizer from ZeRO-1, the parameters
+    at ZeRO-3)."""
+    most = max(layers) if layers else math.ceil(model.num_layers / c.pp)
+    layers = most * model.layer_params()
     fixed = model.embedding_params() + model.head_params()
     rank = (layers + fixed) / c.tp
     dpc = c.shard       # the ZeRO shard group (dp x cp but under HSDP)
@@ -142,10 +144,11 @@ class HostUse:
                 and self.nvme_tib <= self.nvme_capacity_tib)
 
 
-def host_use(model, cluster, c, engine) -> HostUse:
+def host_use(model, cluster, c, engine, layers: list | None = None) -> HostUse:
     """What one node's GPUs hold on the host and its NVMe under `c`'s offload (each GPU its
-    busiest rank's shard: shard_params), host memory with HOST_BUFFER_FACTOR."""
-    opt, par = shard_params(model, c)
+    busiest rank's shard: shard_params, of the placement `layers` where given), host memory
+    with HOST_BUFFER_FACTOR."""
+    opt, par = shard_params(model, c, layers)
     host = nvme = 0.0
     if c.offload_optimizer != "none":
         b = engine.optimizer_bytes + HOST_GRAD_BYTES

@@ -789,7 +789,7 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    host = host_use(model, cluster, c, engine) if offloads(c) else None
+    host = host_use(model, cluster, c, engine, layers) if offloads(c) else None
     return Estimate(fits=peak_reserved <= cap and (host is None or host.fits),
                     host=host, step_time_s=step, tokens_per_s=tokens / step,
                     tflops_per_gpu=tflops, mfu=tflops / cluster.gpu.peak_tflops,
