@@ -194,3 +194,24 @@ def test_70b_on_8_h100_under_torchtitan_offloads_with_fsdp2_cpu_offload():
     assert (p.offload_optimizer, p.offload_params) == ("cpu", "cpu") and p.zero_stage >= 2
     assert "enable_cpu_offload = true" in torchtitan_toml(plan)
     assert plan.stages[0].memory_gib["optimizer"] == 0.0
+
+
+def test_the_would_fit_bound_with_offload_never_skips_a_count_that_fits():
+    """planner.suggest skips GPU counts whose GPUs cannot hold the states even with the
+    engine's offloads (states_per_gpu_bound with offload): a sound bound, checked against the
+    search on small GPUs (h100 with 2.4-4 GiB: a tiny model's states overflow them)."""
+    import dataclasses
+    import itertools
+    from planner import suggest as sg
+    from planner.specs import Cluster, Model
+    tiny = Model("tiny", num_layers=8, hidden=1024, ffn_hidden=4096, num_heads=8,
+                 num_kv_heads=8, vocab_size=32000, max_seq_len=4096)
+    skipped = 0
+    for gib, n, engine in itertools.product((2.4, 3.0), (1, 2, 4), ("megatron", "deepspeed")):
+        gpu = dataclasses.replace(get_cluster("h100x1").gpu, memory_gib=gib)
+        c = Cluster(f"h100x{n}", gpu, n, 1)
+        if sg._hopeless(tiny, c, engine, None, Fixed()):
+            skipped += 1
+            assert search(tiny, c, Fixed(), 1024, 12, top=1, rejected=False,
+                          engine=engine).best is None
+    assert skipped   # the bound does skip some
