@@ -81,8 +81,11 @@ def _per_gpu(node_gbps: float, gpus_per_node: int) -> float:
 
 
 def per_param(engine, cluster, c) -> OffloadCosts:
-    """Seconds and bytes per parameter of this GPU's shard (the shard ZeRO-`c.zero` keeps of
-    the optimizer states; parameters are offloaded under ZeRO-3, each GPU its shard)."""
+    """Seconds per parameter of this GPU's shard (the shard ZeRO-`c.zero` keeps of the
+    optimizer states; parameters are offloaded under ZeRO-3, each GPU its shard): the host
+    copies beside every micro-batch, the CPU step (with its NVMe swap) and what of the step's
+    copies it waits for. The host's memory bandwidth and NVMe are shared by the node's GPUs;
+    the host link is each GPU's own."""
     if not offloads(c):
         return OffloadCosts()
     g, n = cluster.gpu, cluster.gpus_per_node
