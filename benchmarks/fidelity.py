@@ -167,7 +167,13 @@ def fixed_of(run) -> Fixed:
                  moe_capacity_factor=f.get("moe_capacity_factor"),
                  # the decoder layers per pipeline rank the recipe ran (`layout_source`);
                  # absent: the planner's placement
-                 stage_layers=tuple(f["stage_layers"]) if f.get("stage_layers") else None)
+                 stage_layers=tuple(f["stage_layers"]) if f.get("stage_layers") else None,
+                 # what the row ran: everything on the GPUs, ZeRO over all of dp x cp, no
+                 # ZeRO++, unless the row says otherwise (the search would otherwise look
+                 # at them, which the published run did not run)
+                 offload_optimizer=f.get("offload_optimizer", "none"),
+                 offload_params=f.get("offload_params", "none"),
+                 dp_shard=f.get("dp_shard", 0), zeropp=f.get("zeropp", False))
 
 
 def cluster_of(run) -> Cluster:

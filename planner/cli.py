@@ -27,7 +27,7 @@ from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
 from planner.specs import MixedCluster
 from planner.precision_choice import AUTO, choice_record, search_formats
-from planner.vocab import SCHEDULES, schedule_name
+from planner.vocab import OFFLOAD_DEVICES, SCHEDULES, schedule_name
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
 SUBCOMMANDS = """subcommands (each with --help):
@@ -173,6 +173,26 @@ def plan_parser() -> argparse.ArgumentParser:
                    help="price and export the EP all-to-alls exposed (default: overlapped "
                         "across micro-batches where the engine offers it and the layout "
                         "allows, Megatron-Core --overlap-moe-expert-parallel-comm)")
+    p.add_argument("--offload-optimizer", choices=OFFLOAD_DEVICES,
+                   help="keep the optimizer states and fp32 master weights in host memory "
+                        "(cpu) or on the nodes' NVMe, the optimizer step on the CPU "
+                        "(ZeRO-Offload; Megatron --optimizer-cpu-offload) (default: none, "
+                        "searched among the engine's when nothing fits without)")
+    p.add_argument("--offload-params", choices=OFFLOAD_DEVICES,
+                   help="keep the ZeRO-3 parameter shards in host memory (cpu) or on NVMe "
+                        "(ZeRO-Infinity, DeepSpeed) (default: as --offload-optimizer)")
+    p.add_argument("--dp-shard", type=_positive("--dp-shard"), metavar="S",
+                   help="hybrid sharding (HSDP): ZeRO shards over groups of S data-parallel "
+                        "ranks, replicated across dp / S groups (torchtitan "
+                        "data_parallel_shard_degree, DeepSpeed MiCS, Megatron "
+                        "--num-distributed-optimizer-instances) (default: searched, the "
+                        "ranks of one node)")
+    p.add_argument("--zeropp", dest="zeropp", action="store_true", default=None,
+                   help="ZeRO++ under ZeRO-3 (DeepSpeed): int8 weight all-gathers, the node's "
+                        "secondary weight partition for backward, int4 gradients (default: "
+                        "searched where the engine has it)")
+    p.add_argument("--no-zeropp", dest="zeropp", action="store_false",
+                   help="no ZeRO++")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
                    help="GiB per GPU kept free below what the allocator may reserve "
                         "(default: 3%% of the GPU's memory)")
@@ -198,7 +218,9 @@ def _fixed(a, engine=None) -> Fixed:
                  ep=a.ep, etp=a.etp, cp=a.cp, cp_comm_type=a.cp_comm_type,
                  tp_comm_overlap=a.tp_comm_overlap, moe_dispatcher=a.moe_dispatcher,
                  ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor,
-                 moe_imbalance=a.moe_imbalance, stage_layers=a.stage_layers)
+                 moe_imbalance=a.moe_imbalance, stage_layers=a.stage_layers,
+                 offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
+                 dp_shard=a.dp_shard, zeropp=a.zeropp)
 
 
 def _engine_of(a):

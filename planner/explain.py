@@ -25,7 +25,7 @@ from planner.plan import Plan
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
          "pp_comm": "PP comm",
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
-         "ep_comm": "EP dispatch+combine"}
+         "ep_comm": "EP dispatch+combine", "offload": "exposed offload copies"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 NOT_DIVISIBLE_SHOWN = 3
 
@@ -49,7 +49,8 @@ def summary_line(plan: Plan) -> str:
         if p.moe_dispatcher:
             parts.append(f"dispatch={p.moe_dispatcher}"
                          + ("+ep-comm-overlap" if p.ep_comm_overlap else ""))
-    parts.append(f"zero={p.zero_stage}")
+    parts.append(f"zero={p.zero_stage}" + (f"(hsdp {p.dp * p.cp // p.dp_shard}x{p.dp_shard})"
+                                           if p.dp_shard else ""))
     if p.tp > 1:
         parts.append("sp" if p.sequence_parallel else "no-sp")
         if p.tp_comm_overlap:
@@ -57,10 +58,18 @@ def summary_line(plan: Plan) -> str:
     if p.pp > 1:
         parts.append(p.schedule + (f"(vpp={p.vpp})" if p.vpp > 1 else ""))
     parts.append(f"mbs={b.micro_batch_size}x{b.num_microbatches}")
+    parts += offload_labels(p)
     rec = sum(s.recompute_layers for s in plan.stages)
     parts.append(f"recompute={recompute_label(p.recompute, p.recompute_modules)}"
                  + (f"({rec}/{plan.model.num_layers} layers)" if p.recompute != "none" else ""))
     return " ".join(parts)
+
+
+def offload_labels(p) -> list:
+    """offload-optimizer=cpu / offload-params=nvme of a plan's parallelism or a candidate."""
+    return ([f"offload-{k}={getattr(p, 'offload_' + k)}" for k in ("optimizer", "params")
+             if getattr(p, "offload_" + k, "none") != "none"]
+            + (["zero++"] if getattr(p, "zeropp", False) else []))
 
 
 def recompute_label(mode: str, modules: tuple) -> str:
@@ -80,16 +89,19 @@ def _experts(model, tp: int, dp: int, ep: int, etp: int) -> str:
 
 def describe_candidate(c) -> str:
     """One line for a search candidate (planner.cost.Candidate)."""
-    s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}"
+    hsdp = f"(hsdp {c.replicas}x{c.shard})" if getattr(c, "dp_shard", 0) else ""
+    s = f"tp={c.tp} pp={c.pp} dp={c.dp} zero={c.zero}{hsdp}"
     if c.ep > 1 or c.etp > 1:
-        s = f"tp={c.tp} pp={c.pp} dp={c.dp} ep={c.ep} etp={c.etp} zero={c.zero}"
+        s = f"tp={c.tp} pp={c.pp} dp={c.dp} ep={c.ep} etp={c.etp} zero={c.zero}{hsdp}"
     if c.cp > 1:
         s = s.replace(" pp=", f" cp={c.cp}({c.cp_comm}) pp=", 1)
     if c.tp > 1:
         s += " sp" if c.sp else " no-sp"
     if c.pp > 1:
         s += f" {c.schedule}" + (f"(vpp={c.vpp})" if c.vpp > 1 else "")
-    return s + f" mbs={c.mbs}x{c.m} recompute={recompute_label(c.recompute, c.recompute_modules)}"
+    s += f" mbs={c.mbs}x{c.m}"
+    s += "".join(" " + x for x in offload_labels(c))
+    return s + f" recompute={recompute_label(c.recompute, c.recompute_modules)}"
 
 
 def describe_result(r, num_layers: int) -> str:
@@ -213,6 +225,10 @@ def no_configuration_message(model, nc) -> str:
         elif name == "dp":
             reasons.append(f"--dp {v}: not divisible: global batch {global_batch} and the "
                            f"other degrees")
+        elif name == "dp_shard":
+            reasons.append(f"--dp-shard {v}: it divides no data-parallel degree here (dp x cp "
+                           f"must be a multiple of it) under a ZeRO stage the engine shards "
+                           f"in groups")
         else:
             reasons.append(f"{_FLAG[name]} {v} cannot be combined with the other choices")
     if reasons:
@@ -465,6 +481,11 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
             row.append(_fmt_time(timing[st.pp_rank]["total"]))
         t.add_row(*row)
     con.print(t)
+    if "host_memory_gib_per_node" in e:
+        con.print(f"host per node (offload): {e['host_memory_gib_per_node']:,.0f} of "
+                  f"{e['host_capacity_gib_per_node']:,.0f} GiB memory, "
+                  f"{e['nvme_tib_per_node']:,.1f} of {e['nvme_capacity_tib_per_node']:,.1f} "
+                  f"TiB NVMe")
 
     bd = e.get("time_breakdown_s", {})
     if bd:

@@ -7,7 +7,8 @@ Layout of `schema_version` 1:
                  gpu_spec: {...}}   (nvlink_domain: gpus_per_node when absent)
     parallelism {tp, pp, dp, cp, cp_comm_type, ep, etp, zero_stage, sequence_parallel, vpp,
                  schedule, recompute, recompute_modules, rank_order, tp_comm_overlap,
-                 moe_dispatcher, ep_comm_overlap, moe_capacity_factor, moe_imbalance}
+                 moe_dispatcher, ep_comm_overlap, moe_capacity_factor, moe_imbalance,
+                 offload_optimizer, offload_params, dp_shard, zeropp}
                  (ep, etp: 1 when absent; moe_imbalance 1, balanced routing, when absent;
                  recompute_modules ["core_attn"] when absent: what "selective" recomputes
                  of every layer, Megatron's --recompute-modules, planner.cost.recompute;
@@ -15,7 +16,11 @@ Layout of `schema_version` 1:
                  planner.cost.context; tp_comm_overlap, ep_comm_overlap false when absent;
                  moe_dispatcher "" when absent: the MoE token dispatcher priced,
                  planner.cost.moe, "" for a dense model; moe_capacity_factor null when
-                 absent: dropless)
+                 absent: dropless; offload_optimizer, offload_params "none" when absent:
+                 "cpu" or "nvme" where that state lives, planner.cost.offload; dp_shard 0
+                 when absent: ZeRO shards over all of dp x cp, else over groups of dp_shard
+                 ranks replicated across the rest, HSDP; zeropp false when absent: DeepSpeed
+                 ZeRO++ under ZeRO-3)
     batch       {seq_len, global_batch_size, micro_batch_size, num_microbatches}
     stages      [{index, pp_rank, chunk, layers: [first, end), recompute_layers,
                   memory_gib: {params, grads, optimizer, activations, other, total}}]
@@ -59,8 +64,8 @@ from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.layout import Stage, even_split, make_stages  # noqa: F401 (the plan's stages)
 from planner.specs import MODEL_SCHEMA, PLAN_CLUSTER, Cluster, Model
 from planner.rules import plan_problems
-from planner.vocab import (CP_COMM_TYPES, DISPATCHERS, LR_DECAYS, RANK_ORDER, RECOMPUTE,
-                           RECOMPUTE_MODULES, SCHEDULES)
+from planner.vocab import (CP_COMM_TYPES, DISPATCHERS, LR_DECAYS, OFFLOAD_DEVICES, RANK_ORDER,
+                           RECOMPUTE, RECOMPUTE_MODULES, SCHEDULES)
 from planner.vocab import DEFAULT_RECOMPUTE_MODULES as DEFAULT_MODULES
 
 SCHEMA_VERSION = 1
@@ -102,6 +107,16 @@ class Parallelism:
     # MoE routing imbalance the plan was priced with (the busiest expert rank's tokens over its
     # balanced share; 1: balanced): an assumption about the data, not an engine setting
     moe_imbalance: float = 1.0
+    # offload (planner.cost.offload): where the optimizer states with their fp32 master
+    # weights, and the parameters, live ("none", "cpu", "nvme"); "none" in plans from before it
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    # hybrid sharding (HSDP): ZeRO shards over groups of dp_shard consecutive ranks of dp x cp,
+    # replicated across the others (planner.cost.dataparallel); 0 (and absent): over all
+    dp_shard: int = 0
+    # ZeRO++ (DeepSpeed ZeRO-3: qwZ, hpZ, qgZ; planner.cost.dataparallel.ZeroPP); false when
+    # absent
+    zeropp: bool = False
 
     def __post_init__(self):
         # a rank order without cp (plans and callers from before context parallelism)
@@ -205,6 +220,13 @@ class Plan:
         par = asdict(self.parallelism)
         par["rank_order"] = list(par["rank_order"])
         par["recompute_modules"] = list(par["recompute_modules"])
+        for k in ("offload_optimizer", "offload_params"):   # written where something moves
+            if par[k] == "none":
+                del par[k]
+        if not par["dp_shard"]:     # written under hybrid sharding only
+            del par["dp_shard"]
+        if not par["zeropp"]:
+            del par["zeropp"]
         return {
             "schema_version": self.schema_version,
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
@@ -343,6 +365,8 @@ class Plan:
                 f"(null for bf16, else one of {', '.join(RECIPES)})")
         if sorted(p.rank_order) != sorted(RANK_ORDER):
             bad(f"rank_order must be a permutation of {RANK_ORDER}")
+        if p.dp_shard and (p.dp * p.cp) % p.dp_shard:
+            bad(f"dp_shard {p.dp_shard} does not divide dp x cp = {p.dp * p.cp}")
         if p.cp_comm_type not in CP_COMM_TYPES:
             bad(f"cp_comm_type {S.show(p.cp_comm_type)} not in {CP_COMM_TYPES}")
         problems = plan_problems(self, whole_cluster)
@@ -366,7 +390,11 @@ PARALLELISM = S.Obj({
     "moe_dispatcher": (S.Enum("", *DISPATCHERS), ""),
     "ep_comm_overlap": (S.Bool(), False),
     "moe_capacity_factor": (S.Nullable(S.Num(gt=0.0, le=1e3)), None),
-    "moe_imbalance": (S.Num(ge=1.0, le=1e3), 1.0)})
+    "moe_imbalance": (S.Num(ge=1.0, le=1e3), 1.0),
+    "offload_optimizer": (S.Enum(*OFFLOAD_DEVICES), "none"),
+    "offload_params": (S.Enum(*OFFLOAD_DEVICES), "none"),
+    "dp_shard": (S.Int(0, B.MAX_GPUS), 0),
+    "zeropp": (S.Bool(), False)})
 
 
 def with_cp(order: tuple) -> tuple:
@@ -392,6 +420,8 @@ ESTIMATE = S.Obj({
     "mfu": (S.Num(ge=0.0, le=1.0), None), "peak_memory_gib": (_MEM, None),
     "peak_reserved_gib": (_MEM, None), "memory_margin_gib": (_MEM, None),
     "capacity_gib": (S.Num(ge=-1e9, le=1e9), None),
+    "host_memory_gib_per_node": (_POS, None), "host_capacity_gib_per_node": (_POS, None),
+    "nvme_tib_per_node": (_POS, None), "nvme_capacity_tib_per_node": (_POS, None),
     "time_breakdown_s": (S.Map(S.Num(ge=-1e9, le=1e9), S.Str(100), max_len=100), None)},
     extra=True)
 ESTIMATE_SHOWN = ("fits", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",

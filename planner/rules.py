@@ -153,6 +153,20 @@ RULE_SOURCES = {
                                   "--fp8-format)",
     "precision_on_gpu": "Transformer Engine docs, \"Using FP8 and FP4 with Transformer "
                         "Engine\"; NVIDIA and AMD datasheets (planner.precision ARCHS)",
+    # offload: the planner's own, where its figures of the host come from and what it prices
+    "offload_host_known": "planner/catalog/gpus.py HOSTS (the host figures of each catalog "
+                          "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
+                          "host_memory_gbps, nvme_gbps, nvme_tib)",
+    "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
+    "dp_shard_divides": "torchtitan/distributed/parallel_dims.py _validate (dp_replicate x "
+                        "dp_shard = dp); megatron/core/parallel_state.py (data-parallel size "
+                        "divisible by num_distributed_optimizer_instances)",
+    "engine_zeropp": "deepspeed/runtime/zero/config.py (zero_quantized_weights, "
+                     "zero_hpz_partition_size, zero_quantized_gradients: DeepSpeed's own)",
+    "hsdp_priced": "planner/cost/dataparallel.py (the dense, cp = 1 data-parallel groups)",
+    "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
+                           "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
+                           "estimate_zero3_model_states_mem_needs)",
 }
 
 # the rules of what one engine offers (its spec's data): cited by the engine's own statement
@@ -163,6 +177,8 @@ ENGINE_RULES = frozenset((
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
     "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
+    "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
+    "zeropp_zero3", "offload_together", "offload_zero",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
     "tp_splits_model", "zero_bubble_zero"))
 
@@ -538,6 +554,133 @@ def zero_under_pp_problem(engine, zero: int, head: str) -> Problem | None:
                    if zero in engine.zero_stages else f"use --zero {max(stages)}")
 
 
+# ---- offload (planner.cost.offload) --------------------------------------------------------
+
+
+
+def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | None,
+                    model=None, dp_cp: int | None = None) -> Problem | None:
+    """Why the engine cannot offload the optimizer to `optimizer` and the parameters to
+    `params` ("none", "cpu", "nvme") at ZeRO-`zero` (None: not fixed yet) on this cluster:
+    devices it has, DeepSpeed's offload_param at ZeRO-3 only, the host figures the cluster
+    must give to price it, a dense model (`model`, when given)."""
+    if optimizer == "none" and params == "none":
+        return None
+    e, g = engine.name, cluster.gpu
+    src = engine.source_of("offload") or rule_source("engine_offload", engine)
+    for knob, dev, have in (("offload_optimizer", optimizer, engine.offload_optimizer_devices),
+                            ("offload_params", params, engine.offload_param_devices)):
+        if dev != "none" and dev not in have:
+            what = "the optimizer states" if knob == "offload_optimizer" else "the parameters"
+            has = f"it offloads them to {' or '.join(have)} only" if have else \
+                f"it has no such offload"
+            return Problem("engine_offload", (knob,), f"{e} does not offload {what} to {dev}: "
+                           f"{has}", source=src,
+                           fix="plan with --engine deepspeed (ZeRO-Offload / ZeRO-Infinity)"
+                           if e != "deepspeed" else "")
+    if engine.offload_optimizer_with_params and (optimizer == "none") != (params == "none"):
+        return Problem("offload_together", ("offload_optimizer", "offload_params"),
+                       f"{e} offloads the parameters, gradients and optimizer states together "
+                       f"(give --offload-optimizer cpu --offload-params cpu)", source=src)
+    if (engine.offload_zero_stages is not None and zero is not None
+            and zero not in engine.offload_zero_stages):
+        return Problem("offload_zero", ("offload_optimizer", "zero"),
+                       f"{e} offloads under ZeRO "
+                       f"{'/'.join(map(str, engine.offload_zero_stages))} only, not ZeRO-{zero}",
+                       source=src, fix=f"use --zero {max(engine.offload_zero_stages)}")
+    if params != "none" and engine.offload_param_zero3 and zero is not None and zero != 3:
+        return Problem("offload_param_zero3", ("offload_params", "zero"),
+                       f"{e} offloads the parameters under ZeRO-3 only (offload_param), not "
+                       f"ZeRO-{zero}", source=src, fix="use --zero 3")
+    if (optimizer != "none" and engine.offload_needs_distributed_optimizer and zero == 0
+            and dp_cp is not None and dp_cp > 1):
+        return Problem("offload_distributed_optimizer", ("offload_optimizer", "zero"),
+                       f"{e} offloads the optimizer with its distributed optimizer only (ZeRO-1 "
+                       f"or more), not ZeRO-0 over dp x cp = {dp_cp}", source=src,
+                       fix="use --zero 1")
+    if model is not None and model.is_moe:
+        return Problem("offload_moe", ("model",), f"offload is not priced for MoE models "
+                       f"({model.name})", source=RULE_SOURCES["offload_moe"])
+    need = [("host_link_gbps", g.host_link_gbps), ("host_memory_gib", g.host_memory_gib),
+            ("host_memory_gbps", g.host_memory_gbps)]
+    if "nvme" in (optimizer, params):
+        need += [("nvme_gbps", g.nvme_gbps), ("nvme_tib", g.nvme_tib)]
+    missing = [k for k, v in need if v <= 0]
+    if missing:
+        return Problem("offload_host_known", ("cluster",),
+                       f"cluster {cluster.name} gives no {', '.join(missing)} of its hosts, "
+                       f"which an offload is priced with",
+                       source=RULE_SOURCES["offload_host_known"],
+                       fix="give them in a cluster JSON (--cluster FILE)")
+    return None
+
+
+def hsdp_problem(engine, dp_shard: int, dp: int, cp: int, zero: int | None,
+                 model=None) -> Problem | None:
+    """Why the engine cannot shard the ZeRO states over groups of `dp_shard` of the dp x cp
+    ranks (HSDP; 0 or dp x cp: not hybrid) at ZeRO-`zero` (None: not fixed yet)."""
+    n = dp * cp
+    if dp_shard in (0, n):
+        return None
+    e = engine.name
+    if dp_shard < 1 or n % dp_shard:
+        return Problem("dp_shard_divides", ("dp_shard", "dp"),
+                       f"dp shard {dp_shard} does not divide dp x cp = {n}",
+                       source=RULE_SOURCES["dp_shard_divides"],
+                       fix="give --dp-shard a divisor of dp x cp")
+    if not engine.hsdp_zero_stages:
+        return Problem("engine_hsdp", ("dp_shard",),
+                       f"{e} has no hybrid sharding (--dp-shard {dp_shard})",
+                       fix="plan with --engine torchtitan, deepspeed (MiCS) or megatron")
+    if zero is not None and zero not in engine.hsdp_zero_stages:
+        return Problem("engine_hsdp", ("dp_shard", "zero"),
+                       f"{e} shards inside groups (--dp-shard) under ZeRO "
+                       f"{'/'.join(map(str, engine.hsdp_zero_stages))} only, not ZeRO-{zero}",
+                       source=engine.source_of("hsdp"),
+                       fix=f"use --zero {max(engine.hsdp_zero_stages)}")
+    if cp > 1 or (model is not None and (model.is_moe or model.mtp_layers)):
+        return Problem("hsdp_priced", ("dp_shard",),
+                       "hybrid sharding is priced for dense models without context parallelism "
+                       "or MTP only", source=RULE_SOURCES["hsdp_priced"])
+    return None
+
+
+def zeropp_problem(engine, zero: int | None, dp_shard: int = 0) -> Problem | None:
+    """Why the engine cannot run ZeRO++ (quantized weight and gradient collectives, the
+    node's secondary partition) at ZeRO-`zero` (None: not fixed yet)."""
+    if not engine.zeropp:
+        return Problem("engine_zeropp", ("zeropp",), f"{engine.name} has no ZeRO++ (it is "
+                       f"DeepSpeed's: zero_quantized_weights, zero_hpz_partition_size, "
+                       f"zero_quantized_gradients)", source=RULE_SOURCES["engine_zeropp"],
+                       fix="plan with --engine deepspeed")
+    if zero is not None and zero != 3:
+        return Problem("zeropp_zero3", ("zeropp", "zero"),
+                       f"{engine.name} runs ZeRO++ under ZeRO-3 only, not ZeRO-{zero}",
+                       source=engine.source_of("zeropp"), fix="use --zero 3")
+    if dp_shard:
+        return Problem("hsdp_priced", ("zeropp", "dp_shard"),
+                       "ZeRO++ is priced without hybrid sharding (MiCS)",
+                       source=RULE_SOURCES["hsdp_priced"])
+    return None
+
+
+def offload_capacity_problem(host, knobs: str) -> Problem | None:
+    """An offload whose states one node's host memory or NVMe cannot hold (`host`:
+    planner.cost.offload.HostUse of the layout that needs the least); `knobs` names it."""
+    if host.fits:
+        return None
+    if host.host_gib > host.host_capacity_gib:
+        what = (f"{host.host_gib:,.0f} GiB of host memory per node, more than its "
+                f"{host.host_capacity_gib:,.0f} GiB")
+    else:
+        what = (f"{host.nvme_tib:,.1f} TiB of NVMe per node, more than its "
+                f"{host.nvme_capacity_tib:,.1f} TiB")
+    return Problem("offload_host_memory", ("offload_optimizer", "offload_params"),
+                   f"{knobs} needs at least {what}",
+                   source=RULE_SOURCES["offload_host_memory"],
+                   fix="offload to nvme, or plan on more GPUs")
+
+
 def _stages(stages) -> str:
     s = sorted(stages)
     return f"{s[0]}-{s[-1]}" if len(s) >= 2 and s == list(range(s[0], s[-1] + 1)) else \
@@ -704,6 +847,12 @@ def engine_problems(plan, engine) -> list:
     if problem:
         out.append(problem)
     problem = partition_problem(engine, m.num_layers, plan.layer_counts())
+    if problem:
+        out.append(problem)
+    problem = (offload_problem(engine, plan.cluster, p.offload_optimizer, p.offload_params,
+                               p.zero_stage, m, p.dp * p.cp)
+               or hsdp_problem(engine, p.dp_shard, p.dp, p.cp, p.zero_stage, m)
+               or (zeropp_problem(engine, p.zero_stage, p.dp_shard) if p.zeropp else None))
     if problem:
         out.append(problem)
     problem = recompute_problem(plan, engine)

@@ -24,6 +24,27 @@ def _p(rule: str, knobs: tuple, message: str, source: str = "", fix: str = "") -
     return Problem(rule, knobs, message, source, fix)
 
 
+def offload_fixed_problems(model, cluster, engine, f):
+    """The fixed offload (--offload-optimizer, --offload-params) the engine cannot run here."""
+    if f.offload_optimizer is None and f.offload_params is None:
+        return
+    problem = V.offload_problem(engine, cluster, f.offload_optimizer or "none",
+                                f.offload_params or "none", f.zero, model,
+                                f.dp * (f.cp or 1) if f.dp else None)
+    if problem:
+        yield V.cited(problem, engine)
+
+
+def hsdp_fixed_problems(model, engine, f):
+    """A fixed --dp-shard the engine cannot run (with --dp: one that does not divide it)."""
+    if not f.dp_shard:
+        return
+    dp, cp = (f.dp, f.cp or 1) if f.dp else (f.dp_shard * 2, 1)   # dp unknown: any multiple
+    problem = V.hsdp_problem(engine, f.dp_shard, dp, cp, f.zero, model)
+    if problem:
+        yield V.cited(problem, engine)
+
+
 def engine_fixed_problems(engine, f):
     """The fixed values the engine cannot run at all (Problems, in order)."""
     e = engine.name
@@ -146,6 +167,12 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
             yield _p("ep_split", ("etp",),
                      f"--etp {f.etp} does not divide the expert FFN ({model.moe_ffn_hidden})")
     yield from engine_fixed_problems(eng, f)
+    yield from offload_fixed_problems(model, cluster, eng, f)
+    yield from hsdp_fixed_problems(model, eng, f)
+    if f.zeropp:
+        problem = V.zeropp_problem(eng, f.zero, f.dp_shard or 0)
+        if problem:
+            yield V.cited(problem, eng)
     problem = precision_problem(eng, cluster.gpu, f.precision, f.recipe, flags=True)
     if problem:
         yield problem

@@ -407,6 +407,13 @@ GPU_FIELDS = {
     "internode_gbps_per_gpu": _BW,
     "internode_latency_us": _LAT,
     "overlap_slowdown": S.Num(ge=0.0, le=2.0),
+    # the host and its storage (offload: planner.cost.offload); 0: not known, so nothing is
+    # offloaded there
+    "host_memory_gib": S.Num(ge=0.0, le=1e7),
+    "host_link_gbps": S.Num(ge=0.0, le=1e8),
+    "host_memory_gbps": S.Num(ge=0.0, le=1e8),
+    "nvme_gbps": S.Num(ge=0.0, le=1e8),
+    "nvme_tib": S.Num(ge=0.0, le=1e7),
 }
 
 
@@ -427,6 +434,14 @@ class Gpu:
     internode_latency_us: float
     # compute slowdown while a collective runs beside it, as a fraction of the collective's time
     overlap_slowdown: float = 0.15
+    # ---- the host and its storage, per node of the GPU's catalog system (cited in
+    # planner.catalog.gpus; a cluster JSON overrides them like any figure). 0: not known --
+    # nothing is offloaded there (planner.rules.offload_problems).
+    host_memory_gib: float = 0.0   # CPU memory of one node, GiB
+    host_link_gbps: float = 0.0    # one GPU <-> host, GB/s, one direction (PCIe / NVLink-C2C)
+    host_memory_gbps: float = 0.0  # the node's CPU memory bandwidth, GB/s (CPU Adam is bound by it)
+    nvme_gbps: float = 0.0         # the node's local NVMe, GB/s, the slower of read and write
+    nvme_tib: float = 0.0          # the node's local NVMe capacity, TiB
 
     def __post_init__(self):
         who = _who("gpu", self.name)
@@ -439,6 +454,8 @@ class Gpu:
 
 GPU_SCHEMA = _schema_of(Gpu, GPU_FIELDS)
 GPU_OVERRIDES = tuple(f for f in GPU_FIELDS if f != "name")
+# the host and storage figures (offload: planner.cost.offload)
+HOST_FIELDS = ("host_memory_gib", "host_link_gbps", "host_memory_gbps", "nvme_gbps", "nvme_tib")
 
 
 @dataclass(frozen=True)

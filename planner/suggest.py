@@ -15,7 +15,8 @@ from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
 from planner.engines import get_engine
 from planner.search import (Fixed, Result, check_fixed, default_global_batch, default_seq_len,
-                            enumerate_candidates, search, states_per_gpu_bound)
+                            enumerate_candidates, offload_overflow, search,
+                            states_per_gpu_bound)
 from planner.specs import Cluster
 
 # GPU counts searched one by one (each not ruled out by the memory bound) before the rest
@@ -72,10 +73,13 @@ def _more_gpus(cluster: Cluster, n: int) -> Cluster:
                                gpus_per_node=min(gpn, n), nvlink_domain=domain)
 
 
-def _hopeless(model, cluster: Cluster, engine, margin_gib) -> bool:
+def _hopeless(model, cluster: Cluster, engine, margin_gib, fixed: Fixed | None = None) -> bool:
     """Nothing can fit on this cluster: its GPUs cannot hold the model states even sharded
-    over all of them (planner.search.states_per_gpu_bound), so no search is needed."""
-    return (states_per_gpu_bound(model, get_engine(engine), cluster.num_gpus)
+    over all of them (planner.search.states_per_gpu_bound; less what the engine's offloads may
+    move off them unless `fixed` keeps everything on the GPUs), so no search is needed."""
+    offload = fixed is None or (fixed.offload_optimizer in (None, "cpu", "nvme")
+                                and fixed.offload_optimizer != "none")
+    return (states_per_gpu_bound(model, get_engine(engine), cluster.num_gpus, offload)
             > capacity_bytes(cluster, get_engine(engine), margin_gib) * (1 + 1e-9))
 
 
@@ -136,7 +140,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
                                gpus_per_node=gpn))
 
     def fits(cl, f, s, g):
-        if _hopeless(model, cl, engine, margin_gib):
+        if _hopeless(model, cl, engine, margin_gib, fixed):
             return None
         return _fits(model, cl, f, s, g, engine, margin_gib)
 
@@ -164,7 +168,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
         searched, last = 0, None
         for n in gpu_counts(cluster):
             bigger = _more_gpus(cluster, n)
-            if _hopeless(model, bigger, engine, margin_gib):
+            if _hopeless(model, bigger, engine, margin_gib, fixed):
                 continue            # a sound bound: no layout on n GPUs holds the model states
             if searched >= MAX_COUNTS_SEARCHED and n < 2 * last:
                 continue            # past the one-by-one budget: doublings only
@@ -181,7 +185,7 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
 # ---- fixed choices that match no configuration -------------------------------------------
 
 # the fixed choices a NoConfiguration may name, in the order it names them
-CHOICES = ("tp", "pp", "dp", "mbs", "vpp", "zero", "sp", "schedule", "recompute")
+CHOICES = ("tp", "pp", "dp", "mbs", "vpp", "zero", "sp", "schedule", "recompute", "dp_shard")
 
 
 @dataclass
@@ -218,4 +222,7 @@ def diagnose_no_configuration(model, cluster: Cluster, fixed: Fixed, seq_len, gl
             return None
     except PlannerError:
         return None
+    overflow = offload_overflow(model, cluster, fixed, s, g, get_engine(engine))
+    if overflow:   # the fixed offload is what no layout holds: bad input, said as it is
+        raise BadInput(overflow)
     return no_configuration(model, cluster, fixed, s, g, engine)

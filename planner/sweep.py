@@ -21,6 +21,7 @@ from planner.limits import MAX_INT_ARG, MAX_SWEEP_POINTS
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput, PlannerError
 from planner.explain import describe_candidate, describe_result, no_configuration_message
+from planner.vocab import OFFLOAD_DEVICES
 from planner.search import Fixed, default_global_batch, default_seq_len, search
 from planner.search.groups import search_mixed
 from planner.specs import MixedCluster
@@ -71,6 +72,9 @@ def sweep_parser(parser_class):
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="fix the ZeRO stage")
     p.add_argument("--recompute", choices=("none", "selective", "full"),
                    help="fix the recompute granularity")
+    p.add_argument("--offload-optimizer", choices=OFFLOAD_DEVICES,
+                   help="the optimizer states on the GPUs (none), in host memory (cpu) or on "
+                        "NVMe (default: as plan: searched where nothing fits without)")
     p.add_argument("--csv", help="write the table as CSV to this file ('-' for stdout)")
     p.add_argument("--plot", help="write throughput and MFU per point (PNG)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON records")
@@ -326,7 +330,8 @@ def run_sweep_cli(argv, parser_class) -> int:
         raise BadInput(f"--csv {a.csv}: no such directory {str(Path(a.csv).parent)!r}")
     progress = _SweepProgress()
     try:
-        df = sweep(model, clusters, seq_lens, batches, Fixed(zero=a.zero, recompute=a.recompute),
+        df = sweep(model, clusters, seq_lens, batches, Fixed(zero=a.zero, recompute=a.recompute,
+                                                             offload_optimizer=a.offload_optimizer),
                    progress=progress)
     finally:
         progress.close()

@@ -70,3 +70,8 @@ def schedule_name(name: str) -> str:
     as the planner's name; an unknown name comes back as given (lowercased) to be refused."""
     key = str(name).strip().lower()
     return SCHEDULE_ALIASES.get(key, key)
+
+# where an offloaded state lives (planner.cost.offload): "none" -- on the GPU; "cpu" -- host
+# memory (ZeRO-Offload, Ren et al. 2021; Megatron's HybridDeviceOptimizer; FSDP2's
+# CPUOffloadPolicy); "nvme" -- the node's local NVMe (ZeRO-Infinity, Rajbhandari et al. 2021)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")

@@ -66,13 +66,38 @@ class Meshes:
     pp: object
     expert: object = None
     edp: object = None
+    # what FSDP (ZeRO 2/3) shards over: `dp`, or under hybrid sharding (the plan's dp_shard)
+    # the 2-D (dp_replicate, dp_shard) mesh of the same ranks
+    fsdp: object = None
 
 
 def build_meshes(plan, device_type: str) -> Meshes:
     world = build_mesh(plan, device_type)
     expert = build_expert_mesh(plan, device_type)
+    hsdp = build_hsdp_mesh(plan, device_type)
     return Meshes(world, world["tp"], world["dp"], world["pp"], expert,
-                  expert["edp"] if expert is not None else None)
+                  expert["edp"] if expert is not None else None,
+                  hsdp["dp_replicate", "dp_shard"] if hsdp is not None else world["dp"])
+
+
+def build_hsdp_mesh(plan, device_type: str):
+    """The plan's mesh with `dp` unflattened into (`dp_replicate`, `dp_shard`), the shard
+    groups consecutive dp ranks (planner.cost.dataparallel prices them so); None without
+    hybrid sharding. Same rank at every coordinate as `build_mesh`: FSDP2's fully_shard over
+    its 2-D sub-mesh is HSDP (torch/distributed/fsdp/_fully_shard/_fully_shard.py: a 2-D mesh
+    replicates over its first dimension and shards over the second)."""
+    p = plan.parallelism
+    if not p.dp_shard or p.dp_shard == p.dp:
+        return None
+    names, sizes = [], []
+    for d in p.rank_order:
+        if d == "dp":
+            names += ["dp_replicate", "dp_shard"]
+            sizes += [p.dp // p.dp_shard, p.dp_shard]
+        else:
+            names.append(d)
+            sizes.append(getattr(p, d))
+    return init_device_mesh(device_type, tuple(sizes), mesh_dim_names=tuple(names))
 
 
 @dataclass
@@ -95,7 +120,7 @@ def parallelize(part: nn.Module, stage, plan, meshes: Meshes, on_gpu: bool) -> P
         apply_ep(part, meshes.expert)
     recomputed = apply_ac(part, stage, p.recompute)
     if p.zero_stage >= 2:
-        apply_fsdp(part, meshes.dp, p.zero_stage, on_gpu, meshes.edp)
+        apply_fsdp(part, meshes.fsdp or meshes.dp, p.zero_stage, on_gpu, meshes.edp)
     return PartLayout(tp_replicated, recomputed)
 
 

@@ -72,9 +72,11 @@ def test_nothing_fits_says_what_would(capsys):
 
 
 def test_nothing_fits_suggests_recompute(capsys):
+    # on the GPUs alone (without --offload-optimizer none the search offloads the optimizer
+    # there instead: tests/test_offload.py)
     code, _, err = run(capsys, "--model", "llama70b", "--cluster", "h100x32", "--recompute", "none",
                        "--tp", "8", "--pp", "4", "--micro-batch", "4", "--seq-len", "8192",
-                       "--global-batch", "64", "--zero", "0")
+                       "--global-batch", "64", "--zero", "0", "--offload-optimizer", "none")
     assert code == 3
     assert "--recompute full" in err
 

@@ -306,3 +306,19 @@ def test_pp2_dp2_zero2_interleaved_keeps_gradients_sharded(work, baseline):
     want, _ = baseline("llama")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
     assert_sharded_state(d / "m.jsonl", LLAMA, plan, 2, 4)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_hsdp_2x2_matches_one_process(work, baseline, zero):
+    """Hybrid sharding (plan dp_shard 2 of dp 4): FSDP2 over the 2-D (dp_replicate 2,
+    dp_shard 2) mesh on 4 processes trains the one-process curve, and each rank holds half
+    the parameters (its shard group's), not a quarter."""
+    d = work / f"hsdp-zero{zero}"
+    d.mkdir()
+    plan = make_plan(d / "plan.json", LLAMA, dp=4, zero_stage=zero, dp_shard=2)
+    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, _ = baseline("llama")
+    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
+    # gradients and AdamW state of a shard group's half, not dp's quarter (2: the shard)
+    assert_sharded_state(d / "m.jsonl", LLAMA, plan, 2, 4)

@@ -13,6 +13,11 @@ from planner.specs import Cluster, Model
 from planner import suggest as sg
 
 
+# the GPUs alone: what would fit without offload (with it the search moves the optimizer
+# states to the host where nothing fits on the GPUs: tests/test_offload.py)
+GPUS_ALONE = dict(offload_optimizer="none", offload_params="none")
+
+
 def tiny(layers=8, hidden=1024):
     return Model("tiny", num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden, num_heads=8,
                  num_kv_heads=8, vocab_size=32000, max_seq_len=4096)
@@ -35,7 +40,7 @@ def brute_force_fewest(model, c, fixed, seq, gbs, limit):
             continue
         if r.best is not None:
             return n, r.best.estimate.step_time_s
-        assert not sg._hopeless(model, big, None, None) or r.best is None
+        assert not sg._hopeless(model, big, None, None, fixed) or r.best is None
     return None, None
 
 
@@ -44,9 +49,9 @@ def brute_force_fewest(model, c, fixed, seq, gbs, limit):
     (4.0, 2, 2, 4096, 8)])
 def test_fewest_gpus_match_a_brute_force_over_counts(gib, n, gpn, seq, gbs):
     model, c = tiny(), cluster(gib, n, gpn)
-    assert search(model, c, Fixed(), seq, gbs, top=1, rejected=False).best is None
-    tips = sg.suggestions(model, c, Fixed(), seq, gbs)
-    want_n, want_step = brute_force_fewest(model, c, Fixed(), seq, gbs, limit=64)
+    assert search(model, c, Fixed(**GPUS_ALONE), seq, gbs, top=1, rejected=False).best is None
+    tips = sg.suggestions(model, c, Fixed(**GPUS_ALONE), seq, gbs)
+    want_n, want_step = brute_force_fewest(model, c, Fixed(**GPUS_ALONE), seq, gbs, limit=64)
     assert want_n is not None
     assert [t.change for t in tips] == ["gpus"]
     assert tips[0].num_gpus == want_n and tips[0].minimal
@@ -57,8 +62,8 @@ def test_the_memory_bound_never_skips_a_count_that_fits():
     model = tiny()
     for gib, n in itertools.product((2.4, 3.0, 4.0), range(1, 13)):
         c = cluster(gib, n, 1)
-        if sg._hopeless(model, c, None, None):
-            assert search(model, c, Fixed(), 1024, 12, top=1, rejected=False).best is None
+        if sg._hopeless(model, c, None, None, Fixed(**GPUS_ALONE)):
+            assert search(model, c, Fixed(**GPUS_ALONE), 1024, 12, top=1, rejected=False).best is None
 
 
 def test_counts_are_whole_hosts_and_nvl72_trays_then_racks():
@@ -74,18 +79,18 @@ def test_llama70b_on_16_and_7_h100s_would_fit_on_24_and_21():
     model = get_model("llama70b")
     for name, want in (("h100x16", 24), ("h100x7", 21)):
         c = get_cluster(name)
-        r = search(model, c, Fixed(), 8192, 512, top=1, rejected=False)
+        r = search(model, c, Fixed(**GPUS_ALONE), 8192, 512, top=1, rejected=False)
         assert r.best is None
-        tips = sg.suggestions(model, c, Fixed(), 8192, 512)
+        tips = sg.suggestions(model, c, Fixed(**GPUS_ALONE), 8192, 512)
         assert tips[0].change == "gpus" and tips[0].num_gpus == want and tips[0].minimal
         # and the count below it, in whole hosts, fits nowhere
         below = sg._more_gpus(c, want - c.gpus_per_node) if want - c.gpus_per_node > c.num_gpus \
             else c
-        assert search(model, below, Fixed(), 8192, 512, top=1, rejected=False).best is None
+        assert search(model, below, Fixed(**GPUS_ALONE), 8192, 512, top=1, rejected=False).best is None
 
 
 def test_a_change_on_the_given_gpus_comes_before_more_gpus():
     model, c = get_model("llama70b"), get_cluster("h100x32")
-    tips = sg.suggestions(model, c, Fixed(recompute="none", tp=8, pp=4, mbs=4, zero=0), 8192, 64)
+    tips = sg.suggestions(model, c, Fixed(recompute="none", tp=8, pp=4, mbs=4, zero=0, **GPUS_ALONE), 8192, 64)
     assert tips and all(t.num_gpus == 32 for t in tips)
     assert [t.change for t in tips][0] == "recompute"

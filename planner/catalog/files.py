@@ -14,12 +14,12 @@ from pathlib import Path
 
 from planner import limits as B
 from planner import filecheck as S
-from planner.catalog.gpus import get_gpu
+from planner.catalog.gpus import GPUS, get_gpu
 from planner.catalog.hf import model_from_hf_config
 from planner.catalog.systems import host_size, system_layout
 from planner.errors import BadInput
-from planner.specs import (GPU_FIELDS, GPU_OVERRIDES, GPU_SCHEMA, PLAN_CLUSTER, Cluster, Gpu,
-                           MixedCluster, Model)
+from planner.specs import (GPU_FIELDS, GPU_OVERRIDES, GPU_SCHEMA, HOST_FIELDS, PLAN_CLUSTER,
+                           Cluster, Gpu, MixedCluster, Model)
 
 
 def model_name_of(cfg: dict, path: Path) -> str:
@@ -174,6 +174,11 @@ def gpu_from_json(v, where: str, path: str = "gpu") -> Gpu:
             return dataclasses.replace(start, **d)
         except BadInput as e:
             raise BadInput(f"{where}: {path}: {e}") from None
+    if d.get("name") in GPUS:
+        # a plan from before the host figures (planner.specs.Gpu host_* / nvme_*): its
+        # catalog GPU's
+        known = get_gpu(d["name"])
+        d = {**{k: getattr(known, k) for k in HOST_FIELDS}, **d}
     missing = [k for k, f in GPU_SCHEMA.fields.items() if f[1] is S.REQUIRED and k not in d]
     if missing:
         raise BadInput(f"{where}: {path} is missing {', '.join(missing)}; give them all, or "

@@ -13,6 +13,8 @@ large messages, i.e. roughly 15-25% of H100's 132 SMs (NCCL docs, NCCL_MIN/MAX_N
 take the low end. The profiler measures it. They are the defaults a profile replaces
 (`plan --profile`); how they were chosen is in benchmarks/README.md (fidelity section).
 """
+import dataclasses
+
 from planner.errors import BadInput
 from planner.filecheck import show
 from planner.specs import Gpu
@@ -144,6 +146,45 @@ GPUS = {
                nvlink_busbw_gbps=2.0, nvlink_p2p_gbps=2.0, nvlink_latency_us=50.0,
                internode_gbps_per_gpu=1.0, internode_latency_us=100.0),
 }
+
+# ---- the host and its storage, per node of the GPU's catalog system (planner.specs.Gpu
+# host_* / nvme_*; planner.cost.offload prices what is offloaded there). Not listed: not known
+# (0), so nothing is offloaded there unless a cluster JSON gives the figures.
+# GPU <-> host, one direction: PCIe Gen4 x16 "64 GB/s" (A100 SXM datasheet, both directions
+# together) = 32 GB/s; PCIe Gen5 x16 "128 GB/s" (H100 SXM datasheet) = 64 GB/s; Grace-Blackwell
+# NVLink-C2C 900 GB/s both directions between one Grace and its two GPUs (GB200 NVL72
+# datasheet) = 450 GB/s one way, 225 per GPU. Host memory bandwidth: the channels of the
+# node's CPUs x their DDR rate (8 bytes a transfer): DGX A100, 2 AMD EPYC 7742 x 8 channels
+# DDR4-3200 = 409.6 GB/s; DGX H100 / H200, 2 Xeon Platinum 8480C x 8 channels DDR5-4800 =
+# 614.4 GB/s; DGX B200, 2 Xeon Platinum 8570 x 8 channels DDR5-5600 = 716.8 GB/s; a GB200 /
+# GB300 compute tray, 2 Grace at "up to 512 GB/s" LPDDR5X each (GB200 NVL72 datasheet) =
+# 1024 GB/s. Host memory: DGX A100 640GB 2 TB, DGX A100 320GB 1 TB (DGX A100 datasheet);
+# DGX H100 2 TB (DGX H100 datasheet); DGX H200 2 TB (DGX H200 datasheet); DGX B200 2 TB, its
+# base configuration ("2TB, configurable to 4TB", DGX B200 datasheet); a GB200 NVL72 tray 2 x
+# 480 GB LPDDR5X (GB200 NVL72: "up to 17 TB LPDDR5X" over 18 trays), GB300 likewise. Taken
+# as GiB as the DIMMs count them (32 x 64 GiB = 2 TiB). NVMe: the DGX data-cache drives, DGX
+# A100 640GB / H100 / H200 / B200 8 x 3.84 TB NVMe U.2 = 30.72 TB = 27.9 TiB (DGX A100 320GB:
+# 4 x 3.84 TB = 14.0 TiB) (the DGX datasheets); bandwidth the drives' sequential write, the
+# slower direction, of a PCIe Gen4 U.2 data-center drive of that size (Samsung PM1733 3.84 TB
+# datasheet: 3800 MB/s write, 7000 MB/s read) x the drives: 30.4 GB/s (15.2 for 4), an
+# estimate: ZeRO-Infinity's NVMe path (DeepSpeed's aio library) reaches the drives' rate only
+# with its tuned queue depth and block size (DeepSpeed docs, "ZeRO-Infinity" / aio config).
+_DGX_NVME = dict(nvme_gbps=8 * 3.8, nvme_tib=8 * 3.84e12 / 2 ** 40)
+HOSTS = {
+    "a100": dict(host_memory_gib=2048.0, host_link_gbps=32.0, host_memory_gbps=409.6,
+                 **_DGX_NVME),
+    "a100-40g": dict(host_memory_gib=1024.0, host_link_gbps=32.0, host_memory_gbps=409.6,
+                     nvme_gbps=4 * 3.8, nvme_tib=4 * 3.84e12 / 2 ** 40),
+    "h100": dict(host_memory_gib=2048.0, host_link_gbps=64.0, host_memory_gbps=614.4,
+                 **_DGX_NVME),
+    "h200": dict(host_memory_gib=2048.0, host_link_gbps=64.0, host_memory_gbps=614.4,
+                 **_DGX_NVME),
+    "b200": dict(host_memory_gib=2048.0, host_link_gbps=64.0, host_memory_gbps=716.8,
+                 **_DGX_NVME),
+    "gb200": dict(host_memory_gib=960.0, host_link_gbps=225.0, host_memory_gbps=1024.0),
+    "gb300": dict(host_memory_gib=960.0, host_link_gbps=225.0, host_memory_gbps=1024.0),
+}
+GPUS = {name: dataclasses.replace(gpu, **HOSTS.get(name, {})) for name, gpu in GPUS.items()}
 
 # "mi300": what `mi300x16` names (catalog cluster names split at the last x before the count)
 GPU_ALIASES = {"a100-80g": "a100", "h100-80g": "h100", "h100-sxm": "h100", "a100-sxm": "a100",

@@ -7,20 +7,34 @@ micro-batch, 3 all-gathers the weights for forward and again for backward.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.cost import comm
 from planner.engines.spec import Engine
 
 
 def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, g_fixed: float,
-                   w_layer: float, w_fixed: float) -> dict:
+                   w_layer: float, w_fixed: float, replicas: int = 1,
+                   replica_link=None, zeropp: "ZeroPP | None" = None) -> dict:
     """Seconds of the data-parallel collectives over `dp` ranks for gradients of g_* bytes and
-    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields)."""
+    weights of w_* bytes, per layer and fixed, by where they run (StageCoeffs fields).
+
+    Hybrid sharding (HSDP: FSDP2 over a 2-D replicate x shard mesh, DeepSpeed's MiCS,
+    Megatron's distributed-optimizer instances): `dp` is then the shard group, the states
+    sharded over it, and `replicas` copies of it; the gradients are reduce-scattered inside the
+    shard group and the 1/dp shard all-reduced across the replicas over `replica_link`
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: reduce-scatter,
+    then all_reduce on the replicate group), the parameters all-gathered inside the shard
+    group only (Zhang et al. 2022, MiCS, Sec. 3)."""
     z = dict(zf_layer=0.0, zf_fixed=0.0, zb_layer=0.0, zb_fixed=0.0, grad_layer=0.0,
              grad_fixed=0.0, gather_layer=0.0, gather_fixed=0.0)
-    if dp > 1:
+    if dp > 1 or replicas > 1:
+        def rs(x):
+            shard = comm.reduce_scatter(x, dp, dp_link) if dp > 1 else 0.0
+            return shard + (comm.all_reduce(x / dp, replicas, replica_link)
+                            if replicas > 1 else 0.0)
         ar = lambda x: comm.all_reduce(x, dp, dp_link)        # noqa: E731
-        rs = lambda x: comm.reduce_scatter(x, dp, dp_link)    # noqa: E731
-        ag = lambda x: comm.all_gather(x, dp, dp_link)        # noqa: E731
+        ag = lambda x: comm.all_gather(x, dp, dp_link) if dp > 1 else 0.0   # noqa: E731
         if zero == 0:
             z.update(grad_layer=ar(g_layer), grad_fixed=ar(g_fixed))
         elif zero == 1:
@@ -35,12 +49,55 @@ def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, 
                 z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed))
             else:
                 z.update(gather_layer=ag(w_layer), gather_fixed=ag(w_fixed))
+        elif zeropp is not None:
+            # ZeRO++ (Wang et al. 2023, Sec. 3): the forward all-gather in int8 (qwZ), the
+            # backward one inside the node from the secondary partition (hpZ), the gradients
+            # as int4 (qgZ)
+            q = zeropp
+            hp = lambda x: comm.all_gather(x, q.hpz, q.hpz_link)   # noqa: E731
+            z.update(zf_layer=ag(w_layer * q.weight_ratio), zf_fixed=ag(w_fixed * q.weight_ratio),
+                     zb_layer=hp(w_layer) + rs(g_layer * q.grad_ratio),
+                     zb_fixed=hp(w_fixed) + rs(g_fixed * q.grad_ratio))
         else:
             # ZeRO-3: all-gather for forward and again for backward, reduce-scatter grads,
             # every micro-batch (Rajbhandari et al. 2020, Sec. 5.3)
             z.update(zf_layer=ag(w_layer), zf_fixed=ag(w_fixed),
                      zb_layer=ag(w_layer) + rs(g_layer), zb_fixed=ag(w_fixed) + rs(g_fixed))
     return z
+
+
+# ZeRO++ (Wang et al. 2023, "ZeRO++: Extremely Efficient Collective Communication for Giant
+# Model Training", arXiv 2306.10209): qwZ gathers weights as int8 (1 byte an element, "half
+# the communication volume" of fp16: Sec. 3.1; the per-block scales, one fp32 per 2048
+# elements in DeepSpeed's quantizer, left out), qgZ reduces gradients as int4 (0.5 bytes an
+# element, "a quarter" of fp16's volume: Sec. 3.3), hpZ keeps a secondary bf16 partition of
+# the weights over the GPUs of one node for the backward all-gather (Sec. 3.2).
+QWZ_BYTES = 1.0
+QGZ_BYTES = 0.5
+# HBM bytes per parameter of the (de)quantization kernels (memory-bound: the paper's fused
+# kernels, Sec. 4): qwZ quantizes the rank's shard (read bf16, write int8: 3 per shard element)
+# and dequantizes the gathered weight (read int8, write bf16: 3 per element); qgZ quantizes
+# the gradient (read fp32, write int4: 4.5) and dequantizes and reduces what it receives
+# (read int4, write fp32: 4.5) -- per element of the layer, every micro-batch.
+QWZ_KERNEL_BYTES = 3.0
+QGZ_KERNEL_BYTES = 9.0
+
+
+@dataclass(frozen=True)
+class ZeroPP:
+    """ZeRO++ of one candidate: the hpZ group (`hpz` data-parallel ranks of a node, over
+    `hpz_link`) and the quantized bytes as a fraction of the unquantized ones."""
+    hpz: int
+    hpz_link: object
+    weight_ratio: float
+    grad_ratio: float
+
+    def kernel_times(self, params: float, shard: int, hbm_gbps: float) -> tuple:
+        """(forward, backward) seconds of the (de)quantization kernels for `params`
+        parameters (this rank's tp share of a layer) gathered over `shard` ranks."""
+        bw = hbm_gbps * 1e9
+        return (QWZ_KERNEL_BYTES * params * (1 + 1 / shard) / bw,
+                QGZ_KERNEL_BYTES * params / bw)
 
 
 def pipelined_fsdp_unsharded(engine: Engine, c, params: float, states: dict,

@@ -97,7 +97,8 @@ def candidate_of(plan) -> Candidate:
                      tp_comm_overlap=p.tp_comm_overlap, moe_dispatcher=plan_dispatcher(plan),
                      ep_comm_overlap=p.ep_comm_overlap,
                      moe_capacity_factor=p.moe_capacity_factor,
-                     moe_imbalance=p.moe_imbalance)
+                     moe_imbalance=p.moe_imbalance, offload_optimizer=p.offload_optimizer,
+                     offload_params=p.offload_params, dp_shard=p.dp_shard, zeropp=p.zeropp)
 
 
 def price_plan(plan, margin_gib: float | None = None) -> Price:

@@ -15,9 +15,11 @@ from planner.cost import comm
 from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
                                    mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
-from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded
+from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives,
+                                       pipelined_fsdp_unsharded)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
 from planner.cost.schedule import (forward_and_wgrad, head_rank, in_flight, pipeline_time,
@@ -84,6 +86,26 @@ class Candidate:
     # MoE routing imbalance: the busiest expert rank's tokens over its balanced share (1:
     # balanced, as the benchmarks force it; planner.cost.moe)
     moe_imbalance: float = 1.0
+    # offload (planner.cost.offload; planner.vocab.OFFLOAD_DEVICES): where the optimizer
+    # states with their fp32 master weights, and the parameters, live between steps
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    # hybrid sharding (HSDP): ZeRO shards over groups of dp_shard ranks of the dp x cp group,
+    # replicated across the dp x cp / dp_shard groups; 0: over the whole dp x cp group
+    dp_shard: int = 0
+    # ZeRO++ under ZeRO-3 (DeepSpeed): int8 weight gathers, the node's secondary weight
+    # partition for the backward gather, int4 gradients (planner.cost.dataparallel.ZeroPP)
+    zeropp: bool = False
+
+    @property
+    def shard(self) -> int:
+        """The ranks ZeRO shards the states over: dp_shard, or all of dp x cp."""
+        return self.dp_shard or self.dp * self.cp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded states across the dp x cp group (1 but under HSDP)."""
+        return self.dp * self.cp // self.shard
 
     @property
     def m(self) -> int:
@@ -143,6 +165,16 @@ class StageCoeffs:
     gather_overlapped: bool = True
     opt_layer: float = 0.0
     opt_fixed: float = 0.0
+    # offload (planner.cost.offload): of opt_*, the host transfers the step waits for (the
+    # rest is the optimizer step, on the CPU); offf_* / offb_*, the host copies of every
+    # micro-batch beside its forward (parameters up) and backward (parameters up, gradients
+    # down), on the copy engines (`exposures`)
+    off_layer: float = 0.0
+    off_fixed: float = 0.0
+    offf_layer: float = 0.0
+    offf_fixed: float = 0.0
+    offb_layer: float = 0.0
+    offb_fixed: float = 0.0
     # memory: m_fixed + n * m_layer - r * m_rec
     mem_fixed: dict = field(default_factory=dict)   # by category
     mem_layer: dict = field(default_factory=dict)
@@ -175,9 +207,18 @@ class StageCoeffs:
         return self.compute_rec + self.tp_rec + self.cp_rec + self.ep_rec
 
     def exposures(self):
-        """(c_layer, c_fixed, h_layer, h_fixed) of the per-micro-batch ZeRO collectives."""
+        """(c_layer, c_fixed, h_layer, h_fixed) of what runs beside every micro-batch's forward
+        and backward: the ZeRO collectives, then the offload's host copies (on the copy
+        engines, beside the collectives as beside the compute)."""
         return ((self.zf_layer, self.zf_fixed, self.fwd_layer, self.fwd_fixed),
-                (self.zb_layer, self.zb_fixed, self.bwd_layer, self.bwd_fixed))
+                (self.zb_layer, self.zb_fixed, self.bwd_layer, self.bwd_fixed),
+                (self.offf_layer, self.offf_fixed, self.fwd_layer, self.fwd_fixed),
+                (self.offb_layer, self.offb_fixed, self.bwd_layer, self.bwd_fixed))
+
+    def exposure_slowdowns(self):
+        """The compute slowdown of each of `exposures`: a collective's (NCCL runs on SMs);
+        none for a host copy, which the GPU's copy engines run."""
+        return (self.overlap_slowdown, self.overlap_slowdown, 0.0, 0.0)
 
     def tail_exposures(self):
         """(c_layer, c_fixed, h_layer, h_fixed) of the once-per-step collectives."""
@@ -186,7 +227,8 @@ class StageCoeffs:
         return ((self.grad_layer, self.grad_fixed) + g, (self.gather_layer, self.gather_fixed) + a)
 
     def exposed_comm(self, c_layer: float, c_fixed: float, h_layer: float, h_fixed: float,
-                     n: int, q: int = 0, dc: float = 0.0, dh: float = 0.0) -> float:
+                     n: int, q: int = 0, dc: float = 0.0, dh: float = 0.0,
+                     slowdown: float | None = None) -> float:
         """Time a collective of c_fixed + n*c_layer adds when it overlaps h_fixed + n*h_layer of
         compute: what sticks out (at least its last layer's bucket, which has nothing left to
         hide behind), plus the compute it slows while it runs. q of the n layers are MoE layers,
@@ -195,8 +237,9 @@ class StageCoeffs:
         comm = c_fixed + n * c_layer + q * dc
         if comm <= 0:
             return 0.0
+        slow = self.overlap_slowdown if slowdown is None else slowdown
         return (max(min(c_layer, c_layer + dc), comm - (h_fixed + n * h_layer + q * dh))
-                + self.overlap_slowdown * comm)
+                + slow * comm)
 
     def _moe_deltas(self, which: str):
         """(dc, dh) per exposure of one MoE layer; zeros without layer kinds."""
@@ -208,8 +251,9 @@ class StageCoeffs:
 
     def zero_exposed(self, n: int, q: int = 0) -> float:
         """ZeRO-2/3 collectives of one micro-batch, overlapping its forward and its backward."""
-        return sum(self.exposed_comm(*e, n, q, *d)
-                   for e, d in zip(self.exposures(), self._moe_deltas("zero")))
+        return sum(self.exposed_comm(*e, n, q, *d, slowdown=a)
+                   for e, d, a in zip(self.exposures(), self._moe_deltas("zero"),
+                                      self.exposure_slowdowns()))
 
     def time(self, n: int, r: int, q: int = 0, rq: int = 0) -> float:
         t = self.t_fixed + n * self.t_layer + r * self.t_rec + self.zero_exposed(n, q)
@@ -357,6 +401,14 @@ def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: i
     return mode, attn, dense_mlp_rerun(mods, gemm + elem, mlp_saved)
 
 
+def _step_time(facts, off, c: Candidate, params_local: float) -> float:
+    """The optimizer step of `params_local` parameters: on the GPU, or on the CPU with the
+    host transfers it waits for where the optimizer is offloaded (planner.cost.offload)."""
+    if c.offload_optimizer == "none":
+        return facts.optimizer_time(params_local)
+    return (off.step_cpu_s + off.step_move_s) * params_local
+
+
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                        engine: Engine | None = None, ranks=None) -> list:
     """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`), for the model as
@@ -371,7 +423,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     lp = low_precision(engine, cluster.gpu, c.precision, c.recipe)
     # ranks tp innermost, then cp, dp, pp (planner.cost.comm): the gradient group dp x cp
     tp_link = comm.group_link(cluster, t, 1)
-    dp_link = comm.group_link(cluster, c.dp_cp, t)
+    # the ZeRO shard group: consecutive ranks of dp x cp (all of it but under HSDP), and the
+    # replicas of it, shard x t apart
+    dp_link = comm.group_link(cluster, c.shard, t)
+    rep_link = comm.group_link(cluster, c.replicas, t * c.shard)
     pp_link = comm.group_link(cluster, 2, t * cp * c.dp)
 
     # tensor parallel: per layer 2 all-reduces forward and 2 backward (Megatron, Shoeybi et al.
@@ -433,10 +488,14 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                   optimizer_bytes=engine.optimizer_bytes,
                   compute_copy_bytes=facts.compute_copy_bytes,
                   autocast_copy_bytes=engine.autocast_copy_bytes * (facts.compute_elem_bytes == BF16))
+    # what stays in GPU memory of them under an offload (planner.cost.offload)
+    gpu_states = gpu_state_bytes(engine, states, c)
+    off = per_param(engine, cluster, c)
 
     # data parallel: gradients reduced in the engine's gradient dtype, parameters gathered in
     # its compute dtype (bf16; fp32 where it computes in fp32)
-    dp = c.dp_cp      # weights replicated over cp: reduced and sharded over dp x cp
+    # weights replicated over cp: reduced and sharded over dp x cp (its shard group under HSDP)
+    dp = c.shard
     g_layer = grad_bytes * layer_params
     w_layer = facts.compute_elem_bytes * layer_params
     if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
@@ -444,25 +503,36 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         w_layer -= (BF16 - lp.element_bytes) * linear_params
     local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
     # memory of a layer, the same on every rank but for the micro-batches in flight
-    wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **states)
+    wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **gpu_states)
     wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
         engine, c, layer_params, states, dp)))
     if lp is not None and lp.recipe.weight_copy_bytes:
         # the quantised weight copies kept beside the bf16 weights (Transformer Engine), of
         # the shard this rank holds under ZeRO-3
         wl += lp.recipe.weight_copy_bytes * linear_params / (dp if c.zero >= 3 else 1)
+    zpp, (q_fwd, q_bwd) = None, (0.0, 0.0)
+    if c.zeropp and c.zero == 3 and dp > 1:
+        # hpZ's group: the data-parallel ranks of one node (zero_hpz_partition_size)
+        hpz = min(dp, max(1, cluster.gpus_per_node // t))
+        zpp = ZeroPP(hpz, comm.group_link(cluster, hpz, t), QWZ_BYTES / facts.compute_elem_bytes,
+                     QGZ_BYTES / grad_bytes)
+        q_fwd, q_bwd = zpp.kernel_times(layer_params, dp, facts.gpu.hbm_gbps)
+        wl += facts.compute_elem_bytes * layer_params / hpz     # hpZ's secondary partition
     head_in_flight = _head_in_flight(schedule, p, c)
     layer = dict(
-        compute_layer=lt.fwd + lt.bwd,
+        compute_layer=lt.fwd + lt.bwd + q_fwd + q_bwd,
         compute_rec=lt.recompute(rec_mode) + attn_rerun.fwd_s + mlp_rerun.fwd_s,
         tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
         cp_layer=cp_layer, cp_rec=cp_rec,
-        fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd,
-        bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd,
+        fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd + q_fwd,
+        bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd + q_bwd,
         wgrad_layer=weight_grad_time(lt),
         grad_overlapped=engine.overlap_grad_reduce,
         gather_overlapped=engine.overlap_param_gather,
-        opt_layer=facts.optimizer_time(local(layer_params)),
+        opt_layer=_step_time(facts, off, c, local(layer_params)),
+        off_layer=off.step_move_s * local(layer_params),
+        offf_layer=off.fwd_s * local(layer_params),
+        offb_layer=off.bwd_s * local(layer_params),
         overlap_slowdown=facts.gpu.overlap_slowdown)
 
     def fixed_part(first: bool, last: bool) -> dict:
@@ -474,8 +544,11 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
         g_fixed = grad_bytes * fixed_params
         w_fixed = facts.compute_elem_bytes * fixed_params
-        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed)
-        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **states)
+        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed,
+                           c.replicas, rep_link, zpp)
+        wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **gpu_states)
+        if zpp is not None:     # hpZ's secondary partition of the embedding and head
+            wf += facts.compute_elem_bytes * fixed_params / zpp.hpz
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
@@ -508,7 +581,10 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             work += head.working
         other += work
         return dict(compute_fixed=compute_fixed, fwd_fixed=fwd_fixed, bwd_fixed=bwd_fixed,
-                    opt_fixed=facts.optimizer_time(local(fixed_params)),
+                    opt_fixed=_step_time(facts, off, c, local(fixed_params)),
+                    off_fixed=off.step_move_s * local(fixed_params),
+                    offf_fixed=off.fwd_s * local(fixed_params),
+                    offb_fixed=off.bwd_s * local(fixed_params),
                     mem_fixed={"params": wf, "grads": gf, "optimizer": of,
                                "activations": fixed_act, "other": other},
                     **z)
@@ -667,6 +743,7 @@ class Estimate:
     margin_gib: float = 0.0
     # per pipeline rank where the ranks' GPUs differ (a mixed cluster); empty: capacity_gib
     stage_capacity_gib: list = field(default_factory=list)
+    host: object = None   # planner.cost.offload.HostUse of an offload plan, else None
 
     def overflow_gib(self) -> list:
         caps = self.stage_capacity_gib or [self.capacity_gib] * len(self.stage_memory_gib)
@@ -680,7 +757,12 @@ class Estimate:
                 "capacity_gib": self.capacity_gib, "memory_margin_gib": self.margin_gib,
                 "time_breakdown_s": self.time_breakdown_s,
                 **({"stage_capacity_gib": self.stage_capacity_gib}
-                   if self.stage_capacity_gib else {})}
+                   if self.stage_capacity_gib else {}),
+                **({"host_memory_gib_per_node": self.host.host_gib,
+                    "host_capacity_gib_per_node": self.host.host_capacity_gib,
+                    "nvme_tib_per_node": self.host.nvme_tib,
+                    "nvme_capacity_tib_per_node": self.host.nvme_capacity_tib}
+                   if self.host is not None else {})}
 
 
 def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
@@ -717,6 +799,14 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         "bubble": bubble,
         "optimizer": opt,
     }
+    if offloads(c):
+        # the host transfers the step waits for, and what those of every micro-batch add to
+        # the exposed collectives they hide with (planner.cost.offload)
+        moved = kt.off_fixed + nt * kt.off_layer
+        per_mb = c.m * sum(k.exposed_comm(*e, n, slowdown=0.0) for e in k.exposures()[2:])
+        breakdown["optimizer"] = opt - moved
+        breakdown["offload"] = moved + per_mb
+        breakdown["dp_comm_exposed"] -= per_mb
     if c.cp > 1:   # the exposed context-parallel exchange (a plan without CP has no entry)
         breakdown["cp_comm"] = c.m * (n * k.cp_layer + r * k.cp_rec)
     if model.is_moe:   # expert-parallel dispatch and combine (all-to-all or all-gather)
@@ -735,7 +825,9 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    return Estimate(fits=fits, step_time_s=step, tokens_per_s=tokens / step,
+    host = host_use(model, cluster, c, engine, layers) if offloads(c) else None
+    return Estimate(fits=fits and (host is None or host.fits),
+                    host=host, step_time_s=step, tokens_per_s=tokens / step,
                     tflops_per_gpu=tflops, mfu=tflops / cluster.peak_tflops_per_gpu,
                     peak_memory_gib=peak, time_breakdown_s=breakdown,
                     stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap,

@@ -107,11 +107,38 @@ DEEPSPEED = Engine(
                               "('uniform': deepspeed/runtime/utils.py partition_uniform; "
                               "'parameters', 'type:<regex>': partition_balanced)"),
              ("schedule", "deepspeed/runtime/pipe/schedule.py TrainSchedule (1F1B only; "
-                          "DualPipeV is deepspeedai/DeepSpeed PR 8576, not merged)")),
+                          "DualPipeV is deepspeedai/DeepSpeed PR 8576, not merged)"),
+             ("zeropp", "deepspeed/runtime/zero/config.py (zero_quantized_weights, "
+                        "zero_hpz_partition_size, zero_quantized_gradients: ZeRO-3's; "
+                        "deepspeed.ai/tutorials/zeropp)"),
+             ("hsdp", "deepspeed/runtime/zero/mics.py (MiCS_Init / MiCS_Optimizer: "
+                      "mics_shard_size with ZeRO-3)"),
+             ("offload", "deepspeed/runtime/zero/offload_config.py (offload_optimizer, "
+                         "offload_param: device cpu | nvme; offload_param with ZeRO-3)")),
     recompute=(("full", ALL_OR_NONE), ("selective", ALL_OR_NONE)),
     overlap_grad_reduce=True, overlap_param_gather=False,
     zero2_gathers_every_microbatch=False,
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    # ZeRO-Offload / ZeRO-Infinity: zero_optimization.offload_optimizer and offload_param,
+    # device "cpu" or "nvme" (deepspeed/runtime/zero/offload_config.py OffloadDeviceEnum;
+    # offload_param is ZeRO-3's: DeepSpeed config docs, "offload_param ... Valid only with
+    # stage 3"). The partitioned gradients go to the host in every micro-batch's backward and
+    # accumulate there (deepspeed/runtime/zero/stage_1_and_2.py
+    # async_accumulate_grad_in_cpu_via_gpu; stage3.py partition_grads to the offloaded fp32
+    # gradient buffer); the step runs on the CPU (DeepSpeedCPUAdam) and the updated bf16
+    # partition comes back: 2 bytes a parameter each way (Ren et al. 2021, ZeRO-Offload,
+    # Sec. 4.1: "fp16 gradients ... to CPU", "fp16 parameters ... back to GPU"), one after the
+    # other (the one-step delayed update, DPU, is off by default).
+    offload_optimizer_devices=("cpu", "nvme"), offload_param_devices=("cpu", "nvme"),
+    # MiCS (zero_optimization.mics_shard_size, ZeRO-3): the states sharded inside groups of
+    # mics_shard_size ranks, replicated across them (deepspeed/runtime/zero/mics.py; Zhang et
+    # al. 2022, "MiCS: Near-linear Scaling for Training Gigantic Model on Public Cloud")
+    hsdp_zero_stages=(3,),
+    # ZeRO++ (deepspeed/runtime/zero/config.py zero_quantized_weights, zero_hpz_partition_size,
+    # zero_quantized_gradients; stage 3: DeepSpeed's ZeRO++ tutorial)
+    zeropp=True,
+    offload_grads_each_microbatch=True, offload_transfer_bytes=(2.0, 2.0),
+    offload_zero_stages=(1, 2, 3),   # ZeRO-Offload is a ZeRO optimizer's (stage 1-3)
     validation=validation_of("deepspeed"),
 )

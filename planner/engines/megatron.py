@@ -122,12 +122,38 @@ MEGATRON = Engine(
              ("schedule", "megatron/core/pipeline_parallel/schedules.py (1F1B and interleaved; "
                           "no zero-bubble or DualPipe schedule: NVIDIA/Megatron-LM PR 5254 "
                           "closed unmerged)"),
-             ("moe_tp_needs_sp", "megatron/training/arguments.py")),
+             ("moe_tp_needs_sp", "megatron/training/arguments.py"),
+             ("hsdp", "megatron/training/arguments.py --num-distributed-optimizer-instances "
+                      "(with --use-distributed-optimizer)"),
+             ("offload", "megatron/training/arguments.py --optimizer-cpu-offload (the "
+                         "optimizer to CPU memory: megatron/core/optimizer/cpu_offloading/"
+                         "hybrid_optimizer.py; no NVMe, no parameter offload); "
+                         "megatron/core/optimizer/optimizer_config.py (\"--use-precision-aware-"
+                         "optimizer only supported with distributed optimizer\")")),
     moe_capacity_factor=True, moe_saves_expert_outputs=False,
     moe_layer_overhead_s=MOE_LAYER_OVERHEAD_S, moe_expert_overhead_s=MOE_EXPERT_OVERHEAD_S,
     cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    # --optimizer-cpu-offload --optimizer-offload-fraction 1.0 (with
+    # --use-precision-aware-optimizer, which megatron/training/arguments.py requires of it):
+    # the HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
+    # keeps this rank's fp32 master parameters and Adam states in CPU memory and steps them
+    # there; the fp32 gradient buffer stays on the GPU and is copied out once per step, the
+    # updated fp32 parameters copied back (param_update_in_fp32), the three overlapped with
+    # --overlap-cpu-optimizer-d2h-h2d (megatron/core/optimizer/cpu_offloading/README.md).
+    # CPU memory only, no NVMe; parameters are not offloaded.
+    # --num-distributed-optimizer-instances N: N copies of the distributed optimizer, each
+    # sharded over dp / N ranks (megatron/training/arguments.py; megatron/core/parallel_state.py
+    # the intra / inter distributed-optimizer-instance groups), the gradients reduce-scattered
+    # inside an instance and all-reduced across them (megatron/core/distributed/
+    # param_and_grad_buffer.py)
+    hsdp_zero_stages=(1,),
+    offload_optimizer_devices=("cpu",), offload_overlaps_step=True,
+    # megatron/core/optimizer/optimizer_config.py OptimizerConfig.__post_init__:
+    # "--use-precision-aware-optimizer only supported with distributed optimizer"
+    offload_needs_distributed_optimizer=True,
+    offload_transfer_bytes=(4.0, 4.0),
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "delayed")), ("mxfp8", ("mxfp8",)),
                 ("nvfp4", ("nvfp4",))),
     lowp_library="te",

@@ -55,6 +55,9 @@ from planner.engines.trust import validation_of
 RUNTIME = Engine(
     name="runtime", title="our PyTorch runtime (python -m runtime)",
     zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1, 2, 3),
+    # FSDP2's fully_shard over a 2-D (replicate, shard) mesh of the dp ranks
+    # (runtime/data_parallel.py apply_fsdp)
+    hsdp_zero_stages=(2, 3),
     max_tp=None, sp_choices=(False, True),
     sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
     schedules=("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev"),

@@ -224,6 +224,38 @@ class Engine:
     # where it states its limits, as ((rule, file or document), ...): the `source` of the
     # planner.rules Problem for that rule
     sources: tuple = ()
+    # ---- hybrid sharding (HSDP: planner.cost.dataparallel) -----------------------------
+    # the ZeRO stages it shards inside groups of the data-parallel ranks, replicated across
+    # them (empty: none)
+    hsdp_zero_stages: tuple = ()
+    # ZeRO++ under ZeRO-3 (zero_quantized_weights, zero_hpz_partition_size,
+    # zero_quantized_gradients: planner.cost.dataparallel.ZeroPP)
+    zeropp: bool = False
+    # ---- offload (planner.cost.offload) ------------------------------------------------
+    # where it offloads the optimizer states with their fp32 master weights, the optimizer
+    # step then running on the CPU ("cpu", "nvme"; empty: it does not), and the parameters
+    # (ZeRO-Infinity's offload_param)
+    offload_optimizer_devices: tuple = ()
+    offload_param_devices: tuple = ()
+    # the parameters offload only under ZeRO-3 (DeepSpeed's offload_param is a ZeRO-3 setting)
+    offload_param_zero3: bool = True
+    # the ZeRO stages it offloads under (None: any it runs)
+    offload_zero_stages: tuple | None = None
+    # the optimizer offloads only together with the parameters (FSDP2's CPUOffloadPolicy
+    # moves parameters, gradients and optimizer states at once)
+    offload_optimizer_with_params: bool = False
+    # the optimizer's gradients live on the host: copied out in every micro-batch's backward
+    # (DeepSpeed's partitioned gradients under offload, accumulated on the CPU), instead of
+    # kept on the GPU and copied once per step (Megatron's HybridDeviceOptimizer)
+    offload_grads_each_microbatch: bool = False
+    # the gradient copy out, the CPU step and the parameter copy back run concurrently
+    # (Megatron --overlap-cpu-optimizer-d2h-h2d); False: one after the other
+    offload_overlaps_step: bool = False
+    # optimizer offload only with its distributed optimizer (ZeRO-1 or more where dp x cp > 1;
+    # over one rank the export still names it)
+    offload_needs_distributed_optimizer: bool = False
+    # bytes per parameter it moves to the host (gradients) and back (updated parameters)
+    offload_transfer_bytes: tuple = (2.0, 2.0)
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency

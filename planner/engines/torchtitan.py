@@ -73,7 +73,12 @@ TORCHTITAN = Engine(
                                   "parallelize_llama (releases 0.1-0.2: \"DDP has not supported "
                                   "> 1D parallelism\")"),
              ("schedule", "torch/distributed/pipelining/schedules.py (GPipe, 1F1B, "
-                          "Interleaved1F1B)")),
+                          "Interleaved1F1B)"),
+             ("offload", "torchtitan/config/job_config.py [training] enable_cpu_offload (FSDP2 "
+                         "CPUOffloadPolicy: parameters, gradients and optimizer states "
+                         "together, with FSDP only)"),
+             ("hsdp", "torchtitan/distributed/parallel_dims.py (data_parallel_replicate_degree "
+                      "x data_parallel_shard_degree; the shard dimension is FSDP2's)")),
     overlap_grad_reduce=True, overlap_param_gather=True,
     zero2_gathers_every_microbatch=True,
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and
@@ -87,6 +92,18 @@ TORCHTITAN = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
+    # [parallelism] data_parallel_shard_degree x data_parallel_replicate_degree: FSDP2 over
+    # the 2-D (dp_replicate, dp_shard) mesh (torchtitan/distributed/parallel_dims.py;
+    # torchtitan/models/llama3/infra/parallelize.py apply_fsdp "HSDP")
+    hsdp_zero_stages=(2, 3),
+    # [training] enable_cpu_offload: FSDP2's CPUOffloadPolicy on every fully_shard
+    # (torchtitan/config/job_config.py; torch/distributed/fsdp/_fully_shard/_fsdp_api.py): the
+    # sharded fp32 parameters, their gradients and the optimizer states live in CPU memory and
+    # the optimizer steps there; each all-gather copies the fp32 shard up, each
+    # reduce-scatter's fp32 shard comes down (4 bytes a parameter each way)
+    offload_optimizer_devices=("cpu",), offload_param_devices=("cpu",),
+    offload_optimizer_with_params=True, offload_param_zero3=False, offload_zero_stages=(2, 3),
+    offload_grads_each_microbatch=True, offload_transfer_bytes=(4.0, 4.0),
     # train step: `del pred` before backward; loss_parallel under tp (torchtitan/distributed/
     # utils.py train_context); torch.distributed.pipelining under pp
     loss_memory=EAGER_LOSS, tp_loss_memory=LOSS_PARALLEL_LOSS, pipeline_keeps_logits=True,

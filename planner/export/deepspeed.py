@@ -29,6 +29,24 @@ from planner.engines import get_engine
 from planner.plan import Plan
 
 
+# where ZeRO-Infinity swaps to NVMe: a placeholder for the node's local NVMe mount
+NVME_PATH = "/local_nvme"
+
+
+def offload_settings(p) -> dict:
+    """zero_optimization.offload_optimizer / offload_param of the plan's offload
+    (deepspeed/runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig,
+    DeepSpeedZeroOffloadParamConfig): the device, pinned host buffers (the copies priced at
+    the host link's rate are pinned-memory DMA), and an NVMe path to fill in."""
+    out = {}
+    for key, device in (("offload_optimizer", p.offload_optimizer),
+                        ("offload_param", p.offload_params)):
+        if device != "none":
+            out[key] = {"device": device, "pin_memory": True,
+                        **({"nvme_path": NVME_PATH} if device == "nvme" else {})}
+    return out
+
+
 def deepspeed_config(plan: Plan) -> str:
     """The plan as a DeepSpeed config (JSON text; see the module doc)."""
     check_exportable(plan, "deepspeed")
@@ -99,6 +117,19 @@ def deepspeed_config(plan: Plan) -> str:
         "bf16": {"enabled": uses_bf16(plan)},
         "activation_checkpointing": activation_checkpointing,
     }
+    config["zero_optimization"].update(offload_settings(p))
+    if p.zeropp:
+        # ZeRO++ as priced (planner.cost.dataparallel.ZeroPP): the hpZ group the data-parallel
+        # ranks of one node
+        config["zero_optimization"].update(
+            zero_quantized_weights=True, zero_quantized_gradients=True,
+            zero_hpz_partition_size=max(1, min(p.dp * p.cp,
+                                               plan.cluster.gpus_per_node // p.tp)))
+    if p.dp_shard:
+        # MiCS: the ZeRO-3 states sharded inside groups of mics_shard_size ranks, replicated
+        # across them (deepspeed/runtime/zero/config.py mics_shard_size); its hierarchical
+        # all-gather stays off, as priced (one all-gather inside the shard group)
+        config["zero_optimization"]["mics_shard_size"] = p.dp_shard
     if p.pp > 1:
         config["pipeline"] = {"activation_checkpoint_interval": interval}
     config["_parallelism"] = parallelism

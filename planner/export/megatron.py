@@ -137,10 +137,25 @@ def _zero(plan: Plan, args: list, notes: list) -> bool:
     p = plan.parallelism
     if p.dp * p.cp > 1:      # gradients are reduced over dp x cp
         args.append(("--overlap-grad-reduce", None))
+    if p.offload_optimizer == "cpu":
+        # the HybridDeviceOptimizer, all of this rank's optimizer on the CPU, its copies
+        # overlapped with the CPU step as priced (megatron/core/optimizer/cpu_offloading/
+        # README.md); arguments.py requires the precision-aware optimizer with it
+        args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", 1.0),
+                 ("--use-precision-aware-optimizer", None),
+                 ("--overlap-cpu-optimizer-d2h-h2d", None)]
     if p.zero_stage == 0:
+        if p.offload_optimizer != "none":
+            # over one data-parallel rank the distributed optimizer keeps what ZeRO-0 keeps,
+            # and the precision-aware optimizer needs it (optimizer_config.py)
+            args.append(("--use-distributed-optimizer", None))
         return False
     if p.zero_stage == 1:
         args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
+        if p.dp_shard:
+            # each instance of the distributed optimizer sharded over dp_shard ranks
+            args.append(("--num-distributed-optimizer-instances",
+                         p.dp * p.cp // p.dp_shard))
         return False
     if p.pp == 1:
         args += [("--use-megatron-fsdp", None),

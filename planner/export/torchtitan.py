@@ -108,14 +108,18 @@ def torchtitan_toml(plan: Plan) -> str:
     training["seq_len"] = b.seq_len
     training["mixed_precision_param"] = "bfloat16" if uses_bf16(plan) else "float32"
     training["mixed_precision_reduce"] = "float32"
+    if p.offload_params != "none":      # FSDP2's CPUOffloadPolicy, all states in CPU memory
+        training["enable_cpu_offload"] = True
 
     par = {}
     if p.zero_stage == 0:
         par["data_parallel_replicate_degree"] = p.dp
         par["data_parallel_shard_degree"] = 1
     else:
-        par["data_parallel_replicate_degree"] = 1
-        par["data_parallel_shard_degree"] = p.dp
+        # HSDP: FSDP2 over dp_shard ranks, replicated across the rest (dp_shard 0: all dp)
+        shard = p.dp_shard or p.dp
+        par["data_parallel_replicate_degree"] = p.dp // shard
+        par["data_parallel_shard_degree"] = shard
         par["fsdp_reshard_after_forward"] = RESHARD[p.zero_stage]
     par["tensor_parallel_degree"] = p.tp
     if p.tp > 1:

@@ -25,12 +25,14 @@ planner.cost.stage (the same expressions `evaluate` uses).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 import time
 from dataclasses import dataclass, field
 
 from planner.cost.moe import candidate_dispatcher, layer_kinds
+from planner.cost.offload import host_use
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
 from planner.cost.price import price   # the one price of a placement
@@ -158,7 +160,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     check_fixed(model, cluster, f, seq_len, gbs, engine)
     cands = enumerate_candidates(model, cluster, f, seq_len, gbs, engine)
     if not cands:
-        raise BadInput(_why_no_candidates(model, cluster, f, gbs, engine))
+        raise BadInput(offload_overflow(model, cluster, f, seq_len, gbs, engine)
+                       or _why_no_candidates(model, cluster, f, gbs, engine))
     cap = capacity_bytes(cluster, engine, margin_gib)
     L = model.num_layers
     P_kinds = layer_kinds(model)
@@ -321,6 +324,11 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         else:
             consider_closest(res)
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+    if not ranked and _offload_may_help(model, f, engine):
+        # nothing fits on the GPUs alone: search again with the engine's offloads
+        # (planner.cost.offload), where the states that do not fit may go
+        return search(model, cluster, dataclasses.replace(f, offload_searched=True), seq_len,
+                      gbs, top, progress, engine, margin_gib, rejected)
     if not ranked:   # nothing fits: find the candidate that misses by the least
         closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
     before = pruned_mem
@@ -456,6 +464,36 @@ def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: lis
     return out
 
 
+def _offload_may_help(model, f, engine) -> bool:
+    """The search may look again with offload: not fixed, not looked at yet, an engine that
+    offloads and a model it is priced for (enumeration.searched_offloads)."""
+    return (f.offload_optimizer is None and f.offload_params is None
+            and not f.offload_searched and bool(engine.offload_optimizer_devices)
+            and not model.is_moe)
+
+
+def offload_overflow(model, cluster, f, seq_len, gbs, engine) -> str | None:
+    """Where the fixed offload is what leaves no candidate: the host memory (or NVMe) the
+    least-hungry layout would need, one line (planner.rules.offload_capacity_problem)."""
+    if f.offload_optimizer is None and f.offload_params is None:
+        return None
+    free = dataclasses.replace(f, offload_optimizer=None, offload_params=None)
+    plain = enumerate_candidates(model, cluster, free, seq_len, gbs, engine)
+    opt, par = f.offload_optimizer or "none", f.offload_params or "none"
+    uses = [host_use(model, cluster, dataclasses.replace(c, offload_optimizer=opt,
+                                                         offload_params=par), engine)
+            for c in plain
+            if not V.offload_problem(engine, cluster, opt, par, c.zero, model, c.dp * c.cp)]
+    if not uses:
+        return None
+    least = min(uses, key=lambda h: (h.host_gib / max(h.host_capacity_gib, 1e-9),
+                                     h.nvme_tib / max(h.nvme_capacity_tib, 1e-9)))
+    knobs = " ".join(f"--offload-{k} {v}" for k, v in (("optimizer", opt), ("params", par))
+                     if v != "none")
+    problem = V.offload_capacity_problem(least, knobs)
+    return problem.line if problem else None
+
+
 def _why_no_candidates(model, cluster, f, gbs, engine) -> str:
     return (f"no configuration of {cluster.num_gpus} GPUs that {engine.name} can run matches "
             f"the fixed choices and global batch {gbs} (tp must divide the heads, pp the "
@@ -476,6 +514,8 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       ep_comm_overlap=c.ep_comm_overlap,
                       moe_capacity_factor=c.moe_capacity_factor,
                       moe_imbalance=c.moe_imbalance,
+                      offload_optimizer=c.offload_optimizer, offload_params=c.offload_params,
+                      dp_shard=c.dp_shard, zeropp=c.zeropp,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
                       recompute=c.recompute if any(r.recompute) else "none",
                       recompute_modules=(c.recompute_modules if any(r.recompute)

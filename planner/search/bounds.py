@@ -12,6 +12,7 @@ import numpy as np
 
 from planner import rules as V
 from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.offload import gpu_state_bytes
 from planner.cost.moe import expert_dp, layer_kinds, moe_counts, replace_coeffs
 from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
@@ -130,10 +131,10 @@ def _least_recompute(mem0, save, n, cap: float, c: Candidate, rules: Rules):
 def _with_exposures(t, coeffs, n):
     """t (ranks x layer counts) plus each rank's ZeRO-2/3 exposure with n layers
     (planner.cost.stage.exposed_comm_array, StageCoeffs.exposed_comm over arrays)."""
-    slow = _stacked([k.overlap_slowdown for k in coeffs])
-    for j in range(2):
+    for j in range(len(coeffs[0].exposures())):
         e = [k.exposures()[j] for k in coeffs]
         if any(x[0] > 0 or x[1] > 0 for x in e):
+            slow = _stacked([k.exposure_slowdowns()[j] for k in coeffs])
             cl, cf, hl, hf = (_stacked(col) for col in zip(*e))
             t = t + exposed_comm_array(cl, cf, hl, hf, slow, n)
     return t
@@ -476,13 +477,15 @@ class SharedCoefficients:
         """Per pipeline rank: (model states of its fixed parts, of one dense layer, of one MoE
         layer), bytes, each at most what planner.cost.stage charges."""
         v_shape = c.schedule in V_SCHEDULES and c.pp > 1   # the head on rank 0
-        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, v_shape)
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, v_shape, c.offload_optimizer,
+                  c.offload_params, c.dp_shard)
         out = self._states.get(layout)
         if out is not None:
             return out
         m, t, p = self.model, c.tp, c.pp
-        kw = self._state_bytes
-        dpc = c.dp_cp
+        # what stays on the GPU of them under an offload, as planner.cost.stage charges it
+        kw = gpu_state_bytes(self.engine, self._state_bytes, c)
+        dpc = c.shard       # the ZeRO shard group (dp x cp but under HSDP)
 
         def held(params, dp=dpc):
             return sum(model_state_bytes(params, dp, c.zero, **kw))
@@ -509,7 +512,8 @@ class SharedCoefficients:
 
     def pooled_states(self, c: Candidate) -> float:
         """The model states of all ranks together: every layer held once."""
-        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp)
+        layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.offload_optimizer,
+                  c.offload_params, c.dp_shard)
         got = self._pooled.get(layout)
         if got is None:
             got = self._pooled[layout] = self._pooled_of(self.states(c))
@@ -537,7 +541,8 @@ class SharedCoefficients:
         """states_can_fit's screen of the model states alone (no activations kept): False
         only where states_can_fit is False; needs no layer figures."""
         key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap,   # states' layout
-               c.schedule in V_SCHEDULES and c.pp > 1)                   # (head on rank 0)
+               c.schedule in V_SCHEDULES and c.pp > 1,                   # (head on rank 0)
+               c.offload_optimizer, c.offload_params, c.dp_shard)
         got = self._states_alone.get(key)
         if got is None:
             got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),
@@ -599,7 +604,8 @@ class SharedCoefficients:
         return budget.reserved(worst / GIB) - budget.usable_gib
 
 
-def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
+def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
+                         offload: bool = False) -> float:
     """Bytes of model states that the busiest GPU of any candidate on `num_gpus` GPUs holds at
     least: every parameter's weight, gradient and optimizer state is held at least once over
     the cluster (ZeRO-3 shards each over dp x cp, the experts over expert-dp, which folding
@@ -614,6 +620,14 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
     params = (D * dense + Q * moe + m.vocab_size * m.hidden
               + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
               + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
-    return params * (engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes) / num_gpus
+    per = engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes
+    if offload and not m.is_moe:
+        # what the engine's offloads may leave on the GPUs (planner.cost.offload
+        # gpu_state_bytes): no optimizer states, no gradients where they live on the host, no
+        # parameters where it offloads them
+        per = ((0.0 if engine.offload_param_devices else engine.weight_bytes)
+               + (0.0 if engine.offload_grads_each_microbatch else engine.grad_bytes)
+               + (0.0 if engine.offload_optimizer_devices else engine.optimizer_bytes))
+    return params * per / num_gpus
 
 

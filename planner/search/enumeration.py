@@ -13,6 +13,7 @@ from planner.cost.facts import facts_for
 from planner.cost.context import cp_exchange
 from planner.cost.recompute import DEFAULT_MODULES, cheap_modules
 from planner.cost.schedule import schedule_problem
+from planner.cost.offload import host_use
 from planner.cost.stage import Candidate
 from planner.engines import get_engine
 from planner.engines.spec import Engine
@@ -69,6 +70,18 @@ class Fixed:
     # decoder layers per pipeline rank, in rank order (None: placed by the search); each
     # rank's layers are split evenly over its virtual stages (planner.plan.make_stages)
     stage_layers: tuple | None = None
+    # offload (planner.cost.offload): where the optimizer states and the parameters live
+    # ("none", "cpu", "nvme"); None: "none", or searched among the engine's where
+    # `offload_searched` (the search's second pass, when nothing fits without)
+    offload_optimizer: str | None = None
+    offload_params: str | None = None
+    offload_searched: bool = False
+    # hybrid sharding: ZeRO over groups of dp_shard data-parallel ranks, replicated across
+    # (planner.cost.dataparallel); None: searched (the dp ranks of one node, where the engine
+    # shards inside groups), 0: never
+    dp_shard: int | None = None
+    # ZeRO++ (DeepSpeed ZeRO-3); None: searched where the engine has it, False: never
+    zeropp: bool | None = None
 
 
 def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
@@ -264,7 +277,100 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                                                          cluster.num_gpus)),
                                     moe_dispatcher=dispatcher_fixed, ep_comm_overlap=overlap,
                                     moe_capacity_factor=capacity,
-                                    moe_imbalance=imbalance)))
+                                    moe_imbalance=imbalance,
+                                    offload_optimizer="none", offload_params="none",
+                                    dp_shard=0, zeropp=False)))
+    out = _with_zeropp(f, engine, _with_hsdp(model, cluster, f, engine, out))
+    return _with_offloads(model, cluster, f, engine, out)
+
+
+def _with_zeropp(f: Fixed, engine: Engine, candidates: list) -> list:
+    """The candidates with ZeRO++: fixed (--zeropp), on every ZeRO-3 candidate (the others
+    dropped); searched, a twin of each ZeRO-3 candidate with data parallelism and without
+    hybrid sharding, where the engine has it (planner.rules.zeropp_problem)."""
+    if f.zeropp is False or (f.zeropp is None and not engine.zeropp):
+        return candidates
+    out = []
+    for c in candidates:
+        ok = c.dp * c.cp > 1 and not V.zeropp_problem(engine, c.zero, c.dp_shard)
+        if f.zeropp is None:
+            out.append(c)
+        if ok:
+            out.append(_candidate({**c.__dict__, "zeropp": True}))
+    return out
+
+
+def _with_hsdp(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
+               candidates: list) -> list:
+    """The candidates with hybrid sharding: a fixed --dp-shard on every candidate it applies
+    to (planner.rules.hsdp_problem), the others dropped; searched, each candidate whose ZeRO
+    stage the engine shards in groups gets a twin sharded over the data-parallel ranks of one
+    node (gpus_per_node / tp: the shard group's collectives on NVLink, only the replicas'
+    all-reduce across nodes), where that is neither 1 nor all of dp."""
+    if f.dp_shard == 0 or (f.dp_shard is None and not engine.hsdp_zero_stages):
+        return candidates
+    out = []
+    for c in candidates:
+        if f.dp_shard is not None:
+            shard = 0 if f.dp_shard == c.dp * c.cp else f.dp_shard
+            if not V.hsdp_problem(engine, shard, c.dp, c.cp, c.zero, model):
+                out.append(_candidate({**c.__dict__, "dp_shard": shard}))
+            continue
+        out.append(c)
+        shard = cluster.gpus_per_node // c.tp
+        if (c.cp == 1 and 1 < shard < c.dp and c.tp * shard == cluster.gpus_per_node
+                and not V.hsdp_problem(engine, shard, c.dp, c.cp, c.zero, model)):
+            out.append(_candidate({**c.__dict__, "dp_shard": shard}))
+    return out
+
+
+def searched_offloads(model: Model, f: Fixed, engine: Engine) -> list:
+    """(optimizer, parameters) offload pairs to try: the fixed ones; else none, and where the
+    search looks for offload (`Fixed.offload_searched`) the optimizer to each device the
+    engine has, with the parameters beside it (never the parameters alone: the optimizer
+    states are the larger). MoE models are not priced with offload (planner.cost.moe prices
+    their optimizer on the GPU)."""
+    if f.offload_optimizer is not None or f.offload_params is not None:
+        return [(f.offload_optimizer or "none", f.offload_params or "none")]
+    if not f.offload_searched or model.is_moe:
+        return [("none", "none")]
+    out = [("none", "none")]
+    for opt in engine.offload_optimizer_devices:
+        out.append((opt, "none"))
+        out += [(opt, par) for par in engine.offload_param_devices
+                if not (opt == "cpu" and par == "nvme")]
+    return out
+
+
+def _with_offloads(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
+                   candidates: list) -> list:
+    """Each candidate with each offload pair it may take (searched_offloads) that the rules
+    allow (planner.rules.offload_problem) and the node's host memory and NVMe hold
+    (planner.cost.offload.host_use); a pair on NVMe where the same pair on host memory fits is
+    left out (host memory is the faster, and the GPU's memory is the same)."""
+    pairs = searched_offloads(model, f, engine)
+    if pairs == [("none", "none")]:
+        return candidates
+    searched = f.offload_optimizer is None and f.offload_params is None
+    out = []
+    for c in candidates:
+        for opt, par in pairs:
+            if (opt, par) == ("none", "none"):
+                out.append(c)
+                continue
+            k = _candidate({**c.__dict__, "offload_optimizer": opt, "offload_params": par})
+            if (V.offload_problem(engine, cluster, opt, par, c.zero, model, c.dp * c.cp)
+                    or not host_use(model, cluster, k, engine).fits):
+                continue
+            faster = _candidate({**k.__dict__,
+                                 "offload_optimizer": "cpu" if opt == "nvme" else opt,
+                                 "offload_params": "cpu" if par == "nvme" else par})
+            if (searched and "nvme" in (opt, par) and not V.offload_problem(
+                    engine, cluster, faster.offload_optimizer, faster.offload_params, c.zero)
+                    and host_use(model, cluster, faster, engine).fits):
+                continue
+            out.append(k)
+    return out
     return out
 
 

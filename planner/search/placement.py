@@ -247,7 +247,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         for j, (cl, cf, hl, hf) in enumerate(k.exposures()):
             dc, dh = dz[j] if dz else (0.0, 0.0)
             if cl > 0 or cf > 0 or dc > 0:
-                t_expr = t_expr + exposure(cl, cf, hl, hf, k.overlap_slowdown, n, t_ub,
+                t_expr = t_expr + exposure(cl, cf, hl, hf, k.exposure_slowdowns()[j], n, t_ub,
                                            f"e{i}_{j}", q, dc, dh)
         t = mdl.NewIntVar(0, t_ub, f"T{i}")
         mdl.Add(t == t_expr)
