@@ -45,7 +45,8 @@ from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed
 from planner.specs import Cluster, Model
 # the rooms of the search, and what other modules import from planner.search
 from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noqa: F401
-                                   lower_bound, lower_coeffs, max_layers, quick_lower_bound,
+                                   lower_bound, lower_coeffs, max_layers, placement_bound,
+                                   quick_lower_bound,
                                    rules_for, states_per_gpu_bound)
 from planner.search.enumeration import (MICRO_BATCHES, SEARCHED_VPP, Fixed,  # noqa: F401
                                       enumerate_candidates, expert_layouts, searched_cp,
@@ -287,7 +288,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     best_plans = TopTimes(top)
     for c, r in plans.items():
         best_plans.add(r.estimate.step_time_s, c)
-    solved, pruned_bound = 0, 0
+    solved, pruned_bound, pruned_placement = 0, 0, 0
+    # a bound past the threshold, or no placement that fits (inf)
+    beyond = lambda b, t: math.isinf(b) or b > t * (1 + 1e-9)   # noqa: E731
     # least step time a candidate not solved to optimality might still reach (the whole
     # search's gap), and how many solves stopped at the time limit
     open_bound, limit_hit = math.inf, 0
@@ -303,6 +306,13 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
             res, fits = heur, heur.estimate.fits           # no placement choice / proven optimal
             res.status = "OPTIMAL"
+        elif Q is not None and c.vpp == 1 and beyond(
+                placement_bound(coeffs, c, cap, rules, P_kinds, threshold), threshold):
+            # every placement of the exact model overflows or is slower than the K-th best
+            # plan: what the solve below would prove (INFEASIBLE), its heuristic plan kept
+            res, fits = heur, heur.estimate.fits
+            res.status = "INFEASIBLE"
+            pruned_placement += 1
         else:
             res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
                                         margin_gib, cutoff_s=threshold, low=low)
@@ -343,7 +353,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             if c not in tested and layout(c) in shown:
                 memory_test(c, rules_for(engine, c, f))
     # the rest: beyond the bound
-    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound
+    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound + pruned_placement
     out_of_memory = [(c, "out of memory on every placement of its layers")
                      for c, _, _ in infeasible]
     gap = 0.0

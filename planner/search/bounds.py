@@ -602,3 +602,141 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int) -> float:
     return params * (engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes) / num_gpus
 
 
+
+
+# ---- the exact bound of a one-chunk placement of dense and MoE layers ---------------------
+
+@functools.lru_cache(maxsize=32)
+def _stage_windows(P: tuple) -> tuple:
+    """Every stage a pipeline rank can hold with one chunk (contiguous layers [a, a + n) in
+    model order, n >= 1) and every count r <= n of them recomputed (the stage's first r,
+    planner.layout.make_stages), for a model whose MoE layers have prefix counts P: arrays
+    over those (a, n, r) in (a, n, r) order of a, n, r, q (MoE layers held) and rq (MoE
+    layers recomputed); the first index of each (a, n) and its a and b = a + n."""
+    L = len(P) - 1
+    Pa = np.asarray(P, dtype=np.int64)
+    a_w, n_w = zip(*[(a, n) for a in range(L) for n in range(1, L - a + 1)])
+    a_w, n_w = np.asarray(a_w), np.asarray(n_w)
+    sizes = n_w + 1
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    a = np.repeat(a_w, sizes)
+    n = np.repeat(n_w, sizes)
+    r = np.arange(sizes.sum()) - np.repeat(starts, sizes)
+    q = Pa[a + n] - Pa[a]
+    rq = Pa[a + r] - Pa[a]
+    f = lambda x: x.astype(float)   # noqa: E731
+    return f(a), f(n), f(r), f(q), f(rq), starts, a_w, a_w + n_w, n_w
+
+
+def _exposed(cl, cf, hl, hf, slow, n, q, dc, dh):
+    """StageCoeffs.exposed_comm over arrays of n and q (MoE layers, each adding dc and dh)."""
+    comm = cf + n * cl + q * dc
+    return np.where(comm > 0, np.maximum(min(cl, cl + dc), comm - (hf + n * hl + q * dh))
+                    + slow * comm, 0.0)
+
+
+def _chain(values: np.ndarray, combine) -> np.ndarray:
+    """Over every chain of p stages [B_i, B_i+1) with 0 = B_0 < ... < B_p = L: the least of
+    combine(...) of stage i's value values[..., i, B_i, B_i+1] (inf: not allowed), folded
+    rank by rank (np.maximum: the slowest stage; np.add: the sum)."""
+    *lead, p, n1, _ = values.shape
+    best = np.full((*lead, n1), np.inf)
+    best[..., 0] = 0.0
+    for i in range(p):
+        best = combine(best[..., :, None], values[..., i, :, :]).min(axis=-2)
+    return best[..., -1]
+
+
+def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list,
+                    cutoff: float = math.inf) -> float:
+    """A step time no placement of this candidate can beat, in the exact CP-SAT model of
+    planner.search.placement (its objective m*max T + sum T - max T + max tail at one chunk
+    per rank), for a model of dense and MoE layers (prefix counts P) laid out with one chunk
+    per pipeline rank: every stage a rank can hold ([a, a + n), its first r recomputed, q and
+    rq of those MoE: the exact StageCoeffs.time, memory and tail of each) is priced, stages
+    that overflow `cap` on every recompute count the engine allows are left out, and the
+    slowest stage, the stages' sum and the slowest tail are each minimised over every chain of
+    stages covering the layers (a shortest path). Under the engine's one recompute count for
+    every chunk (Rules.per_chunk: r = min(R, n) on every rank) the first two are minimised at
+    each R, unless the bound with each rank's own best count already exceeds `cutoff`. Each
+    minimum is at most its part of any placement's objective: a lower bound, and inf when no
+    placement fits. (Float slack keeps rounding on the safe side.)"""
+    Pt = tuple(P)
+    L = len(Pt) - 1
+    a, n, r, q, rq, starts, a_w, b_w, n_w = _stage_windows(Pt)
+    lo, hi = _recompute_bounds(c, rules)
+    p = len(coeffs)
+
+    def col(values):   # one figure per rank, ranks along the first axis
+        return np.asarray(values, dtype=float)[:, None]
+
+    def square(x):   # ... x (a, n) -> ... x (a, b) matrices, inf where no stage
+        out = np.full((*x.shape[:-1], L + 1, L + 1), np.inf)
+        out[..., a_w, b_w] = x
+        return out
+
+    moe = [k.moe for k in coeffs]
+    figs = [col([k.mem_total_fixed() for k in coeffs]), col([k.mem_total_layer() for k in coeffs]),
+            col([sum(d.mem_layer.values()) for d in moe]), col([k.mem_rec for k in coeffs]),
+            col([d.mem_rec for d in moe])]
+
+    def memory(n, r, q, rq):   # StageCoeffs.memory(n, r, q, rq)["total"] over arrays
+        fixed, layer, moe_layer, rec, moe_rec = figs
+        return fixed + n * layer + q * moe_layer - r * rec - rq * moe_rec
+
+    room = cap * (1 + 1e-9)
+    allowed = (r == n) if lo == 1 else (r == 0) if hi == 0 else np.ones(r.shape, bool)
+    nw, qw = n[starts], q[starts]
+    if (figs[3] >= 0).all() and (figs[3] + figs[4] >= 0).all():
+        # every recomputed layer, dense or MoE, frees bytes: a stage fits on some allowed
+        # count where it fits at the most it may recompute
+        fits_any = memory(nw, hi * nw, qw, hi * qw) <= room            # ranks x (a, n)
+        ok = None
+    else:
+        ok = allowed & (memory(n, r, q, rq) <= room)
+        fits_any = np.logical_or.reduceat(ok, starts, axis=1)
+    reach = np.zeros(L + 1, bool)   # the layer boundaries a chain of fitting stages reaches
+    reach[0] = True
+    for i in range(p):
+        nxt = np.zeros(L + 1, bool)
+        nxt[b_w[fits_any[i] & reach[a_w]]] = True
+        reach = nxt
+    if not reach[L]:
+        return math.inf
+    if ok is None:
+        ok = allowed & (memory(n, r, q, rq) <= room)
+    t = (col([k.t_fixed for k in coeffs]) + n * col([k.t_layer for k in coeffs])
+         + r * col([k.t_rec for k in coeffs]) + q * col([d.t_layer for d in moe])
+         + rq * col([d.t_rec for d in moe]))
+    tl = col([k.opt_fixed for k in coeffs]) + nw * col([k.opt_layer for k in coeffs]) + qw * col(
+        [d.opt_layer for d in moe])
+    for j in range(2):   # the ZeRO-2/3 collectives' exposure, and the tail's
+        t = t + np.stack([_exposed(*k.exposures()[j], k.overlap_slowdown, n, q,
+                                   d.exposures()[j][0], d.exposures()[j][2])
+                          for k, d in zip(coeffs, moe)])
+        tl = tl + np.stack([_exposed(*k.tail_exposures()[j], k.overlap_slowdown, nw, qw,
+                                     d.tail_exposures()[j][0], d.tail_exposures()[j][2])
+                            for k, d in zip(coeffs, moe)])
+    times = np.where(ok, t, np.inf)                        # ranks x (a, n, r)
+    tail = _chain(square(np.where(fits_any, tl, np.inf)), np.maximum)
+    m = c.m
+    zb = c.schedule in ZERO_BUBBLE_SCHEDULES
+
+    def bound(stages):   # stages: ... x ranks x a x b
+        t_max = _chain(stages, np.maximum)
+        if zb:   # objective m * max T + max tail
+            best = m * t_max.min()
+        else:
+            with np.errstate(invalid="ignore"):   # (m - 1) * inf at m = 1: no chain
+                best = np.where(np.isfinite(t_max), (m - 1) * t_max + _chain(stages, np.add),
+                                np.inf).min()
+        out = best + tail
+        return float(out * (1 - 1e-9)) if math.isfinite(out) else math.inf
+
+    # each rank its best allowed count: below any one count R for every rank
+    out = bound(square(np.minimum.reduceat(times, starts, axis=1)))
+    if not (rules.per_chunk and lo == 0 and hi == 1) or out > cutoff:
+        return out
+    R = np.arange(L + 1)[:, None]
+    t_R = times[:, starts[None, :] + np.minimum(R, n_w[None, :])]   # ranks x R x (a, n)
+    return max(out, bound(square(np.swapaxes(t_R, 0, 1))))          # R x ranks x a x b
