@@ -307,7 +307,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             res, fits = heur, heur.estimate.fits           # no placement choice / proven optimal
             res.status = "OPTIMAL"
         elif Q is not None and c.vpp == 1 and beyond(
-                placement_bound(coeffs, c, cap, rules, P_kinds, threshold), threshold):
+                placement_bound(coeffs, c, cap, rules, P_kinds), threshold):
             # every placement of the exact model overflows or is slower than the K-th best
             # plan: what the solve below would prove (INFEASIBLE), its heuristic plan kept
             res, fits = heur, heur.estimate.fits

@@ -647,25 +647,25 @@ def _chain(values: np.ndarray, combine) -> np.ndarray:
     return best[..., -1]
 
 
-def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list,
-                    cutoff: float = math.inf) -> float:
+def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list) -> float:
     """A step time no placement of this candidate can beat, in the exact CP-SAT model of
     planner.search.placement (its objective m*max T + sum T - max T + max tail at one chunk
     per rank), for a model of dense and MoE layers (prefix counts P) laid out with one chunk
     per pipeline rank: every stage a rank can hold ([a, a + n), its first r recomputed, q and
-    rq of those MoE: the exact StageCoeffs.time, memory and tail of each) is priced, stages
-    that overflow `cap` on every recompute count the engine allows are left out, and the
-    slowest stage, the stages' sum and the slowest tail are each minimised over every chain of
-    stages covering the layers (a shortest path). Under the engine's one recompute count for
-    every chunk (Rules.per_chunk: r = min(R, n) on every rank) the first two are minimised at
-    each R, unless the bound with each rank's own best count already exceeds `cutoff`. Each
-    minimum is at most its part of any placement's objective: a lower bound, and inf when no
-    placement fits. (Float slack keeps rounding on the safe side.)"""
+    rq of those MoE: the exact StageCoeffs.time, memory and tail of each) is priced at its
+    fastest recompute count that fits (any the engine allows: below Megatron's one count for
+    every chunk), stages that overflow `cap` at every count are left out, and the slowest
+    stage, the stages' sum and the slowest tail are each minimised over every chain of stages
+    covering the layers (shortest paths). Each minimum is at most its part of any placement's
+    objective: a lower bound, and inf when no placement fits. Where lower_bound counts a
+    rank's MoE layers from the windows each rank alone could take, this places the dense
+    layers once. (Float slack keeps rounding on the safe side.)"""
     Pt = tuple(P)
     L = len(Pt) - 1
     a, n, r, q, rq, starts, a_w, b_w, n_w = _stage_windows(Pt)
     lo, hi = _recompute_bounds(c, rules)
     p = len(coeffs)
+    moe = [k.moe for k in coeffs]
 
     def col(values):   # one figure per rank, ranks along the first axis
         return np.asarray(values, dtype=float)[:, None]
@@ -675,68 +675,79 @@ def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list,
         out[..., a_w, b_w] = x
         return out
 
-    moe = [k.moe for k in coeffs]
-    figs = [col([k.mem_total_fixed() for k in coeffs]), col([k.mem_total_layer() for k in coeffs]),
-            col([sum(d.mem_layer.values()) for d in moe]), col([k.mem_rec for k in coeffs]),
-            col([d.mem_rec for d in moe])]
-
-    def memory(n, r, q, rq):   # StageCoeffs.memory(n, r, q, rq)["total"] over arrays
-        fixed, layer, moe_layer, rec, moe_rec = figs
-        return fixed + n * layer + q * moe_layer - r * rec - rq * moe_rec
-
-    room = cap * (1 + 1e-9)
-    allowed = (r == n) if lo == 1 else (r == 0) if hi == 0 else np.ones(r.shape, bool)
+    # each stage (a, n) with nothing recomputed, then what each recomputed layer changes
     nw, qw = n[starts], q[starts]
-    if (figs[3] >= 0).all() and (figs[3] + figs[4] >= 0).all():
+    mem0 = (col([k.mem_total_fixed() for k in coeffs]) + nw * col([k.mem_total_layer()
+                                                                    for k in coeffs])
+            + qw * col([sum(d.mem_layer.values()) for d in moe]))
+    rec, moe_rec = col([k.mem_rec for k in coeffs]), col([d.mem_rec for d in moe])
+    room = cap * (1 + 1e-9)
+    if (rec >= 0).all() and (rec + moe_rec >= 0).all():
         # every recomputed layer, dense or MoE, frees bytes: a stage fits on some allowed
         # count where it fits at the most it may recompute
-        fits_any = memory(nw, hi * nw, qw, hi * qw) <= room            # ranks x (a, n)
-        ok = None
+        fits_any = mem0 - hi * (nw * rec + qw * moe_rec) <= room      # ranks x (a, n)
     else:
-        ok = allowed & (memory(n, r, q, rq) <= room)
-        fits_any = np.logical_or.reduceat(ok, starts, axis=1)
-    reach = np.zeros(L + 1, bool)   # the layer boundaries a chain of fitting stages reaches
-    reach[0] = True
-    for i in range(p):
-        nxt = np.zeros(L + 1, bool)
-        nxt[b_w[fits_any[i] & reach[a_w]]] = True
-        reach = nxt
-    if not reach[L]:
-        return math.inf
-    if ok is None:
-        ok = allowed & (memory(n, r, q, rq) <= room)
-    t = (col([k.t_fixed for k in coeffs]) + n * col([k.t_layer for k in coeffs])
-         + r * col([k.t_rec for k in coeffs]) + q * col([d.t_layer for d in moe])
-         + rq * col([d.t_rec for d in moe]))
-    tl = col([k.opt_fixed for k in coeffs]) + nw * col([k.opt_layer for k in coeffs]) + qw * col(
-        [d.opt_layer for d in moe])
+        fits_any = None
+    if fits_any is not None:
+        reach = np.zeros(L + 1, bool)   # the layer boundaries chains of fitting stages reach
+        reach[0] = True
+        for i in range(p):
+            nxt = np.zeros(L + 1, bool)
+            nxt[b_w[fits_any[i] & reach[a_w]]] = True
+            reach = nxt
+        if not reach[L]:
+            return math.inf
+    t0 = (col([k.t_fixed for k in coeffs]) + nw * col([k.t_layer for k in coeffs])
+          + qw * col([d.t_layer for d in moe]))
+    tl = (col([k.opt_fixed for k in coeffs]) + nw * col([k.opt_layer for k in coeffs])
+          + qw * col([d.opt_layer for d in moe]))
     for j in range(2):   # the ZeRO-2/3 collectives' exposure, and the tail's
-        t = t + np.stack([_exposed(*k.exposures()[j], k.overlap_slowdown, n, q,
-                                   d.exposures()[j][0], d.exposures()[j][2])
-                          for k, d in zip(coeffs, moe)])
+        t0 = t0 + np.stack([_exposed(*k.exposures()[j], k.overlap_slowdown, nw, qw,
+                                     d.exposures()[j][0], d.exposures()[j][2])
+                            for k, d in zip(coeffs, moe)])
         tl = tl + np.stack([_exposed(*k.tail_exposures()[j], k.overlap_slowdown, nw, qw,
                                      d.tail_exposures()[j][0], d.tail_exposures()[j][2])
                             for k, d in zip(coeffs, moe)])
-    times = np.where(ok, t, np.inf)                        # ranks x (a, n, r)
+    t_rec, moe_t_rec = col([k.t_rec for k in coeffs]), col([d.t_rec for d in moe])
+    if fits_any is not None and (t_rec >= 0).all() and (t_rec + moe_t_rec >= 0).all():
+        # each recomputed layer adds time and frees bytes: a stage's fastest count that fits
+        # is its least, found by bisection
+        Pa = np.asarray(Pt, dtype=float)
+        first = Pa[a_w]
+        least = np.broadcast_to(n_w if lo == 1 else 0 * n_w, fits_any.shape)
+        if lo == 0 and hi == 1:
+            low, high = np.zeros(fits_any.shape, int), np.broadcast_to(n_w, fits_any.shape)
+            while (low < high).any():
+                mid = (low + high) // 2
+                fit = (mem0 - (mid * rec + (Pa[a_w + mid] - first) * moe_rec) <= room) | (
+                    low == high)
+                low, high = np.where(fit, low, mid + 1), np.where(fit, mid, high)
+            least = low
+        stage_t = np.where(fits_any, t0 + least * t_rec + (Pa[a_w + least] - first) * moe_t_rec,
+                           np.inf)
+    else:   # every allowed count of every stage
+        allowed = (r == n) if lo == 1 else (r == 0) if hi == 0 else np.ones(r.shape, bool)
+        group = np.repeat(np.arange(len(starts)), n_w + 1)   # the stage of each (a, n, r)
+        ok = allowed & (mem0[:, group] - r * rec - rq * moe_rec <= room)   # ranks x (a, n, r)
+        if fits_any is None:
+            fits_any = np.logical_or.reduceat(ok, starts, axis=1)
+        times = np.where(ok, t0[:, group] + r * t_rec + rq * moe_t_rec, np.inf)
+        stage_t = np.minimum.reduceat(times, starts, axis=1)
     tail = _chain(square(np.where(fits_any, tl, np.inf)), np.maximum)
     m = c.m
     zb = c.schedule in ZERO_BUBBLE_SCHEDULES
 
-    def bound(stages):   # stages: ... x ranks x a x b
+    def bound(stages):   # stages: ranks x a x b
         t_max = _chain(stages, np.maximum)
         if zb:   # objective m * max T + max tail
-            best = m * t_max.min()
+            best = m * t_max
+        elif math.isinf(t_max):   # no chain of stages fits
+            best = t_max
         else:
-            with np.errstate(invalid="ignore"):   # (m - 1) * inf at m = 1: no chain
-                best = np.where(np.isfinite(t_max), (m - 1) * t_max + _chain(stages, np.add),
-                                np.inf).min()
+            best = (m - 1) * t_max + _chain(stages, np.add)
         out = best + tail
         return float(out * (1 - 1e-9)) if math.isfinite(out) else math.inf
 
-    # each rank its best allowed count: below any one count R for every rank
-    out = bound(square(np.minimum.reduceat(times, starts, axis=1)))
-    if not (rules.per_chunk and lo == 0 and hi == 1) or out > cutoff:
-        return out
-    R = np.arange(L + 1)[:, None]
-    t_R = times[:, starts[None, :] + np.minimum(R, n_w[None, :])]   # ranks x R x (a, n)
-    return max(out, bound(square(np.swapaxes(t_R, 0, 1))))          # R x ranks x a x b
+    # each rank its best allowed count (below Megatron's one count for every chunk, which
+    # pruned no more on deepseek-v3's solves)
+    return bound(square(stage_t))
