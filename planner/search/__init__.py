@@ -172,6 +172,16 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             closest = res
 
     infeasible, rejected_bounds = [], {}
+    rules_memo = {}
+
+    def rules_of(c) -> Rules:
+        """rules_for(engine, c, f), which depends on c only through its recompute and pp > 1."""
+        key = (c.recompute, c.pp > 1)
+        got = rules_memo.get(key)
+        if got is None:
+            got = rules_memo[key] = rules_for(engine, c, f)
+        return got
+
     shared = SharedCoefficients(model, cluster, engine)
     # Model states first: a candidate whose weights, gradients and optimizer states alone
     # overflow every placement cannot fit (activations and buffers only add); its coefficients
@@ -185,7 +195,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     pending = []
     for idx, c in enumerate(cands):
         if not shared.states_alone_can_fit(c, cap):
-            states_out.append((idx, (c, None, rules_for(engine, c, f))))
+            states_out.append((idx, (c, None, rules_of(c))))
             continue
         pending.append((shared.time_bound(c), idx, c))
     pending.sort(key=lambda x: (x[0], x[1]))
@@ -200,9 +210,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             drawn += 1
             if not shared.states_can_fit(c, cap):
                 pruned_mem += 1
-                states_out.append((idx, (c, None, rules_for(engine, c, f))))
+                states_out.append((idx, (c, None, rules_of(c))))
                 continue
-            heapq.heappush(live_heap, (shared.quick_bound(c, rules_for(engine, c, f), cap),
+            heapq.heappush(live_heap, (shared.quick_bound(c, rules_of(c), cap),
                                        idx, c))
 
     def live_in_order():
@@ -259,7 +269,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 draw(math.inf)
                 unpriced = [item] + sorted(live_heap, key=lambda x: (x[0], x[1]))
             break
-        rules = rules_for(engine, c, f)
+        rules = rules_of(c)
         coeffs = memory_test(c, rules)
         if coeffs is None:
             continue
@@ -346,12 +356,12 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         tested = set()
         for _, _, c in unpriced:
             if shared.quick_bound(c) < base:
-                memory_test(c, rules_for(engine, c, f))
+                memory_test(c, rules_of(c))
                 tested.add(c)
         shown = {layout(c) for c, _, _ in infeasible if rejected_bounds[c] < base}
         for _, _, c in unpriced:
             if c not in tested and layout(c) in shown:
-                memory_test(c, rules_for(engine, c, f))
+                memory_test(c, rules_of(c))
     # the rest: beyond the bound
     pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound + pruned_placement
     out_of_memory = [(c, "out of memory on every placement of its layers")
