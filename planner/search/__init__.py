@@ -45,6 +45,7 @@ from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed
 from planner.specs import Cluster, Model
 # the rooms of the search, and what other modules import from planner.search
 from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noqa: F401
+                                   bottleneck_split,
                                    lower_bound, lower_coeffs, max_layers, placement_bound,
                                    quick_lower_bound,
                                    rules_for, states_per_gpu_bound)
@@ -283,8 +284,18 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
-        if heur.estimate.fits:
-            best_heur.add(heur.estimate.step_time_s)
+        # the threshold's plans: the heuristic's, and where the layers are placed, the split
+        # at the bottleneck of lower_bound priced as well (a real plan of c, often nearer its
+        # optimum than the even split; only the threshold sees it)
+        times = [heur.estimate.step_time_s] if heur.estimate.fits else []
+        if c.pp > 1 and not (rules.equal_split or rules.fixed_split):
+            split = bottleneck_split(coeffs, c, L, cap, rules, Q=Q, low=low, model=model)
+            if split is not None and split != heur.layers:
+                alt = heuristic(model, cluster, c, coeffs, cap, rules, split=split,
+                                engine=engine, margin_gib=margin_gib).estimate
+                times += [alt.step_time_s] if alt.fits else []
+        if times:
+            best_heur.add(min(times), key=c)
         scored.append((lb, c, coeffs, heur, rules, low))
     # the states screens' rejects first, in enumeration order, then those of memory_test
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]

@@ -205,22 +205,17 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Ca
     return n, _with_exposures(t, low, n)
 
 
-def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
-                low=None, model=None) -> float:
-    """A step time no placement of this candidate can beat.
-
-    The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
-    hold all L layers with every rank's time (with the least recompute its memory needs) at most
-    T. The sum of stage times is at least the perfectly balanced total with that recompute
-    pooled over ranks. The tail is the smallest any rank can have while some rank holds at
-    least L/p layers. (Engine rules only restrict placements further: still a bound.)
-    """
-    p, m, v = c.pp, c.m, c.vpp
+def _bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+                model=None):
+    """lower_bound's bottleneck: (T*, each rank's least time from n = v, v+1, ... layers on
+    (ranks x n), the kinds' total time and memory, the coefficients the rest is bounded on),
+    or None when no placement fits."""
+    v = c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]
         P = layer_kinds(model) if model is not None else None
-        wins = (_kinds_windows(tuple(P), p)
-                if P is not None and v == 1 and p == len(coeffs) else None)
+        wins = (_kinds_windows(tuple(P), c.pp)
+                if P is not None and v == 1 and c.pp == len(coeffs) else None)
         n_all, t_all = _rank_min_times_kinds(coeffs, low, L, Q, v, cap, c, rules, wins)
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
@@ -234,7 +229,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
         kinds_total = kinds_memory = 0.0
     values = np.unique(t_all[np.isfinite(t_all)])
     if values.size == 0:
-        return math.inf
+        return None
     # the most layers rank i can hold within time x is the last n whose least time from n on
     # is at most x (times past it only exceed x): v - 1 + the count of those (0 if none)
     suffix = np.minimum.accumulate(t_all[:, ::-1], axis=1)[:, ::-1]
@@ -245,13 +240,51 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
 
     lo, hi = 0, values.size - 1
     if layers_within(values[hi]) < L:
-        return math.inf
+        return None
     while lo < hi:   # least value at which the ranks' layer capacities reach L
         mid = (lo + hi) // 2
         if layers_within(values[mid]) >= L:
             hi = mid
         else:
             lo = mid + 1
+    return float(values[lo]), suffix, kinds_total, kinds_memory, coeffs
+
+
+def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+                     model=None) -> list | None:
+    """Layers per pipeline rank (each at least vpp) that lower_bound's bottleneck T* lets each
+    hold, the largest trimmed first until they sum to L: a placement to price beside the
+    even split (None when no placement fits)."""
+    got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
+    if got is None:
+        return None
+    t_star, suffix, *_ = got
+    v = c.vpp
+    k = (suffix <= t_star).sum(axis=1)
+    split = [int(x) for x in np.where(k > 0, v - 1 + k, 0)]
+    if min(split) < v:
+        return None
+    while sum(split) > L:
+        i = max(range(len(split)), key=lambda j: split[j])
+        split[i] -= 1
+    return split
+
+
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
+                low=None, model=None) -> float:
+    """A step time no placement of this candidate can beat.
+
+    The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
+    hold all L layers with every rank's time (with the least recompute its memory needs) at most
+    T. The sum of stage times is at least the perfectly balanced total with that recompute
+    pooled over ranks. The tail is the smallest any rank can have while some rank holds at
+    least L/p layers. (Engine rules only restrict placements further: still a bound.)
+    """
+    p, m, v = c.pp, c.m, c.vpp
+    got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
+    if got is None:
+        return math.inf
+    t_bottle, _, kinds_total, kinds_memory, coeffs = got
     if c.recompute == "none":
         need = 0
     elif rules.all_layers_recomputed:
@@ -263,7 +296,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
     total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
              + need * min(k.t_rec for k in coeffs))
-    t_star = max(float(values[lo]), total / p)
+    t_star = max(t_bottle, total / p)
     total = max(total, t_star)
     n = math.ceil(L / p)
     tail = min(k.tail_lower(n) for k in coeffs)
