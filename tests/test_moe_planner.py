@@ -37,6 +37,29 @@ def cluster_with_memory(gib, n=8, gpu="h100"):
     return Cluster(f"{gpu}x{n}", g, n, min(8, n))
 
 
+def mixed_moe(layers, first, interval, shared=0):
+    """tiny_moe with dense and MoE layers mixed, or None where the draw gives no MoE layer or
+    no dense one."""
+    if first >= layers or not any((i - first) >= 0 and (i - first + 1) % interval == 0
+                                  for i in range(layers)):
+        return None   # no MoE layer: not an MoE model
+    model = tiny_moe(layers, first, interval, shared=shared)
+    return None if model.num_moe_layers == layers else model
+
+
+def squeezed_cluster(model, c, engine, frac, n):
+    """n GPUs whose memory is the least any rank needs (its fixed parts) plus `frac` of the
+    way to holding every layer unrecomputed."""
+    big = cluster_with_memory(10_000, n=n)
+    k = stage_coefficients(model, big, c, engine)
+    layers = model.num_layers
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
+    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    budget = memory_budget(big, engine, 0.0)
+    return cluster_with_memory(budget.context_gib + budget.reserved(
+        floor + frac * (need - floor)), n=n)
+
+
 def test_all_to_all_is_nccl_tests_busbw_formula():
     # nccl-tests doc/PERFORMANCE.md: alltoall busbw = algbw * (n-1)/n, i.e. time = S*(n-1)/n/bw
     cl = get_cluster("h100x64")
@@ -342,23 +365,13 @@ def test_placement_bound_is_below_brute_force(layers, first, interval, pp, m, ze
     from planner.cost.moe import layer_kinds
     from planner.cost.stage import capacity_bytes
     from planner.search import placement_bound, rules_for
-    if pp > layers or first >= layers:
-        return
-    if not any((i - first) >= 0 and (i - first + 1) % interval == 0 for i in range(layers)):
-        return   # no MoE layer: not an MoE model
-    model = tiny_moe(layers, first, interval, shared=shared)
-    if model.num_moe_layers == layers:
+    model = mixed_moe(layers, first, interval, shared)
+    if pp > layers or model is None:
         return
     dp = 2
     c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
                   global_batch=dp * m, recompute=rec, ep=2)
-    big = cluster_with_memory(10_000, n=pp * dp)
-    k = stage_coefficients(model, big, c, engine)
-    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
-    floor = min(kk.mem_total_fixed() for kk in k) / GIB
-    budget = memory_budget(big, engine, 0.0)
-    cluster = cluster_with_memory(budget.context_gib + budget.reserved(
-        floor + frac * (need - floor)), n=pp * dp)
+    cluster = squeezed_cluster(model, c, engine, frac, pp * dp)
     coeffs = stage_coefficients(model, cluster, c, engine)
     rules = rules_for(get_engine(engine), c)
     want = None
