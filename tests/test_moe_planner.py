@@ -37,6 +37,29 @@ def cluster_with_memory(gib, n=8, gpu="h100"):
     return Cluster(f"{gpu}x{n}", g, n, min(8, n))
 
 
+def mixed_moe(layers, first, interval, shared=0):
+    """tiny_moe with dense and MoE layers mixed, or None where the draw gives no MoE layer or
+    no dense one."""
+    if first >= layers or not any((i - first) >= 0 and (i - first + 1) % interval == 0
+                                  for i in range(layers)):
+        return None   # no MoE layer: not an MoE model
+    model = tiny_moe(layers, first, interval, shared=shared)
+    return None if model.num_moe_layers == layers else model
+
+
+def squeezed_cluster(model, c, engine, frac, n):
+    """n GPUs whose memory is the least any rank needs (its fixed parts) plus `frac` of the
+    way to holding every layer unrecomputed."""
+    big = cluster_with_memory(10_000, n=n)
+    k = stage_coefficients(model, big, c, engine)
+    layers = model.num_layers
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
+    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    budget = memory_budget(big, engine, 0.0)
+    return cluster_with_memory(budget.context_gib + budget.reserved(
+        floor + frac * (need - floor)), n=n)
+
+
 def test_all_to_all_is_nccl_tests_busbw_formula():
     # nccl-tests doc/PERFORMANCE.md: alltoall busbw = algbw * (n-1)/n, i.e. time = S*(n-1)/n/bw
     cl = get_cluster("h100x64")
@@ -323,3 +346,48 @@ def test_moe_layers_pay_the_attention_tp_pair_and_the_mlp_pair_only_for_a_shared
     pair = comm.all_gather(act, 2, link) + comm.reduce_scatter(act, 2, link)
     pairs_per_pass = 2 if shared else 1
     assert k.tp_layer == pytest.approx(2 * pairs_per_pass * pair)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(3, 8), first=st.integers(1, 3), interval=st.integers(1, 2),
+       pp=st.integers(2, 4), m=st.sampled_from([1, 4, 6]), zero=st.sampled_from([0, 1, 3]),
+       rec=st.sampled_from(["full", "none"]), engine=st.sampled_from(["megatron", "runtime"]),
+       frac=st.floats(0.05, 1.2), shared=st.sampled_from([0, 512]))
+def test_placement_bound_is_below_brute_force(layers, first, interval, pp, m, zero, rec, engine,
+                                              frac, shared):
+    """The search skips an exact solve whose candidate's placement_bound (every one-chunk
+    stage priced, the slowest stage, the stages' sum and the slowest tail each least over
+    every chain of stages) exceeds the K-th best plan: it never exceeds the best placement
+    found by brute force (Megatron's one recompute count per chunk; our runtime's any count
+    per rank), and it is inf exactly where the brute force finds none that fits."""
+    import itertools
+    import math
+    from planner.cost.moe import layer_kinds
+    from planner.cost.stage import capacity_bytes
+    from planner.search import placement_bound, rules_for
+    model = mixed_moe(layers, first, interval, shared)
+    if pp > layers or model is None:
+        return
+    dp = 2
+    c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
+                  global_batch=dp * m, recompute=rec, ep=2)
+    cluster = squeezed_cluster(model, c, engine, frac, pp * dp)
+    coeffs = stage_coefficients(model, cluster, c, engine)
+    rules = rules_for(get_engine(engine), c)
+    want = None
+    for split in compositions(layers, pp, 1):
+        if rec == "none":
+            options = [[0] * pp]
+        elif rules.per_chunk:
+            options = [[min(r, n) for n in split] for r in range(max(split) + 1)]
+        else:
+            options = itertools.product(*[range(n + 1) for n in split])
+        for recs in options:
+            e = evaluate(model, cluster, c, list(split), list(recs), coeffs, engine, 0.0)
+            if e.fits and (want is None or e.step_time_s < want.step_time_s):
+                want = e
+    got = placement_bound(coeffs, c, capacity_bytes(cluster, get_engine(engine), 0.0), rules,
+                          layer_kinds(model))
+    assert math.isinf(got) == (want is None)
+    if want is not None:
+        assert got <= want.step_time_s * (1 + 1e-9)

@@ -47,7 +47,9 @@ from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed
 from planner.specs import Cluster, Model
 # the rooms of the search, and what other modules import from planner.search
 from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noqa: F401
-                                   lower_bound, lower_coeffs, max_layers, quick_lower_bound,
+                                   bottleneck_split,
+                                   lower_bound, lower_coeffs, max_layers, placement_bound,
+                                   quick_lower_bound,
                                    rules_for, states_per_gpu_bound)
 from planner.search.enumeration import (MICRO_BATCHES, SEARCHED_VPP, Fixed,  # noqa: F401
                                       enumerate_candidates, expert_layouts, searched_cp,
@@ -174,6 +176,16 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             closest = res
 
     infeasible, rejected_bounds = [], {}
+    rules_memo = {}
+
+    def rules_of(c) -> Rules:
+        """rules_for(engine, c, f), which depends on c only through its recompute and pp > 1."""
+        key = (c.recompute, c.pp > 1)
+        got = rules_memo.get(key)
+        if got is None:
+            got = rules_memo[key] = rules_for(engine, c, f)
+        return got
+
     shared = SharedCoefficients(model, cluster, engine)
     # Model states first: a candidate whose weights, gradients and optimizer states alone
     # overflow every placement cannot fit (activations and buffers only add); its coefficients
@@ -187,7 +199,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     pending = []
     for idx, c in enumerate(cands):
         if not shared.states_alone_can_fit(c, cap):
-            states_out.append((idx, (c, None, rules_for(engine, c, f))))
+            states_out.append((idx, (c, None, rules_of(c))))
             continue
         pending.append((shared.time_bound(c), idx, c))
     pending.sort(key=lambda x: (x[0], x[1]))
@@ -202,9 +214,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             drawn += 1
             if not shared.states_can_fit(c, cap):
                 pruned_mem += 1
-                states_out.append((idx, (c, None, rules_for(engine, c, f))))
+                states_out.append((idx, (c, None, rules_of(c))))
                 continue
-            heapq.heappush(live_heap, (shared.quick_bound(c, rules_for(engine, c, f), cap),
+            heapq.heappush(live_heap, (shared.quick_bound(c, rules_of(c), cap),
                                        idx, c))
 
     def live_in_order():
@@ -261,7 +273,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 draw(math.inf)
                 unpriced = [item] + sorted(live_heap, key=lambda x: (x[0], x[1]))
             break
-        rules = rules_for(engine, c, f)
+        rules = rules_of(c)
         coeffs = memory_test(c, rules)
         if coeffs is None:
             continue
@@ -275,8 +287,18 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
-        if heur.estimate.fits:
-            best_heur.add(heur.estimate.step_time_s)
+        # the threshold's plans: the heuristic's, and where the layers are placed, the split
+        # at the bottleneck of lower_bound priced as well (a real plan of c, often nearer its
+        # optimum than the even split; only the threshold sees it)
+        times = [heur.estimate.step_time_s] if heur.estimate.fits else []
+        if c.pp > 1 and not (rules.equal_split or rules.fixed_split):
+            split = bottleneck_split(coeffs, c, L, cap, rules, Q=Q, low=low, model=model)
+            if split is not None and split != heur.layers:
+                alt = heuristic(model, cluster, c, coeffs, cap, rules, split=split,
+                                engine=engine, margin_gib=margin_gib).estimate
+                times += [alt.step_time_s] if alt.fits else []
+        if times:
+            best_heur.add(min(times), key=c)
         scored.append((lb, c, coeffs, heur, rules, low))
     # the states screens' rejects first, in enumeration order, then those of memory_test
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]
@@ -290,7 +312,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     best_plans = TopTimes(top)
     for c, r in plans.items():
         best_plans.add(r.estimate.step_time_s, c)
-    solved, pruned_bound = 0, 0
+    solved, pruned_bound, pruned_placement = 0, 0, 0
+    # a bound past the threshold, or no placement that fits (inf)
+    beyond = lambda b, t: math.isinf(b) or b > t * (1 + 1e-9)   # noqa: E731
     # least step time a candidate not solved to optimality might still reach (the whole
     # search's gap), and how many solves stopped at the time limit
     open_bound, limit_hit = math.inf, 0
@@ -306,6 +330,13 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 heur.estimate.fits and heur.estimate.step_time_s <= lb * (1 + 1e-9)):
             res, fits = heur, heur.estimate.fits           # no placement choice / proven optimal
             res.status = "OPTIMAL"
+        elif Q is not None and c.vpp == 1 and beyond(
+                placement_bound(coeffs, c, cap, rules, P_kinds), threshold):
+            # every placement of the exact model overflows or is slower than the K-th best
+            # plan: what the solve below would prove (INFEASIBLE), its heuristic plan kept
+            res, fits = heur, heur.estimate.fits
+            res.status = "INFEASIBLE"
+            pruned_placement += 1
         else:
             res, fits = solve_candidate(model, cluster, c, rules, coeffs, heur, engine,
                                         margin_gib, cutoff_s=threshold, low=low)
@@ -344,14 +375,14 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         tested = set()
         for _, _, c in unpriced:
             if shared.quick_bound(c) < base:
-                memory_test(c, rules_for(engine, c, f))
+                memory_test(c, rules_of(c))
                 tested.add(c)
         shown = {layout(c) for c, _, _ in infeasible if rejected_bounds[c] < base}
         for _, _, c in unpriced:
             if c not in tested and layout(c) in shown:
-                memory_test(c, rules_for(engine, c, f))
+                memory_test(c, rules_of(c))
     # the rest: beyond the bound
-    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound
+    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound + pruned_placement
     out_of_memory = [(c, "out of memory on every placement of its layers")
                      for c, _, _ in infeasible]
     gap = 0.0

@@ -218,22 +218,17 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Ca
     return n, _with_exposures(t, low, n)
 
 
-def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
-                low=None, model=None) -> float:
-    """A step time no placement of this candidate can beat.
-
-    The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
-    hold all L layers with every rank's time (with the least recompute its memory needs) at most
-    T. The sum of stage times is at least the perfectly balanced total with that recompute
-    pooled over ranks. The tail is the smallest any rank can have while some rank holds at
-    least L/p layers. (Engine rules only restrict placements further: still a bound.)
-    """
-    p, m, v = c.pp, c.m, c.vpp
+def _bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+                model=None):
+    """lower_bound's bottleneck: (T*, each rank's least time from n = v, v+1, ... layers on
+    (ranks x n), the kinds' total time and memory, the coefficients the rest is bounded on),
+    or None when no placement fits."""
+    v = c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]
         P = layer_kinds(model) if model is not None else None
-        wins = (_kinds_windows(tuple(P), p)
-                if P is not None and v == 1 and p == len(coeffs) else None)
+        wins = (_kinds_windows(tuple(P), c.pp)
+                if P is not None and v == 1 and c.pp == len(coeffs) else None)
         n_all, t_all = _rank_min_times_kinds(coeffs, low, L, Q, v, cap, c, rules, wins)
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
@@ -248,7 +243,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     first = int(n_all[0]) if n_all.ndim == 1 else v   # the fewest layers a rank may hold
     values = np.unique(t_all[np.isfinite(t_all)])
     if values.size == 0:
-        return math.inf
+        return None
     # the most layers rank i can hold within time x is the last n whose least time from n on
     # is at most x (times past it only exceed x): v - 1 + the count of those (0 if none)
     suffix = np.minimum.accumulate(t_all[:, ::-1], axis=1)[:, ::-1]
@@ -259,13 +254,51 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
 
     lo, hi = 0, values.size - 1
     if layers_within(values[hi]) < L:
-        return math.inf
+        return None
     while lo < hi:   # least value at which the ranks' layer capacities reach L
         mid = (lo + hi) // 2
         if layers_within(values[mid]) >= L:
             hi = mid
         else:
             lo = mid + 1
+    return float(values[lo]), suffix, kinds_total, kinds_memory, coeffs
+
+
+def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+                     model=None) -> list | None:
+    """Layers per pipeline rank (each at least vpp) that lower_bound's bottleneck T* lets each
+    hold, the largest trimmed first until they sum to L: a placement to price beside the
+    even split (None when no placement fits)."""
+    got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
+    if got is None:
+        return None
+    t_star, suffix, *_ = got
+    v = c.vpp
+    k = (suffix <= t_star).sum(axis=1)
+    split = [int(x) for x in np.where(k > 0, v - 1 + k, 0)]
+    if min(split) < v:
+        return None
+    while sum(split) > L:
+        i = max(range(len(split)), key=lambda j: split[j])
+        split[i] -= 1
+    return split
+
+
+def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
+                low=None, model=None) -> float:
+    """A step time no placement of this candidate can beat.
+
+    The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
+    hold all L layers with every rank's time (with the least recompute its memory needs) at most
+    T. The sum of stage times is at least the perfectly balanced total with that recompute
+    pooled over ranks. The tail is the smallest any rank can have while some rank holds at
+    least L/p layers. (Engine rules only restrict placements further: still a bound.)
+    """
+    p, m, v = c.pp, c.m, c.vpp
+    got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
+    if got is None:
+        return math.inf
+    t_bottle, _, kinds_total, kinds_memory, coeffs = got
     if c.recompute == "none":
         need = 0
     elif rules.all_layers_recomputed:
@@ -277,7 +310,7 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
     total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
              + need * min(k.t_rec for k in coeffs))
-    t_star = max(float(values[lo]), total / p)
+    t_star = max(t_bottle, total / p)
     total = max(total, t_star)
     n = math.ceil(L / p)
     tail = min(k.tail_lower(n) for k in coeffs)
@@ -631,3 +664,152 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
     return params * per / num_gpus
 
 
+
+
+# ---- the exact bound of a one-chunk placement of dense and MoE layers ---------------------
+
+@functools.lru_cache(maxsize=32)
+def _stage_windows(P: tuple) -> tuple:
+    """Every stage a pipeline rank can hold with one chunk (contiguous layers [a, a + n) in
+    model order, n >= 1) and every count r <= n of them recomputed (the stage's first r,
+    planner.layout.make_stages), for a model whose MoE layers have prefix counts P: arrays
+    over those (a, n, r) in (a, n, r) order of a, n, r, q (MoE layers held) and rq (MoE
+    layers recomputed); the first index of each (a, n) and its a and b = a + n."""
+    L = len(P) - 1
+    Pa = np.asarray(P, dtype=np.int64)
+    a_w, n_w = zip(*[(a, n) for a in range(L) for n in range(1, L - a + 1)])
+    a_w, n_w = np.asarray(a_w), np.asarray(n_w)
+    sizes = n_w + 1
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    a = np.repeat(a_w, sizes)
+    n = np.repeat(n_w, sizes)
+    r = np.arange(sizes.sum()) - np.repeat(starts, sizes)
+    q = Pa[a + n] - Pa[a]
+    rq = Pa[a + r] - Pa[a]
+    f = lambda x: x.astype(float)   # noqa: E731
+    return f(a), f(n), f(r), f(q), f(rq), starts, a_w, a_w + n_w, n_w
+
+
+def _exposed(cl, cf, hl, hf, slow, n, q, dc, dh):
+    """StageCoeffs.exposed_comm over arrays of n and q (MoE layers, each adding dc and dh)."""
+    comm = cf + n * cl + q * dc
+    return np.where(comm > 0, np.maximum(min(cl, cl + dc), comm - (hf + n * hl + q * dh))
+                    + slow * comm, 0.0)
+
+
+def _chain(values: np.ndarray, combine) -> np.ndarray:
+    """Over every chain of p stages [B_i, B_i+1) with 0 = B_0 < ... < B_p = L: the least of
+    combine(...) of stage i's value values[..., i, B_i, B_i+1] (inf: not allowed), folded
+    rank by rank (np.maximum: the slowest stage; np.add: the sum)."""
+    *lead, p, n1, _ = values.shape
+    best = np.full((*lead, n1), np.inf)
+    best[..., 0] = 0.0
+    for i in range(p):
+        best = combine(best[..., :, None], values[..., i, :, :]).min(axis=-2)
+    return best[..., -1]
+
+
+def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list) -> float:
+    """A step time no placement of this candidate can beat, in the exact CP-SAT model of
+    planner.search.placement (its objective m*max T + sum T - max T + max tail at one chunk
+    per rank), for a model of dense and MoE layers (prefix counts P) laid out with one chunk
+    per pipeline rank: every stage a rank can hold ([a, a + n), its first r recomputed, q and
+    rq of those MoE: the exact StageCoeffs.time, memory and tail of each) is priced at its
+    fastest recompute count that fits (any the engine allows: below Megatron's one count for
+    every chunk), stages that overflow `cap` at every count are left out, and the slowest
+    stage, the stages' sum and the slowest tail are each minimised over every chain of stages
+    covering the layers (shortest paths). Each minimum is at most its part of any placement's
+    objective: a lower bound, and inf when no placement fits. Where lower_bound counts a
+    rank's MoE layers from the windows each rank alone could take, this places the dense
+    layers once. (Float slack keeps rounding on the safe side.)"""
+    Pt = tuple(P)
+    L = len(Pt) - 1
+    a, n, r, q, rq, starts, a_w, b_w, n_w = _stage_windows(Pt)
+    lo, hi = _recompute_bounds(c, rules)
+    p = len(coeffs)
+    moe = [k.moe for k in coeffs]
+
+    def col(values):   # one figure per rank, ranks along the first axis
+        return np.asarray(values, dtype=float)[:, None]
+
+    def square(x):   # ... x (a, n) -> ... x (a, b) matrices, inf where no stage
+        out = np.full((*x.shape[:-1], L + 1, L + 1), np.inf)
+        out[..., a_w, b_w] = x
+        return out
+
+    # each stage (a, n) with nothing recomputed, then what each recomputed layer changes
+    nw, qw = n[starts], q[starts]
+    mem0 = (col([k.mem_total_fixed() for k in coeffs]) + nw * col([k.mem_total_layer()
+                                                                    for k in coeffs])
+            + qw * col([sum(d.mem_layer.values()) for d in moe]))
+    rec, moe_rec = col([k.mem_rec for k in coeffs]), col([d.mem_rec for d in moe])
+    room = cap * (1 + 1e-9)
+    if (rec >= 0).all() and (rec + moe_rec >= 0).all():
+        # every recomputed layer, dense or MoE, frees bytes: a stage fits on some allowed
+        # count where it fits at the most it may recompute
+        fits_any = mem0 - hi * (nw * rec + qw * moe_rec) <= room      # ranks x (a, n)
+    else:
+        fits_any = None
+    if fits_any is not None:
+        reach = np.zeros(L + 1, bool)   # the layer boundaries chains of fitting stages reach
+        reach[0] = True
+        for i in range(p):
+            nxt = np.zeros(L + 1, bool)
+            nxt[b_w[fits_any[i] & reach[a_w]]] = True
+            reach = nxt
+        if not reach[L]:
+            return math.inf
+    t0 = (col([k.t_fixed for k in coeffs]) + nw * col([k.t_layer for k in coeffs])
+          + qw * col([d.t_layer for d in moe]))
+    tl = (col([k.opt_fixed for k in coeffs]) + nw * col([k.opt_layer for k in coeffs])
+          + qw * col([d.opt_layer for d in moe]))
+    for j in range(2):   # the ZeRO-2/3 collectives' exposure, and the tail's
+        t0 = t0 + np.stack([_exposed(*k.exposures()[j], k.overlap_slowdown, nw, qw,
+                                     d.exposures()[j][0], d.exposures()[j][2])
+                            for k, d in zip(coeffs, moe)])
+        tl = tl + np.stack([_exposed(*k.tail_exposures()[j], k.overlap_slowdown, nw, qw,
+                                     d.tail_exposures()[j][0], d.tail_exposures()[j][2])
+                            for k, d in zip(coeffs, moe)])
+    t_rec, moe_t_rec = col([k.t_rec for k in coeffs]), col([d.t_rec for d in moe])
+    if fits_any is not None and (t_rec >= 0).all() and (t_rec + moe_t_rec >= 0).all():
+        # each recomputed layer adds time and frees bytes: a stage's fastest count that fits
+        # is its least, found by bisection
+        Pa = np.asarray(Pt, dtype=float)
+        first = Pa[a_w]
+        least = np.broadcast_to(n_w if lo == 1 else 0 * n_w, fits_any.shape)
+        if lo == 0 and hi == 1:
+            low, high = np.zeros(fits_any.shape, int), np.broadcast_to(n_w, fits_any.shape)
+            while (low < high).any():
+                mid = (low + high) // 2
+                fit = (mem0 - (mid * rec + (Pa[a_w + mid] - first) * moe_rec) <= room) | (
+                    low == high)
+                low, high = np.where(fit, low, mid + 1), np.where(fit, mid, high)
+            least = low
+        stage_t = np.where(fits_any, t0 + least * t_rec + (Pa[a_w + least] - first) * moe_t_rec,
+                           np.inf)
+    else:   # every allowed count of every stage
+        allowed = (r == n) if lo == 1 else (r == 0) if hi == 0 else np.ones(r.shape, bool)
+        group = np.repeat(np.arange(len(starts)), n_w + 1)   # the stage of each (a, n, r)
+        ok = allowed & (mem0[:, group] - r * rec - rq * moe_rec <= room)   # ranks x (a, n, r)
+        if fits_any is None:
+            fits_any = np.logical_or.reduceat(ok, starts, axis=1)
+        times = np.where(ok, t0[:, group] + r * t_rec + rq * moe_t_rec, np.inf)
+        stage_t = np.minimum.reduceat(times, starts, axis=1)
+    tail = _chain(square(np.where(fits_any, tl, np.inf)), np.maximum)
+    m = c.m
+    zb = c.schedule in ZERO_BUBBLE_SCHEDULES
+
+    def bound(stages):   # stages: ranks x a x b
+        t_max = _chain(stages, np.maximum)
+        if zb:   # objective m * max T + max tail
+            best = m * t_max
+        elif math.isinf(t_max):   # no chain of stages fits
+            best = t_max
+        else:
+            best = (m - 1) * t_max + _chain(stages, np.add)
+        out = best + tail
+        return float(out * (1 - 1e-9)) if math.isfinite(out) else math.inf
+
+    # each rank its best allowed count (below Megatron's one count for every chunk, which
+    # pruned no more on deepseek-v3's solves)
+    return bound(square(stage_t))
