@@ -18,7 +18,7 @@ from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.search import Fixed, search, solve_candidate, to_plan
 from planner.specs import Cluster, Model
-from tests.test_search import compositions
+from tests.test_search import compositions, engine_splits
 
 MIXTRAL = dict(name="mixtral-like", num_layers=32, hidden=4096, ffn_hidden=14336, num_heads=32,
                num_kv_heads=8, vocab_size=32000, max_seq_len=32768, num_experts=8,
@@ -111,9 +111,7 @@ def brute_force(model, cluster, c, engine):
     coeffs = stage_coefficients(model, cluster, c, engine)
     v = c.vpp
     best = None
-    for layers in compositions(model.num_layers, c.pp, 1):
-        if min(layers) < v:
-            continue
+    for layers in engine_splits(model.num_layers, c.pp, v, engine):
         options = ([[0] * c.pp] if c.recompute == "none"
                    else [[min(v * r, n) for n in layers] for r in range(max(layers) + 1)])
         for rec in options:

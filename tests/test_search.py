@@ -38,6 +38,18 @@ def compositions(total, parts, least):
             yield [first] + rest
 
 
+def engine_splits(total, pp, vpp, engine):
+    """The splits an engine builds: each rank at least one layer a model chunk; under Megatron
+    with chunks (its --account-for-embedding/loss-in-pipeline-split, transformer_block.py
+    get_num_layers_to_build) the first rank's first chunk and the last rank's last may be
+    empty: those two ranks need vpp - 1. Written here from Megatron's rule, not read from
+    planner.rules."""
+    ends_may_be_empty = engine == "megatron" and pp > 1 and vpp > 1
+    for layers in compositions(total, pp, vpp - 1 if ends_may_be_empty else vpp):
+        if all(n >= vpp for n in layers[1:-1]):
+            yield layers
+
+
 def brute_force(model, cluster, c, all_layers_recomputed=False, engine="runtime", margin_gib=None):
     """Best estimate over every split and every recompute count the engine allows: any count
     per rank (runtime), or one count R per model chunk, a rank recomputing min(v*R, n)
@@ -45,7 +57,7 @@ def brute_force(model, cluster, c, all_layers_recomputed=False, engine="runtime"
     coeffs = stage_coefficients(model, cluster, c, engine)
     per_chunk = get_engine(engine).recompute_count(c.recompute) == "per_chunk"
     best = None
-    for layers in compositions(model.num_layers, c.pp, c.vpp):
+    for layers in engine_splits(model.num_layers, c.pp, c.vpp, engine):
         if c.recompute == "none":
             options = [[0] * c.pp]
         elif all_layers_recomputed:

@@ -179,8 +179,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     rules_memo = {}
 
     def rules_of(c) -> Rules:
-        """rules_for(engine, c, f), which depends on c only through its recompute and pp > 1."""
-        key = (c.recompute, c.pp > 1)
+        """rules_for(engine, c, f), which depends on c only through its recompute, pp > 1 and
+        the ranks' fewest layers (rules.rank_min_layers: pp and vpp)."""
+        key = (c.recompute, c.pp, c.vpp)
         got = rules_memo.get(key)
         if got is None:
             got = rules_memo[key] = rules_for(engine, c, f)
