@@ -99,7 +99,10 @@ def slowest_cluster(mixed: MixedCluster) -> Cluster:
     return Cluster(name=f"{mixed.gpu.name}x{n}", gpu=mixed.gpu, num_gpus=n, gpus_per_node=gpn)
 
 
-def _unsupported(model: Model, f: Fixed, engine) -> str | None:
+def _unsupported(model: Model, mixed: MixedCluster, f: Fixed, engine) -> str | None:
+    why = V.mixed_platform_problem(mixed)
+    if why:
+        return why
     if not engine.pipelines:
         return (f"{engine.name} has no pipeline parallelism, and a mixed cluster is planned as "
                 f"one pipeline over its groups (data parallelism across groups, every GPU at "
@@ -269,7 +272,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     t0 = time.perf_counter()
     engine = get_engine(engine)
     f = fixed or Fixed()
-    why = _unsupported(model, f, engine)
+    why = _unsupported(model, mixed, f, engine)
     if why:
         raise BadInput(why)
     seq_len = seq_len or default_seq_len(model)
