@@ -59,3 +59,91 @@ def test_the_slowest_gpu_is_the_slower_one_when_peaks_tie(tmp_path):
     assert mixed.gpu.name == "h100"
     from planner.search.groups import slowest_cluster
     assert slowest_cluster(mixed).gpu.name == "h100"
+
+
+UNEVEN_HOSTS = {"name": "uneven-hosts", "groups": [
+    {"name": "fast", "gpu": {"base": "cpu", "peak_tflops": 0.15}, "num_gpus": 2,
+     "gpus_per_node": 2},
+    {"name": "slow", "gpu": "cpu", "num_gpus": 1, "gpus_per_node": 1}]}
+
+
+def _uneven_hosts_plan(tmp_path):
+    from planner.search import Fixed, to_plan
+    from planner.specs import Model
+    (tmp_path / "c.json").write_text(json.dumps(UNEVEN_HOSTS))
+    model = get_model("examples/tiny-llama.json")
+    r = search_mixed(model, get_cluster(str(tmp_path / "c.json")),
+                     Fixed(tp=1, dp=1, recompute="none"), seq_len=64, global_batch=16,
+                     engine="runtime")
+    best = r.mixed_best
+    assert best.candidate.pp == 3
+    plan = to_plan(model, best.cluster, best, r, engine="runtime")
+    plan.save(tmp_path / "p.json")
+    return plan
+
+
+def test_launch_gives_groups_of_different_host_sizes_their_own_process_counts(tmp_path,
+                                                                             capsys):
+    """torchrun gives each agent the global ranks after those of the agents before it, by
+    each one's own --nproc-per-node (torch/distributed/elastic/agent/server/api.py
+    SimpleElasticAgent._assign_worker_ranks: "the global rank ... is computed by cumulative
+    sum of the local_world_size for all workers in front of it"), so hosts of 2 and of 1
+    GPUs launch one job. 5fa8409 refused it ("torchrun starts the same number of processes
+    on every node") and counted nodes by the smallest host (--nnodes 3 for these 2 hosts)."""
+    plan = _uneven_hosts_plan(tmp_path)
+    assert main(["launch", str(tmp_path / "p.json"), "--nnodes", "2"]) == 0
+    out = capsys.readouterr().out
+    k = 0
+    for name in dict.fromkeys(plan.rank_groups()):
+        n = {g["name"]: g["gpus_per_node"] for g in UNEVEN_HOSTS["groups"]}[name]
+        assert f"NODE_RANK {k}..{k}: hosts of group {name}, NPROC_PER_NODE {n}" in out, out
+        k += 1
+    assert '--nproc-per-node "$NPROC_PER_NODE"' in out
+
+
+@pytest.mark.slow
+def test_groups_of_different_host_sizes_train_like_one_process(tmp_path, capsys):
+    """The launch above run: two torchrun agents on this host (static rendezvous, node ranks
+    and process counts as `plan launch` prints them) train the mixed plan as one process
+    does (loss and gradient norm to 1e-4, as tests/test_mixed.py)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    from planner.catalog import get_gpu
+    from planner.plan import Batch, Parallelism, Plan, make_stages
+    from planner.specs import Cluster
+    from tests.test_runtime_dist import launch, steps_of
+    pytest.importorskip("torch")
+    plan = _uneven_hosts_plan(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    sizes = {g["name"]: g["gpus_per_node"] for g in UNEVEN_HOSTS["groups"]}
+    procs = []
+    for rank, name in enumerate(dict.fromkeys(plan.rank_groups())):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--nproc-per-node", str(sizes[name]), "--node-rank", str(rank),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "runtime",
+               "--plan", str(tmp_path / "p.json"), "--steps", "2",
+               "--metrics", str(tmp_path / "m.jsonl")]
+        procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    model = plan.model
+    one = Plan(model=model, cluster=Cluster("cpux1", get_gpu("cpu"), 1, 1),
+               parallelism=Parallelism(tp=1, pp=1, dp=1), stages=make_stages(model.num_layers, 1),
+               batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=1,
+                           num_microbatches=16), engine="runtime")
+    one.save(tmp_path / "one.json")
+    base = launch(1, "--plan", tmp_path / "one.json", "--steps", 2, "--metrics",
+                  tmp_path / "b.jsonl")
+    assert base.returncode == 0, base.stderr[-3000:]
+    a, b = steps_of(tmp_path / "m.jsonl"), steps_of(tmp_path / "b.jsonl")
+    for s in (1, 2):
+        for k in ("loss", "grad_norm"):
+            assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
