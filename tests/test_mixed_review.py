@@ -147,3 +147,27 @@ def test_groups_of_different_host_sizes_train_like_one_process(tmp_path, capsys)
     for s in (1, 2):
         for k in ("loss", "grad_norm"):
             assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
+
+
+def test_the_plot_holds_each_rank_to_its_own_gpu(tmp_path):
+    """8 H200 + 8 H100, llama70b: the H200 rank holds 117 GiB of its 134 usable and the plan
+    fits; 5fa8409's plot drew one capacity line (the H100's 75.2 GiB) and wrote "OOM" over
+    the H200 rank."""
+    pytest.importorskip("matplotlib")
+    from planner.plot import plan_figure
+    from planner.search import to_plan
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"groups": [{"gpu": "h200", "num_gpus": 8},
+                                           {"gpu": "h100", "num_gpus": 8}]}))
+    model = get_model("llama70b")
+    r = search_mixed(model, get_cluster(str(path)), global_batch=128)
+    plan = to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
+    assert plan.estimate["fits"]
+    caps = plan.estimate["stage_capacity_gib"]
+    # a rank holds more than the least capacity, within its own
+    assert any(s.memory_gib["reserved"] > min(caps) for s in plan.stages)
+    fig = plan_figure(plan)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "OOM" not in texts
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert any("h200" in x for x in labels) and any("h100" in x for x in labels), labels
