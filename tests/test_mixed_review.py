@@ -7,13 +7,7 @@ import pytest
 from planner.catalog import get_cluster, get_model
 from planner.cli import main
 from planner.search.groups import search_mixed
-
-
-def _one_line_exit_2(capsys, argv):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("plan: error:"), err
-    return err
+from tests.test_mixed import _one_line_exit_2
 
 
 @pytest.mark.parametrize("groups,needle", [
@@ -111,10 +105,7 @@ def test_groups_of_different_host_sizes_train_like_one_process(tmp_path, capsys)
     import subprocess
     import sys
     from pathlib import Path
-    from planner.catalog import get_gpu
-    from planner.plan import Batch, Parallelism, Plan, make_stages
-    from planner.specs import Cluster
-    from tests.test_runtime_dist import launch, steps_of
+    from tests.test_mixed import assert_trains_like_one_process
     pytest.importorskip("torch")
     plan = _uneven_hosts_plan(tmp_path)
     with socket.socket() as s:
@@ -134,19 +125,7 @@ def test_groups_of_different_host_sizes_train_like_one_process(tmp_path, capsys)
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    model = plan.model
-    one = Plan(model=model, cluster=Cluster("cpux1", get_gpu("cpu"), 1, 1),
-               parallelism=Parallelism(tp=1, pp=1, dp=1), stages=make_stages(model.num_layers, 1),
-               batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=1,
-                           num_microbatches=16), engine="runtime")
-    one.save(tmp_path / "one.json")
-    base = launch(1, "--plan", tmp_path / "one.json", "--steps", 2, "--metrics",
-                  tmp_path / "b.jsonl")
-    assert base.returncode == 0, base.stderr[-3000:]
-    a, b = steps_of(tmp_path / "m.jsonl"), steps_of(tmp_path / "b.jsonl")
-    for s in (1, 2):
-        for k in ("loss", "grad_norm"):
-            assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
+    assert_trains_like_one_process(plan.model, tmp_path, tmp_path / "m.jsonl")
 
 
 def test_the_plot_holds_each_rank_to_its_own_gpu(tmp_path):
