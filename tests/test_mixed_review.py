@@ -150,3 +150,20 @@ def test_the_plot_holds_each_rank_to_its_own_gpu(tmp_path):
     assert "OOM" not in texts
     labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
     assert any("h200" in x for x in labels) and any("h100" in x for x in labels), labels
+
+
+def test_a_megatron_plan_recomputes_one_count_per_chunk(capsys):
+    """Megatron's --recompute-num-layers is one count for every model chunk. 5fa8409's mixed
+    search kept its first placement's per-rank counts: llama70b on examples/mixed.json at
+    tp 8 pp 2 recomputed [54, 0] of [56, 24] layers, which the Megatron export then refused
+    ("megatron recomputes the same number of leading layers in every model chunk")."""
+    from planner.rules import runner_problems
+    from planner.search import Fixed, to_plan
+    model = get_model("llama70b")
+    r = search_mixed(model, get_cluster("examples/mixed.json"), Fixed(tp=8, pp=2),
+                     global_batch=256)
+    for res in r.ranked:
+        plan = to_plan(model, res.cluster, res, r)
+        assert runner_problems(plan, "megatron") == [], (res.layers, res.recompute)
+    assert main(["--model", "llama70b", "--cluster", "examples/mixed.json", "--global-batch",
+                 "256", "--tp", "8", "--pp", "2", "--export", "megatron"]) == 0

@@ -35,7 +35,7 @@ from planner.search import default_global_batch, default_seq_len, search
 from planner.search.bounds import (SharedCoefficients, _min_recompute, _recompute_bounds,
                                    rules_for)
 from planner.search.enumeration import Fixed, enumerate_candidates
-from planner.search.placement import Result, solve_cpsat
+from planner.search.placement import Result, engine_recompute, solve_cpsat
 from planner.specs import Cluster, MixedCluster, Model
 
 # schedules a pipeline over groups runs (one chunk per rank: see the module docstring)
@@ -250,6 +250,7 @@ def _heuristic(model, cluster, c, coeffs, caps_bytes, rules, engine, margin_gib,
     for k, n, cb in zip(coeffs, split, caps_bytes):
         r = _min_recompute(k, n, cb, c, rules)
         rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+    rec = engine_recompute(rec, split, c, rules)
     est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return MixedResult(c, list(split), rec, est, cluster=cluster)
 
