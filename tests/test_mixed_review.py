@@ -167,3 +167,13 @@ def test_a_megatron_plan_recomputes_one_count_per_chunk(capsys):
         assert runner_problems(plan, "megatron") == [], (res.layers, res.recompute)
     assert main(["--model", "llama70b", "--cluster", "examples/mixed.json", "--global-batch",
                  "256", "--tp", "8", "--pp", "2", "--export", "megatron"]) == 0
+
+
+def test_knobs_no_pipeline_over_the_groups_can_take_are_one_line_exit_2(capsys):
+    """Megatron runs ZeRO-3 (torch FSDP2) without pipelines (zero_stages_with_pp 0, 1), and a
+    mixed cluster is planned as one pipeline over its groups: no candidate can be laid out.
+    5fa8409 said 'nothing fits' (exit 3), which reads as memory; it is what the mixed search
+    does not plan (exit 2), and the line says why."""
+    err = _one_line_exit_2(capsys, ["--model", "llama70b", "--cluster", "examples/mixed.json",
+                                    "--global-batch", "256", "--zero", "3"])
+    assert "pipeline" in err and "--zero 3" in err

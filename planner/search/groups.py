@@ -38,6 +38,10 @@ from planner.search.enumeration import Fixed, enumerate_candidates
 from planner.search.placement import Result, engine_recompute, solve_cpsat
 from planner.specs import Cluster, MixedCluster, Model
 
+# the knobs a user may fix that shape the layout (named in the line when none is a pipeline)
+_SHAPE_KNOBS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "zero": "--zero",
+                "mbs": "--micro-batch"}
+
 # schedules a pipeline over groups runs (one chunk per rank: see the module docstring)
 MIXED_SCHEDULES = ("1f1b", "gpipe")
 
@@ -383,6 +387,16 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     best, chosen = mixed_best, "mixed"
     fastest_alone = min((a for a in alone if a.step_time_s is not None),
                         key=lambda a: a.step_time_s, default=None)
+    if n_cands == 0 and fastest_alone is None:
+        # not one candidate lays pipeline ranks on every group: what is not planned, not memory
+        given = [f"{flag} {getattr(f, k)}" for k, flag in _SHAPE_KNOBS.items()
+                 if getattr(f, k) is not None]
+        raise BadInput(
+            f"no layout {engine.name} runs" + (f" with {' '.join(given)}" if given else "")
+            + f" is a pipeline over the groups ({', '.join(g.name for g in mixed.groups)}: "
+            f"pp of at least {len(mixed.groups)}, each group's GPUs whole pipeline ranks of "
+            f"tp x cp x dp), and no group alone fits; data parallelism across groups is not "
+            f"planned yet: plan one group, or let the search choose those knobs")
     if fastest_alone is not None and (mixed_best is None or fastest_alone.step_time_s
                                       <= mixed_best.estimate.step_time_s):
         best, chosen = fastest_alone.result, fastest_alone.name
