@@ -932,7 +932,9 @@ def launch_problems(plan, world_size: int, local_world_size: int, on_gpu: bool,
         out.append(f"plan needs {world_product(p)} = {degrees} = {p.world_size} processes, "
                    f"launched with {world_size}")
     if on_gpu:
-        gpn = plan.cluster.gpus_per_node
+        # a mixed cluster's hosts are its groups' (planner.launch starts each its own GPUs)
+        gpn = max((g.gpus_per_node for g in getattr(plan.cluster, "groups", ())),
+                  default=plan.cluster.gpus_per_node)
         if local_world_size > gpn:
             out.append(f"plan's cluster has {gpn} GPUs per node, launched {local_world_size} "
                        f"processes per node")

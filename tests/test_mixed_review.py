@@ -177,3 +177,23 @@ def test_knobs_no_pipeline_over_the_groups_can_take_are_one_line_exit_2(capsys):
     err = _one_line_exit_2(capsys, ["--model", "llama70b", "--cluster", "examples/mixed.json",
                                     "--global-batch", "256", "--zero", "3"])
     assert "pipeline" in err and "--zero 3" in err
+
+
+def test_the_runtime_preflight_takes_each_groups_host_size():
+    """16 H100 (8 a host) + 16 A100 (4 a host): `plan launch` starts 8 processes on an H100
+    host. 5fa8409's pre-flight (planner.rules.launch_problems) held every host to the
+    smallest group's 4 ("plan's cluster has 4 GPUs per node, launched 8 processes per
+    node"), so the H100 hosts' runtimes refused the plan they were launched for."""
+    from planner.rules import launch_problems
+    from planner.search import to_plan
+    model = get_model("llama8b")
+    cl = get_cluster("examples/mixed.json")
+    import dataclasses
+    cl = dataclasses.replace(cl, groups=(cl.groups[0], dataclasses.replace(
+        cl.groups[1], gpus_per_node=4, nvlink_domain=4)))
+    r = search_mixed(model, cl, engine="runtime")
+    plan = to_plan(model, r.mixed_best.cluster, r.mixed_best, r, engine="runtime")
+    world = plan.parallelism.world_size
+    assert launch_problems(plan, world, 8, on_gpu=True, visible_gpus=8) == []
+    assert launch_problems(plan, world, 4, on_gpu=True, visible_gpus=4) == []
+    assert launch_problems(plan, world, 16, on_gpu=True, visible_gpus=16) != []
