@@ -197,3 +197,24 @@ def test_the_runtime_preflight_takes_each_groups_host_size():
     assert launch_problems(plan, world, 8, on_gpu=True, visible_gpus=8) == []
     assert launch_problems(plan, world, 4, on_gpu=True, visible_gpus=4) == []
     assert launch_problems(plan, world, 16, on_gpu=True, visible_gpus=16) != []
+
+
+def test_the_runtime_measures_mfu_as_the_plan_predicts_it(llama70b_mixed_plan):
+    """The estimate's MFU on a mixed cluster is over the GPUs' summed peaks (mean 650.5
+    TFLOP/s for 16 H100 + 16 A100); 5fa8409's runtime divided by the slowest GPU's peak
+    (A100, 312) times the world, so a step that ran exactly as predicted reported 2.08x the
+    predicted MFU."""
+    pytest.importorskip("torch")
+    from runtime.train import Speed
+    plan = llama70b_mixed_plan
+    e = plan.estimate
+    _, mfu = Speed(plan, plan.parallelism.world_size).of(e["step_time_s"])
+    assert mfu == pytest.approx(e["mfu"], rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def llama70b_mixed_plan():
+    from planner.search import to_plan
+    model = get_model("llama70b")
+    r = search_mixed(model, get_cluster("examples/mixed.json"), global_batch=256)
+    return to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
