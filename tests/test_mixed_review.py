@@ -218,3 +218,24 @@ def llama70b_mixed_plan():
     model = get_model("llama70b")
     r = search_mixed(model, get_cluster("examples/mixed.json"), global_batch=256)
     return to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
+
+
+def test_a_saved_mixed_plan_reprices_as_planned_on_every_rank(tmp_path):
+    """8 H200 + 8 H100, llama70b, each GPU's default margin (3% of its memory: 4.21 GiB on the
+    H200, 2.39 on the H100). The estimate records one margin, rank 0's; 5fa8409's
+    price_plan applied the H200's 4.21 GiB to the H100 rank too, so the saved plan (H100
+    rank 74.62 of 75.21 GiB) re-priced as not fitting (capacity 73.39)."""
+    from planner.cost.price import price_plan
+    from planner.plan import Plan
+    from planner.search import to_plan
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"groups": [{"gpu": "h200", "num_gpus": 8},
+                                           {"gpu": "h100", "num_gpus": 8}]}))
+    model = get_model("llama70b")
+    r = search_mixed(model, get_cluster(str(path)), global_batch=128)
+    plan = to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
+    plan.save(tmp_path / "p.json")
+    back = Plan.load(tmp_path / "p.json", whole_cluster=True)
+    e = price_plan(back).estimate
+    assert e.fits
+    assert e.stage_capacity_gib == pytest.approx(plan.estimate["stage_capacity_gib"], rel=1e-9)
