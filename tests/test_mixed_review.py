@@ -128,19 +128,26 @@ def test_groups_of_different_host_sizes_train_like_one_process(tmp_path, capsys)
     assert_trains_like_one_process(plan.model, tmp_path, tmp_path / "m.jsonl")
 
 
-def test_the_plot_holds_each_rank_to_its_own_gpu(tmp_path):
+@pytest.fixture(scope="module")
+def h200_h100_plan(tmp_path_factory):
+    """llama70b on 8 H200 + 8 H100 (global batch 128): the H200 rank holds more than an H100
+    can."""
+    from planner.search import to_plan
+    path = tmp_path_factory.mktemp("h200") / "c.json"
+    path.write_text(json.dumps({"groups": [{"gpu": "h200", "num_gpus": 8},
+                                           {"gpu": "h100", "num_gpus": 8}]}))
+    model = get_model("llama70b")
+    r = search_mixed(model, get_cluster(str(path)), global_batch=128)
+    return to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
+
+
+def test_the_plot_holds_each_rank_to_its_own_gpu(h200_h100_plan):
     """8 H200 + 8 H100, llama70b: the H200 rank holds 117 GiB of its 134 usable and the plan
     fits; 5fa8409's plot drew one capacity line (the H100's 75.2 GiB) and wrote "OOM" over
     the H200 rank."""
     pytest.importorskip("matplotlib")
     from planner.plot import plan_figure
-    from planner.search import to_plan
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps({"groups": [{"gpu": "h200", "num_gpus": 8},
-                                           {"gpu": "h100", "num_gpus": 8}]}))
-    model = get_model("llama70b")
-    r = search_mixed(model, get_cluster(str(path)), global_batch=128)
-    plan = to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
+    plan = h200_h100_plan
     assert plan.estimate["fits"]
     caps = plan.estimate["stage_capacity_gib"]
     # a rank holds more than the least capacity, within its own
@@ -220,20 +227,14 @@ def llama70b_mixed_plan():
     return to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
 
 
-def test_a_saved_mixed_plan_reprices_as_planned_on_every_rank(tmp_path):
+def test_a_saved_mixed_plan_reprices_as_planned_on_every_rank(h200_h100_plan, tmp_path):
     """8 H200 + 8 H100, llama70b, each GPU's default margin (3% of its memory: 4.21 GiB on the
     H200, 2.39 on the H100). The estimate records one margin, rank 0's; 5fa8409's
     price_plan applied the H200's 4.21 GiB to the H100 rank too, so the saved plan (H100
     rank 74.62 of 75.21 GiB) re-priced as not fitting (capacity 73.39)."""
     from planner.cost.price import price_plan
     from planner.plan import Plan
-    from planner.search import to_plan
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps({"groups": [{"gpu": "h200", "num_gpus": 8},
-                                           {"gpu": "h100", "num_gpus": 8}]}))
-    model = get_model("llama70b")
-    r = search_mixed(model, get_cluster(str(path)), global_batch=128)
-    plan = to_plan(model, r.mixed_best.cluster, r.mixed_best, r)
+    plan = h200_h100_plan
     plan.save(tmp_path / "p.json")
     back = Plan.load(tmp_path / "p.json", whole_cluster=True)
     e = price_plan(back).estimate
