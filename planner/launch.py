@@ -83,15 +83,15 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
         check_name(v, f"the plan's {what}")
     if job_name is not None:
         check_name(job_name, "the job name")
-    g = plan.cluster.gpus_per_node if gpus_per_node is None else gpus_per_node
-    world = _check(plan, nnodes, g)
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise BadInput(f"rendezvous port must be in 1..65535, got {port!r}")
+    if getattr(plan.cluster, "pipeline", None):
+        return _mixed_launch(plan, plan_path, nnodes, gpus_per_node, port, slurm, extra_args)
+    g = plan.cluster.gpus_per_node if gpus_per_node is None else gpus_per_node
+    world = _check(plan, nnodes, g)
     p = plan.parallelism
     summary = (f"# plan {_comment(plan.model.name)} on {_comment(plan.cluster.name)}: tp={p.tp} "
                f"pp={p.pp} dp={p.dp} -> {world} GPUs = {nnodes} node(s) x {g}")
-    if getattr(plan.cluster, "pipeline", None):
-        return _mixed_launch(plan, plan_path, nnodes, g, port, slurm, summary, extra_args)
     if slurm:
         # sbatch reads #SBATCH lines itself, without a shell: keep the name to plain characters
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name or f"plan-{plan.model.name}")[:100]
@@ -123,34 +123,56 @@ def launch_commands(plan: Plan, plan_path, nnodes: int, *, gpus_per_node: int = 
     ]) + "\n"
 
 
-def _mixed_launch(plan: Plan, plan_path, nnodes: int, g: int, port: int, slurm: bool,
-                  summary: str, extra_args) -> str:
+def _mixed_launch(plan: Plan, plan_path, nnodes: int, gpus_per_node, port: int, slurm: bool,
+                  extra_args) -> str:
     """A plan over GPU groups (planner.specs.MixedCluster): its pipeline ranks must land on
     their groups' hosts, so node ranks are given (torchrun's static rendezvous, --node-rank),
-    never assigned by c10d in the order nodes join: pp is the outermost rank dimension, so
-    node rank k holds global ranks [k*g, (k+1)*g) and the pipeline rank they belong to."""
+    never assigned by c10d in the order nodes join. pp is the outermost rank dimension, so the
+    pipeline's groups hold consecutive global ranks; each host runs its group's GPUs a node
+    (torchrun numbers an agent's ranks after those of the agents before it, by each one's own
+    --nproc-per-node: torch/distributed/elastic/agent/server/api.py
+    SimpleElasticAgent._assign_worker_ranks), so groups of different host sizes launch too."""
     cl, p = plan.cluster, plan.parallelism
     if slurm:
         raise BadInput("plan launch --slurm: a mixed cluster's hosts need node ranks in the "
                        "pipeline's group order; use the torchrun lines (plan launch without "
                        "--slurm)")
-    sizes = {cl.groups[i].gpus_per_node for i in set(cl.pipeline)}
-    if len(sizes) > 1:
-        raise BadInput(f"plan launch: the groups' hosts hold {' and '.join(map(str, sorted(sizes)))} "
-                       f"GPUs each; torchrun starts the same number of processes on every node")
+    if gpus_per_node is not None:
+        raise BadInput("plan launch --gpus-per-node: a mixed cluster's groups give their own "
+                       "hosts' sizes (the plan's cluster groups)")
     per_rank = p.tp * p.cp * p.dp
-    lines = [summary, "# a mixed cluster: run on each host with NODE_RANK its place below and "
-                      "MASTER_ADDR the address of node rank 0 (port "
-                      f"{port} open), the plan file at this path on all:"]
-    start = 0
+    segments, start = [], 0      # (group, first pipeline rank, last, first node, nodes)
+    node = 0
     for i, grp in enumerate(cl.pipeline):
         if i == len(cl.pipeline) - 1 or cl.pipeline[i + 1] != grp:
-            first, end = start * per_rank // g, (i + 1) * per_rank // g
-            lines.append(f"#   NODE_RANK {first}..{end - 1}: hosts of group "
-                         f"{_comment(cl.groups[grp].name)} (pipeline ranks {start}-{i})")
+            g = cl.groups[grp].gpus_per_node
+            gpus = (i + 1 - start) * per_rank
+            if gpus % g:
+                raise BadInput(f"plan launch: pipeline ranks {start}-{i} take {gpus} GPUs of "
+                               f"group {cl.groups[grp].name}, not whole hosts of {g}")
+            segments.append((grp, start, i, node, gpus // g))
+            node += gpus // g
             start = i + 1
+    if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes != node:
+        raise BadInput(f"--nnodes {nnodes}: the plan's groups take {node} host(s) "
+                       f"({' + '.join(str(s[4]) for s in segments)}); use --nnodes {node}")
+    sizes = {cl.groups[s[0]].gpus_per_node for s in segments}
+    world = per_rank * p.pp
+    summary = (f"# plan {_comment(plan.model.name)} on {_comment(cl.name)}: tp={p.tp} "
+               f"pp={p.pp} dp={p.dp} -> {world} GPUs = {nnodes} node(s) of "
+               f"{' or '.join(map(str, sorted(sizes)))}")
+    nproc = str(sizes.pop()) if len(sizes) == 1 else '"$NPROC_PER_NODE"'
+    lines = [summary, "# a mixed cluster: run on each host with NODE_RANK its place below"
+                      + (", NPROC_PER_NODE its GPUs" if nproc.startswith('"') else "")
+                      + f" and MASTER_ADDR the address of node rank 0 (port {port} open), the "
+                      "plan file at this path on all:"]
+    for grp, first, last, at, n in segments:
+        g = cl.groups[grp]
+        lines.append(f"#   NODE_RANK {at}..{at + n - 1}: hosts of group {_comment(g.name)}"
+                     + (f", NPROC_PER_NODE {g.gpus_per_node}" if nproc.startswith('"') else "")
+                     + f" (pipeline ranks {first}-{last})")
     check_name(str(plan_path), "the plan path", MAX_PATH)
-    parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(g),
+    parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", nproc,
              "--node-rank", '"$NODE_RANK"', "--master-addr", '"$MASTER_ADDR"',
              "--master-port", str(port), "-m", "runtime", "--plan", shlex.quote(str(plan_path))]
     for a in extra_args:

@@ -283,18 +283,33 @@ def plan_figure(plan: Plan):
         mems.append(st[0].memory_gib if st else {})
     e = plan.estimate
     cap = e.get("capacity_gib", plan.cluster.gpu.memory_gib)
+    # each rank against its own GPU where the ranks' GPUs differ (a mixed cluster)
+    rank_caps = e.get("stage_capacity_gib") or []
     bottom = [0.0] * p
     for part in MEMORY_PARTS:
         vals = [mm.get(part, 0.0) for mm in mems]
         ax2.bar(range(p), vals, bottom=bottom, color=MEMORY_COLORS[part], label=part,
                 width=0.7)
         bottom = [x + y for x, y in zip(bottom, vals)]
-    ax2.axhline(cap, color="#b00020", linestyle="--", linewidth=1.2,
-                label=f"usable capacity {cap:.1f} GiB")
-    ax2.axhline(plan.cluster.gpu.memory_gib, color="#444444", linestyle=":", linewidth=1,
-                label=f"GPU memory {plan.cluster.gpu.memory_gib:.0f} GiB")
+    if len(rank_caps) == p:
+        gpus = plan.cluster.rank_gpus(p)
+        seen = set()
+        for r, (cr, gpu) in enumerate(zip(rank_caps, gpus)):
+            first = gpu.name not in seen
+            seen.add(gpu.name)
+            ax2.hlines(cr, r - 0.45, r + 0.45, color="#b00020", linestyle="--", linewidth=1.2,
+                       label=f"usable capacity {gpu.name} {cr:.1f} GiB" if first else None)
+            ax2.hlines(gpu.memory_gib, r - 0.45, r + 0.45, color="#444444", linestyle=":",
+                       linewidth=1,
+                       label=f"GPU memory {gpu.name} {gpu.memory_gib:.0f} GiB" if first else None)
+    else:
+        rank_caps = [cap] * p
+        ax2.axhline(cap, color="#b00020", linestyle="--", linewidth=1.2,
+                    label=f"usable capacity {cap:.1f} GiB")
+        ax2.axhline(plan.cluster.gpu.memory_gib, color="#444444", linestyle=":", linewidth=1,
+                    label=f"GPU memory {plan.cluster.gpu.memory_gib:.0f} GiB")
     for r, tot in enumerate(bottom):
-        if tot > cap:
+        if tot > rank_caps[r]:
             ax2.text(r, tot, "OOM", ha="center", va="bottom", fontsize=8, color="#b00020")
     pad = max(0.0, (4 - p) / 2)
     ax2.set_xlim(-0.5 - pad, p - 0.5 + pad)
@@ -303,7 +318,8 @@ def plan_figure(plan: Plan):
         ax2.set_xticklabels([f"{r}\n{groups[r]}" for r in ax2.get_xticks()])
     ax2.set_xlabel("pipeline rank (stage)")
     ax2.set_ylabel("GiB per GPU")
-    ax2.set_ylim(0, max(max(bottom, default=0), plan.cluster.gpu.memory_gib) * 1.12)
+    ax2.set_ylim(0, max(max(bottom, default=0),
+                        *(g.memory_gib for g in plan.cluster.rank_gpus(p))) * 1.12)
     ax2.set_title("Memory per GPU by stage", fontsize=10, loc="left")
     ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 

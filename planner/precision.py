@@ -194,6 +194,18 @@ def arch_of(gpu) -> str | None:
     return ARCH.get(gpu.name)
 
 
+# The software platform each architecture runs on: a PyTorch build is CUDA or ROCm, never both
+# (torch/version.py: torch.version.cuda / torch.version.hip), its "nccl" backend NCCL or RCCL;
+# CPU ranks talk gloo (ProcessGroupNCCL takes CUDA tensors only). One job is one platform.
+PLATFORM = {"ampere": "CUDA", "hopper": "CUDA", "blackwell": "CUDA", "cdna3": "ROCm",
+            "cdna4": "ROCm", "cpu": "CPU"}
+
+
+def platform_of(gpu) -> str | None:
+    """CUDA, ROCm or CPU for a catalog GPU (or one built on it); None where unknown."""
+    return PLATFORM.get(arch_of(gpu))
+
+
 def low_precision_peak(gpu, precision: str) -> float | None:
     """Dense TFLOP/s of `precision` on `gpu` (None where the catalog has no figure)."""
     return LOW_PRECISION_PEAK_TFLOPS.get(gpu.name, {}).get(precision)

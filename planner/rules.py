@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from planner.engines import ENGINES, get_engine
 from planner.engines.spec import ALL_OR_NONE, BALANCED_SPLIT, PER_CHUNK
-from planner.precision import gpu_precision_problem, precision_problem
+from planner.precision import gpu_precision_problem, platform_of, precision_problem
 from planner.problem import Problem
 from planner.cost.schedule import schedule_problem, stage_rank
 from planner.vocab import MULTI_CHUNK_SCHEDULES, ZERO_BUBBLE_SCHEDULES
@@ -122,6 +122,9 @@ RULE_SOURCES = {
     "positions": "megatron/core/models/common/embeddings/language_model_embedding.py (the "
                  "learned position table of max_position_embeddings rows); runtime/model.py "
                  "pos_embeddings",
+    "mixed_platform": "torch/version.py (a build is CUDA or ROCm: torch.version.cuda / "
+                      "torch.version.hip); torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp "
+                      "(NCCL, RCCL on ROCm builds; CUDA tensors only)",
     "mixed_groups": "megatron/core/parallel_state.py initialize_model_parallel (order "
                     "tp-cp-ep-dp-pp: pp outermost, so a pipeline rank's tp*cp*dp ranks are "
                     "consecutive and the hosts launched in node-rank order hold them)",
@@ -1008,6 +1011,9 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
                 f"interleaved 1F1B needs num_microbatches {b.num_microbatches} to be a "
                 f"multiple of {rounds} (rounds of pp = {p.pp})",
                 "torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B")
+    why = mixed_platform_problem(c)
+    if why:
+        add("mixed_platform", ("cluster",), why)
     for why in mixed_cluster_problems(c, p):
         add("mixed_groups", ("cluster", "pp", "tp", "dp", "cp"), why)
     if not pp_ok(m, p.pp, p.vpp, engine):
@@ -1015,6 +1021,27 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
             f"pp*vpp = {p.pp * p.vpp} exceeds the model's {m.num_layers} layers")
     out += [Problem("stages", ("stages",), why) for why in stage_problems(plan)]
     return [cited(x, engine) for x in out]
+
+
+def mixed_platform_problem(cluster) -> str | None:
+    """Why the groups of a mixed cluster cannot be one job (None when they can): every rank
+    runs one PyTorch build, CUDA or ROCm, and one collective library (NCCL, RCCL; gloo for
+    CPUs), so the groups' GPUs must share a platform (planner.precision.PLATFORM; a GPU of
+    unknown architecture is not held to it)."""
+    groups = getattr(cluster, "groups", None)
+    if not groups:
+        return None
+    kinds = {}
+    for g in groups:
+        k = platform_of(g.gpu)
+        if k is not None:
+            kinds.setdefault(k, []).append(g.name)
+    if len(kinds) < 2:
+        return None
+    return ("groups " + " and ".join(f"{', '.join(n)} ({k})" for k, n in kinds.items())
+            + " cannot run one job: a PyTorch build and its collectives are CUDA (NCCL), ROCm "
+            "(RCCL) or CPU (gloo), one of them for every rank; plan each platform's groups "
+            "as a cluster of their own")
 
 
 def mixed_cluster_problems(cluster, p) -> list:
@@ -1080,7 +1107,9 @@ def launch_problems(plan, world_size: int, local_world_size: int, on_gpu: bool,
         out.append(f"plan needs {world_product(p)} = {degrees} = {p.world_size} processes, "
                    f"launched with {world_size}")
     if on_gpu:
-        gpn = plan.cluster.gpus_per_node
+        # a mixed cluster's hosts are its groups' (planner.launch starts each its own GPUs)
+        gpn = max((g.gpus_per_node for g in getattr(plan.cluster, "groups", ())),
+                  default=plan.cluster.gpus_per_node)
         if local_world_size > gpn:
             out.append(f"plan's cluster has {gpn} GPUs per node, launched {local_world_size} "
                        f"processes per node")

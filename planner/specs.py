@@ -559,8 +559,10 @@ class MixedCluster:
 
     @property
     def gpu(self) -> Gpu:
-        """The slowest group's GPU (least peak): what a reader that needs one GPU assumes."""
-        return min((g.gpu for g in self.groups), key=lambda x: x.peak_tflops)
+        """The slowest group's GPU (least peak; of equal peaks, the least memory bandwidth,
+        then memory: H100 before H200): what a reader that needs one GPU assumes."""
+        return min((g.gpu for g in self.groups),
+                   key=lambda x: (x.peak_tflops, x.hbm_gbps, x.memory_gib))
 
     @property
     def gpus_per_node(self) -> int:

@@ -326,7 +326,7 @@ class Speed:
     """A step's tokens/s and MFU beside the plan's prediction of them (`plan.estimate`
     tokens_per_s and mfu, absent in a plan without an estimate). The FLOPs are the planner's
     (planner.cost.stage.model_flops_per_step, Megatron's count, no recompute) over the
-    launched ranks and the peak of the plan's GPU (`cluster.gpu.peak_tflops`), as the
+    launched ranks and the peak of the plan's GPUs (`cluster.peak_tflops_per_gpu`), as the
     estimate's mfu is defined: measured over predicted MFU is predicted over measured step
     time."""
 
@@ -335,7 +335,8 @@ class Speed:
         b = plan.batch
         self.tokens = b.global_batch_size * b.seq_len
         self.flops = model_flops_per_step(plan.model, b.seq_len, b.global_batch_size)
-        self.peak_flops = plan.cluster.gpu.peak_tflops * 1e12 * world_size
+        # the GPUs' mean peak (a mixed cluster's groups differ; else its one GPU's)
+        self.peak_flops = plan.cluster.peak_tflops_per_gpu * 1e12 * world_size
         est = plan.estimate or {}
         self.pred_tokens_per_s, self.pred_mfu = est.get("tokens_per_s"), est.get("mfu")
 

@@ -159,17 +159,40 @@ FOUR_CPUS = {"name": "mixed-cpu4", "groups": [
     {"name": "slow", "gpu": "cpu", "num_gpus": 2, "gpus_per_node": 2}]}
 
 
+def one_process_plan(model) -> Plan:
+    """`model` on one CPU process, seq 64, global batch 16 in micro-batches of 1: what a mixed
+    CPU plan's training is compared with."""
+    from planner.catalog import get_gpu
+    from planner.plan import Batch, Parallelism, make_stages
+    from planner.specs import Cluster
+    return Plan(model=model, cluster=Cluster("cpux1", get_gpu("cpu"), 1, 1),
+                parallelism=Parallelism(tp=1, pp=1, dp=1),
+                stages=make_stages(model.num_layers, 1),
+                batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=1,
+                            num_microbatches=16), engine="runtime")
+
+
+def assert_trains_like_one_process(model, d: Path, metrics: Path):
+    """The first 2 steps in `metrics` (a mixed plan's run) against one process's, loss and
+    gradient norm to 1e-4 (the one-process run written under `d`)."""
+    from tests.test_runtime_dist import launch, steps_of
+    one_process_plan(model).save(d / "one.json")
+    base = launch(1, "--plan", d / "one.json", "--steps", 2, "--metrics", d / "b.jsonl")
+    assert base.returncode == 0, base.stderr[-3000:]
+    a, b = steps_of(metrics), steps_of(d / "b.jsonl")
+    for s in (1, 2):
+        for k in ("loss", "grad_norm"):
+            assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster,dp", [(None, None), (FOUR_CPUS, 2)])
 def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process(tmp_path, cluster, dp):
     """examples/mixed-cpu.json (one CPU a group, pp 2), and two CPUs a group with data
     parallelism inside each (pp 2, dp 2: each stage's replicas in its group)."""
     pytest.importorskip("torch")
-    from tests.test_runtime_dist import launch, steps_of
-    from planner.catalog import get_gpu
-    from planner.plan import Batch, Parallelism, make_stages
+    from tests.test_runtime_dist import launch
     from planner.search import Fixed
-    from planner.specs import Cluster
     model = get_model(str(ROOT / "examples" / "tiny-llama.json"))
     path = MIXED_CPU
     if cluster is not None:
@@ -186,21 +209,11 @@ def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process(tmp_path, cluste
     assert counts[names.index("fast")] > counts[names.index("slow")]
     d = Path(tempfile.mkdtemp(prefix="mixed-"))
     plan.save(d / "plan.json")
-    one = Plan(model=model, cluster=Cluster("cpux1", get_gpu("cpu"), 1, 1),
-               parallelism=Parallelism(tp=1, pp=1, dp=1), stages=make_stages(model.num_layers, 1),
-               batch=Batch(seq_len=64, global_batch_size=16, micro_batch_size=1,
-                           num_microbatches=16), engine="runtime")
-    one.save(d / "one.json")
     p = plan.parallelism
     world = p.tp * p.pp * p.dp * p.cp
     got = launch(world, "--plan", d / "plan.json", "--steps", 2, "--metrics", d / "m.jsonl")
     assert got.returncode == 0, got.stderr[-3000:]
-    base = launch(1, "--plan", d / "one.json", "--steps", 2, "--metrics", d / "b.jsonl")
-    assert base.returncode == 0, base.stderr[-3000:]
-    a, b = steps_of(d / "m.jsonl"), steps_of(d / "b.jsonl")
-    for s in (1, 2):
-        for k in ("loss", "grad_norm"):
-            assert abs(a[s][k] - b[s][k]) <= 1e-4 * abs(b[s][k]), (s, k, a[s][k], b[s][k])
+    assert_trains_like_one_process(model, d, d / "m.jsonl")
 
 
 def test_layers_per_rank_are_the_best_split_by_brute_force(tmp_path):

@@ -106,7 +106,8 @@ def price_plan(plan, margin_gib: float | None = None) -> Price:
     its engine; `margin_gib` defaults to the one its estimate records."""
     c = candidate_of(plan)
     rec = [sum(s.recompute_layers for s in plan.stages_of_rank(r)) for r in range(c.pp)]
-    if margin_gib is None:
-        margin_gib = plan.estimate.get("memory_margin_gib")
+    if margin_gib is None:   # a mixed plan's ranks each with their own GPU's margin
+        margin_gib = (plan.estimate.get("stage_margin_gib")
+                      or plan.estimate.get("memory_margin_gib"))
     return price(plan.model, plan.cluster, c, plan.layer_counts(), rec, engine=plan.engine,
                  margin_gib=margin_gib)

@@ -344,16 +344,18 @@ def rank_budgets(cluster, engine: Engine | None = None, margin_gib: float | None
                  pp: int = 1) -> list:
     """MemoryBudget of each of `pp` pipeline ranks, on its own GPU (Cluster.rank_gpus: one GPU
     on a plain cluster; a mixed cluster's pipeline groups); the default margin is a fraction of
-    each GPU's memory."""
+    each GPU's memory. `margin_gib`: one for every rank, or one per rank (what a mixed plan's
+    estimate records, Estimate.stage_margin_gib)."""
     engine = get_engine(engine)
+    margins = list(margin_gib) if isinstance(margin_gib, (list, tuple)) else [margin_gib] * pp
     by_gpu = {}
     out = []
-    for gpu in cluster.rank_gpus(pp):
-        b = by_gpu.get(id(gpu))
+    for gpu, given in zip(cluster.rank_gpus(pp), margins):
+        b = by_gpu.get((id(gpu), given))
         if b is None:
-            margin = DEFAULT_MARGIN_FRACTION * gpu.memory_gib if margin_gib is None else margin_gib
-            b = by_gpu[id(gpu)] = MemoryBudget(gpu.memory_gib, engine.context_gib, margin,
-                                               engine.allocator_reserve)
+            margin = DEFAULT_MARGIN_FRACTION * gpu.memory_gib if given is None else given
+            b = by_gpu[(id(gpu), given)] = MemoryBudget(gpu.memory_gib, engine.context_gib,
+                                                        margin, engine.allocator_reserve)
         out.append(b)
     return out
 
@@ -743,6 +745,7 @@ class Estimate:
     margin_gib: float = 0.0
     # per pipeline rank where the ranks' GPUs differ (a mixed cluster); empty: capacity_gib
     stage_capacity_gib: list = field(default_factory=list)
+    stage_margin_gib: list = field(default_factory=list)   # likewise; empty: margin_gib
     host: object = None   # planner.cost.offload.HostUse of an offload plan, else None
 
     def overflow_gib(self) -> list:
@@ -758,6 +761,8 @@ class Estimate:
                 "time_breakdown_s": self.time_breakdown_s,
                 **({"stage_capacity_gib": self.stage_capacity_gib}
                    if self.stage_capacity_gib else {}),
+                **({"stage_margin_gib": self.stage_margin_gib}
+                   if self.stage_margin_gib else {}),
                 **({"host_memory_gib_per_node": self.host.host_gib,
                     "host_capacity_gib_per_node": self.host.host_capacity_gib,
                     "nvme_tib_per_node": self.host.nvme_tib,
@@ -832,4 +837,6 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
                     peak_memory_gib=peak, time_breakdown_s=breakdown,
                     stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap,
                     peak_reserved_gib=peak_reserved, margin_gib=budgets[0].margin_gib,
-                    stage_capacity_gib=caps if len(set(caps)) > 1 else [])
+                    stage_capacity_gib=caps if len(set(caps)) > 1 else [],
+                    stage_margin_gib=[b.margin_gib for b in budgets] if len(set(caps)) > 1
+                    else [])

@@ -35,8 +35,12 @@ from planner.search import default_global_batch, default_seq_len, search
 from planner.search.bounds import (SharedCoefficients, _min_recompute, _recompute_bounds,
                                    rules_for)
 from planner.search.enumeration import Fixed, enumerate_candidates
-from planner.search.placement import Result, solve_cpsat
+from planner.search.placement import Result, engine_recompute, solve_cpsat
 from planner.specs import Cluster, MixedCluster, Model
+
+# the knobs a user may fix that shape the layout (named in the line when none is a pipeline)
+_SHAPE_KNOBS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "zero": "--zero",
+                "mbs": "--micro-batch"}
 
 # schedules a pipeline over groups runs (one chunk per rank: see the module docstring)
 MIXED_SCHEDULES = ("1f1b", "gpipe")
@@ -99,7 +103,10 @@ def slowest_cluster(mixed: MixedCluster) -> Cluster:
     return Cluster(name=f"{mixed.gpu.name}x{n}", gpu=mixed.gpu, num_gpus=n, gpus_per_node=gpn)
 
 
-def _unsupported(model: Model, f: Fixed, engine) -> str | None:
+def _unsupported(model: Model, mixed: MixedCluster, f: Fixed, engine) -> str | None:
+    why = V.mixed_platform_problem(mixed)
+    if why:
+        return why
     if not engine.pipelines:
         return (f"{engine.name} has no pipeline parallelism, and a mixed cluster is planned as "
                 f"one pipeline over its groups (data parallelism across groups, every GPU at "
@@ -247,6 +254,7 @@ def _heuristic(model, cluster, c, coeffs, caps_bytes, rules, engine, margin_gib,
     for k, n, cb in zip(coeffs, split, caps_bytes):
         r = _min_recompute(k, n, cb, c, rules)
         rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+    rec = engine_recompute(rec, split, c, rules)
     est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return MixedResult(c, list(split), rec, est, cluster=cluster)
 
@@ -269,7 +277,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     t0 = time.perf_counter()
     engine = get_engine(engine)
     f = fixed or Fixed()
-    why = _unsupported(model, f, engine)
+    why = _unsupported(model, mixed, f, engine)
     if why:
         raise BadInput(why)
     seq_len = seq_len or default_seq_len(model)
@@ -379,6 +387,16 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     best, chosen = mixed_best, "mixed"
     fastest_alone = min((a for a in alone if a.step_time_s is not None),
                         key=lambda a: a.step_time_s, default=None)
+    if n_cands == 0 and fastest_alone is None:
+        # not one candidate lays pipeline ranks on every group: what is not planned, not memory
+        given = [f"{flag} {getattr(f, k)}" for k, flag in _SHAPE_KNOBS.items()
+                 if getattr(f, k) is not None]
+        raise BadInput(
+            f"no layout {engine.name} runs" + (f" with {' '.join(given)}" if given else "")
+            + f" is a pipeline over the groups ({', '.join(g.name for g in mixed.groups)}: "
+            f"pp of at least {len(mixed.groups)}, each group's GPUs whole pipeline ranks of "
+            f"tp x cp x dp), and no group alone fits; data parallelism across groups is not "
+            f"planned yet: plan one group, or let the search choose those knobs")
     if fastest_alone is not None and (mixed_best is None or fastest_alone.step_time_s
                                       <= mixed_best.estimate.step_time_s):
         best, chosen = fastest_alone.result, fastest_alone.name

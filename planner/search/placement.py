@@ -61,11 +61,19 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
             r = _min_recompute_kinds(k, n, cap, c, rules, P, start)
         rec.append(r if r is not None else (n if c.recompute != "none" else 0))
         start += n
-    if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
-        per_chunk = max(math.ceil(r / c.vpp) for r in rec)
-        rec = [chunk_recompute(per_chunk, n, c.vpp) for n in split]
+    rec = engine_recompute(rec, split, c, rules)
     est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return Result(c, split, rec, est)
+
+
+def engine_recompute(rec: list, split: list, c, rules: Rules) -> list:
+    """Recomputed layers per rank as the engine counts them: where it recomputes one count in
+    every model chunk (Rules.per_chunk: Megatron's --recompute-num-layers), the most any rank
+    needs, in every chunk."""
+    if rules.per_chunk and not rules.all_layers_recomputed and any(rec):
+        per_chunk = max(math.ceil(r / c.vpp) for r in rec)
+        return [chunk_recompute(per_chunk, n, c.vpp) for n in split]
+    return list(rec)
 
 
 @functools.lru_cache(maxsize=32)
