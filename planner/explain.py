@@ -354,8 +354,9 @@ def mixing_lines(mixing: dict, step_s: float | None) -> list:
         out.append(f"mixing does not pay: {mixing['chosen']} alone ({alone_s}) beats the best "
                    f"pipeline over the groups ({_fmt_time(mixed)}); planned on it alone"
                    if mixed else
-                   f"no pipeline over the groups fits; planned on {mixing['chosen']} alone "
-                   f"({alone_s})")
+                   f"no pipeline over the groups "
+                   f"{'fits' if mixing.get('mixed_candidates', 1) else 'can take the fixed knobs'}"
+                   f"; planned on {mixing['chosen']} alone ({alone_s})")
         return out
     best_alone = min(fits.items(), key=lambda kv: kv[1], default=None)
     line = "mixing the groups: "

@@ -181,9 +181,15 @@ def test_knobs_no_pipeline_over_the_groups_can_take_are_one_line_exit_2(capsys):
     mixed cluster is planned as one pipeline over its groups: no candidate can be laid out.
     5fa8409 said 'nothing fits' (exit 3), which reads as memory; it is what the mixed search
     does not plan (exit 2), and the line says why."""
-    err = _one_line_exit_2(capsys, ["--model", "llama70b", "--cluster", "examples/mixed.json",
-                                    "--global-batch", "256", "--zero", "3"])
+    argv = ["--model", "llama70b", "--cluster", "examples/mixed.json", "--global-batch", "256",
+            "--zero", "3"]
+    err = _one_line_exit_2(capsys, argv + ["--offload-optimizer", "none"])
     assert "pipeline" in err and "--zero 3" in err
+    # with the optimizer in host memory the H100 group alone runs ZeRO-3: planned on it, and
+    # the line says the groups' pipeline was not possible, not that it did not fit
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "no pipeline over the groups can take the fixed knobs; planned on h100 alone" in out
 
 
 def test_the_runtime_preflight_takes_each_groups_host_size():

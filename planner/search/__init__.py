@@ -538,6 +538,14 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
             engine: Engine | str | None = None) -> Plan:
     c = r.candidate
     engine = get_engine(engine if engine is not None else report.engine if report else None)
+    if c.recompute != "none" and not any(r.recompute):
+        # no layer recomputed: the run is the recompute-free one, and the plan says so
+        # (recompute "none"); priced as that run (planner.cost.stage: the last stage's loss
+        # peak and a layer's working set apart), so the saved plan re-prices as it was emitted
+        c = dataclasses.replace(c, recompute="none", recompute_modules=DEFAULT_MODULES)
+        again = price(model, cluster, c, r.layers, r.recompute, engine,
+                      report.margin_gib if report is not None else None)
+        r = dataclasses.replace(r, candidate=c, estimate=again.estimate)
     par = Parallelism(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, cp_comm_type=c.cp_comm,
                       ep=c.ep, etp=c.etp, zero_stage=c.zero, sequence_parallel=c.sp,
                       tp_comm_overlap=c.tp_comm_overlap,

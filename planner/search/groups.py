@@ -89,6 +89,7 @@ class MixedReport:
         return {"chosen": self.chosen,
                 "mixed_step_time_s": (self.mixed_best.estimate.step_time_s
                                       if self.mixed_best else None),
+                "mixed_candidates": self.candidates,   # 0: no layout is a pipeline over them
                 "single_group": {a.name: a.step_time_s for a in self.alone},
                 "all_as_slowest": {"cluster": self.slowest.cluster.name,
                                    "step_time_s": self.slowest.step_time_s}
