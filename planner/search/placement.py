@@ -22,7 +22,14 @@ from planner.search.bounds import (Rules, _min_recompute, _min_recompute_kinds, 
 # CP-SAT works in integers: times are counted in units of (a step estimate) / TIME_UNITS, fine
 # enough that rounding moves a step by ~1e-6, coarse enough to keep the solver fast.
 TIME_UNITS = 1e8
-SOLVER_SECONDS = 2.0               # per candidate; a FEASIBLE answer past it reports its gap
+# A solve's budget, per candidate, in CP-SAT's deterministic time (its count of work done,
+# about a second of one core a unit: deepseek-v3/h100x256's longest solve measured 1.38 units
+# in 1.39 s CPU), so that an answer never depends on how loaded the machine is: with a wall
+# clock limit a time-limited solve stopped wherever the load left it, and its FEASIBLE result
+# (the next solves' cutoff) with it. A FEASIBLE answer past it reports its gap.
+SOLVER_SECONDS = 2.0
+# the wall clock only as a safety net, far past what SOLVER_SECONDS of work takes
+SOLVER_WALL_SECONDS = 30.0
 
 
 @dataclass
@@ -292,7 +299,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                 mdl.AddHint(b, st.layers[1])
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = SOLVER_SECONDS
+    solver.parameters.max_deterministic_time = SOLVER_SECONDS
+    solver.parameters.max_time_in_seconds = SOLVER_WALL_SECONDS
     # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
     # wide integer coefficients while the search itself needs milliseconds.
     solver.parameters.cp_model_presolve = P is not None   # element constraints need it
