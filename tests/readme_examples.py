@@ -154,13 +154,17 @@ def environment(work: Path, width: int = WIDTH) -> dict:
     return env
 
 
-def run_command(cmd: Command, work: Path, env: dict, timeout: float = 600) -> list:
+def run_command(cmd: Command, work: Path, env: dict, timeout: float = 600,
+                stderr: list | None = None) -> list:
     """The command's stdout lines (wrapped at WIDTH); AssertionError when it fails, unless
-    its expected output says how it fails (a command ending in `2>&1`)."""
+    its expected output says how it fails (a command ending in `2>&1`). Its stderr is
+    appended to `stderr` when given."""
     r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd.line], cwd=work, env=env,
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0 and not cmd.line.rstrip().endswith("2>&1"):
         raise AssertionError(f"`{cmd.line}` exited {r.returncode}:\n{r.stderr[-3000:]}")
+    if stderr is not None:
+        stderr.append(r.stderr)
     return wrap(r.stdout.splitlines(), int(env["COLUMNS"]))
 
 

@@ -4,8 +4,6 @@ output compared with the page (tests/readme_examples.py says how, and how to reg
 import re
 import shlex
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -25,24 +23,14 @@ def _examples():
 
 
 @pytest.mark.parametrize("path,index", _examples())
-def test_example_prints_what_the_page_shows(path, index):
+def test_example_prints_what_the_page_shows(path, index, page_examples):
     block = rx.parse(path.read_text())[index]
-    width = rx.WIDTH_OF.get(path.name, rx.WIDTH)
-    with tempfile.TemporaryDirectory(prefix="readme-test-") as tmp:
-        work = Path(tmp)
-        env = rx.environment(work, width)
-        # the file's earlier blocks first: a block may read what an earlier one wrote
-        for earlier in rx.parse(path.read_text())[:index]:
-            if not earlier.slow or block.slow:
-                for cmd in earlier.commands:
-                    if re.search(r"--out |--metrics |> (?!/dev/null)", cmd.line):
-                        rx.run_command(cmd, work, env)
-        for cmd in block.commands:
-            got = rx.run_command(cmd, work, env)
-            diff = rx.differences(cmd, got)
-            assert not diff, (f"{path.name}: `{cmd.line}` prints something else than the page "
-                              f"shows (python -m tests.readme_examples --update rewrites it):\n"
-                              f"{diff}")
+    ran = page_examples(path, index)         # (conftest.py: each block runs once a session)
+    for cmd, got in zip(block.commands, ran.outputs):
+        diff = rx.differences(cmd, got)
+        assert not diff, (f"{path.name}: `{cmd.line}` prints something else than the page "
+                          f"shows (python -m tests.readme_examples --update rewrites it):\n"
+                          f"{diff}")
 
 
 def test_an_edited_output_fails_and_only_timing_may_differ():

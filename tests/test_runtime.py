@@ -248,6 +248,19 @@ def _refused(r, match):
     assert match in lines[0], lines[0]
 
 
+def in_process(capsys, *args):
+    """`python -m runtime ARGS` as its own main() in this process, for refusals that come
+    after torch is imported (a new process would spend seconds importing it first); the
+    subprocess runs (run_runtime) keep the exit status and stderr of the real entry point."""
+    from types import SimpleNamespace
+
+    from runtime.train import main
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
 def test_refuses_world_mismatch(tmp_path):
     plan = make_plan(tmp_path / "p.json", tp=2, pp=2, dp=2)
     r = run_runtime("--plan", plan, "--steps", 2, "--metrics", tmp_path / "m")
@@ -280,22 +293,23 @@ def test_refuses_bad_cli(tmp_path, args, match):
     _refused(run_runtime("--plan", plan, *args), match)
 
 
-def test_refuses_bad_plans(tmp_path):
+def test_refuses_bad_plans(tmp_path, capsys, monkeypatch):
     _refused(run_runtime("--plan", tmp_path / "missing.json"), "no such file")
     bad = tmp_path / "bad.json"
     bad.write_text("{\"schema_version\": 1}")
     _refused(run_runtime("--plan", bad), "not a valid plan")
     alibi = make_plan(tmp_path / "a.json", model=LLAMA.scaled(position="alibi"))
-    _refused(run_runtime("--plan", alibi), "ALiBi")
+    _refused(in_process(capsys, "--plan", alibi), "ALiBi")
     # a layout the runtime cannot run is refused before any work: learned positions are a
     # table of max_seq_len rows (RoPE has no such limit since the rules layer's mend)
     long = make_plan(tmp_path / "g.json", model=LLAMA.scaled(max_seq_len=8, position="learned"),
                      tp=2, pp=2,
                      validate=False)
-    _refused(run_runtime("--plan", long, env_extra={"WORLD_SIZE": "4"}), "max_seq_len")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    _refused(in_process(capsys, "--plan", long), "max_seq_len")
 
 
-def test_file_data_and_resume_refuses_other_model(tmp_path):
+def test_file_data_and_resume_refuses_other_model(tmp_path, capsys):
     plan = make_plan(tmp_path / "p.json")
     ck = tmp_path / "ck"
     np.save(tmp_path / "toks.npy", (np.arange(1000) * 7 % 128).astype(np.int32))
@@ -305,8 +319,8 @@ def test_file_data_and_resume_refuses_other_model(tmp_path):
     assert _metrics(tmp_path / "m")[0]["loss"] > 0
     assert (ck / "step-00000001" / "COMPLETE").is_file()
     other = make_plan(tmp_path / "o.json", model=LLAMA.scaled(hidden=128, ffn_hidden=256))
-    _refused(run_runtime("--plan", other, "--steps", 2, "--checkpoint-dir", ck, "--resume",
-                         "--data", tmp_path / "toks.npy"),
+    _refused(in_process(capsys, "--plan", other, "--steps", 2, "--checkpoint-dir", ck,
+                        "--resume", "--data", tmp_path / "toks.npy"),
              "written by another run (model hidden 64 vs 128; model ffn_hidden 128 vs 256;")
 
 

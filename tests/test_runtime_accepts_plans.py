@@ -10,9 +10,6 @@ rules layer (planner.rules), so the search never emits what the pre-flight refus
 """
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +25,8 @@ from planner.search import search, to_plan  # noqa: E402
 from planner.specs import Model  # noqa: E402
 from runtime.model import check_whole_model_supported  # noqa: E402
 from runtime.train import preflight  # noqa: E402
+from tests.runtime_runs import ran, runs_of  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("PLANNER_RUNTIME_PLAN_EXAMPLES", "25"))
 CLUSTERS = ("cpux2", "cpux4", "cpux8")
 
@@ -143,26 +140,34 @@ TRAINED = {
 }
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{name: (result, launch)} of one 2-process launch (tests.runtime_runs) training each
+    fixed draw's first plan for one step; the plans under "plans"."""
+    d = tmp_path_factory.mktemp("trained")
+    runs, plans = {}, {}
+    for name, (model, cluster, seq, gbs, fixed) in TRAINED.items():
+        found, refusal = plans_for_runtime(model, get_cluster(cluster), seq, gbs, **fixed)
+        plans[name] = (found[0] if found else None, refusal)
+        if found:
+            assert found[0].parallelism.world_size == 2, name
+            found[0].save(d / f"{name}.json")
+            runs[name] = ["--plan", d / f"{name}.json", "--steps", 1,
+                          "--metrics", d / f"{name}.jsonl"]
+    return {**runs_of(2, runs, d), "plans": plans, "dir": d}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINED))
-def test_fixed_draws_train_one_step_under_torchrun(name, tmp_path):
-    model, cluster, seq, gbs, fixed = TRAINED[name]
-    plans, refusal = plans_for_runtime(model, get_cluster(cluster), seq, gbs, **fixed)
-    assert plans, refusal
-    plan = plans[0]
+def test_fixed_draws_train_one_step_under_torchrun(name, trained):
+    _, _, _, _, fixed = TRAINED[name]
+    plan, refusal = trained["plans"][name]
+    assert plan, refusal
     if fixed.get("tp"):
         assert plan.parallelism.etp == plan.parallelism.tp and plan.parallelism.sequence_parallel
     assert_runtime_accepts(plan)
-    plan.save(tmp_path / "plan.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    world = plan.parallelism.world_size
-    cmd = ([sys.executable, "-m", "runtime"] if world == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(world), "-m", "runtime"])
-    r = subprocess.run(cmd + ["--plan", str(tmp_path / "plan.json"), "--steps", "1",
-                              "--metrics", str(tmp_path / "m.jsonl")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    ran(*trained[name])
+    steps = [json.loads(line)
+             for line in (trained["dir"] / f"{name}.jsonl").read_text().splitlines()]
     step = [d for d in steps if d.get("step") == 1]
     assert step and step[0]["loss"] > 0, steps

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow      # every test here runs torchrun with 2-8 proc
 from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
+from tests.runtime_runs import ran, runs_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
@@ -86,17 +87,21 @@ def work(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def baseline(work):
-    """One-process runs of each model, checkpointing every 2 steps."""
+    """One-process runs of each model, checkpointing every 2 steps (one launch)."""
+    runs = {}
+    for name, model in MODELS.items():
+        d = work / f"base-{name}"
+        d.mkdir()
+        runs[name] = ["--plan", make_plan(d / "plan.json", model), "--steps", STEPS,
+                      "--metrics", d / "m.jsonl", "--checkpoint-dir", d / "ck",
+                      "--checkpoint-every", 2]
+    results = runs_of(1, runs, work)
     cache = {}
 
     def get(name):
         if name not in cache:
+            ran(*results[name])
             d = work / f"base-{name}"
-            d.mkdir()
-            plan = make_plan(d / "plan.json", MODELS[name])
-            r = launch(1, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
-                       "--checkpoint-dir", d / "ck", "--checkpoint-every", 2)
-            assert r.returncode == 0, r.stderr[-3000:]
             m = steps_of(d / "m.jsonl")
             assert sorted(m) == list(range(1, STEPS + 1))
             losses = [m[s]["loss"] for s in m]
@@ -109,14 +114,6 @@ def baseline(work):
     return get
 
 
-def assert_matches_one_process(d, plan, baseline, kind):
-    """Train `plan` on 8 processes and compare every step with the 1-process `kind` run."""
-    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline(kind)
-    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
-
-
 def _ckpt_at(src_dir, step, dst_dir):
     """A checkpoint directory holding only `src_dir`'s checkpoint of `step`."""
     dst_dir.mkdir(parents=True)
@@ -125,24 +122,56 @@ def _ckpt_at(src_dir, step, dst_dir):
     return dst_dir
 
 
-# ---- 8 processes: tp2 x pp2 x dp2 ----------------------------------------------------------
+# ---- 8 processes: tp2 x pp2 x dp2, and tp4 x dp2 -------------------------------------------
+# Every layout's checks below read the runs of one 8-process launch (`eight`).
 
-def test_tp2_pp2_dp2_zero1_sp_interleaved(work, baseline):
-    """ZeRO 1 (sharded AdamW state), sequence parallel, interleaved 1F1B with 2 chunks/rank,
-    GPT-style model with embeddings tied across the pipeline; its step-2 checkpoint then
-    resumes in one process (reshard 8 -> 1)."""
+EIGHT = {
+    # ZeRO 1 (sharded AdamW state), sequence parallel, interleaved 1F1B with 2 chunks/rank,
+    # GPT-style model with embeddings tied across the pipeline; checkpoints every 2 steps
+    "zero1": (GPT, dict(tp=2, pp=2, dp=2, vpp=2, zero_stage=1, sequence_parallel=True,
+                        schedule="interleaved")),
+    # FSDP2 without resharding after forward (ZeRO 2), GPipe, micro-batches of 2, selective
+    # recompute, no sequence parallel, and a non-default rank order (dp outermost)
+    "zero2": (LLAMA, dict(tp=2, pp=2, dp=2, mbs=2, zero_stage=2, schedule="gpipe",
+                          recompute="selective", recompute_per_rank=[2, 1],
+                          rank_order=("dp", "pp", "tp"))),
+    # FSDP2 resharding after forward (ZeRO 3), 1F1B, full recompute of 1 and 2 layers,
+    # sequence parallel; relu2, parallel residual, LayerNorm, biases, RoPE, tied embeddings
+    # across the pipeline
+    "zero3": (NEOX, dict(tp=2, pp=2, dp=2, zero_stage=3, sequence_parallel=True,
+                         schedule="1f1b", recompute="full", recompute_per_rank=[1, 2])),
+    # tp 4 over 2 key/value heads (each kv head replicated on 2 tp ranks), sequence parallel
+    # with learned positions and LayerNorm biases, tied embeddings inside one stage, ZeRO 0
+    # (DDP-style all-reduce) over dp 2, no pipeline (gradient accumulation loop)
+    "tp4": (GPT, dict(tp=4, dp=2, zero_stage=0, sequence_parallel=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def eight(work):
+    runs = {}
+    for name, (model, par) in EIGHT.items():
+        d = work / name
+        d.mkdir()
+        runs[name] = ["--plan", make_plan(d / "plan.json", model, **par), "--steps", STEPS,
+                      "--metrics", d / "m.jsonl"]
+    runs["zero1"] += ["--checkpoint-dir", work / "zero1" / "ck", "--checkpoint-every", 2]
+    return runs_of(8, runs, work)
+
+
+def assert_matches_one_process(work, eight, baseline, name, kind):
+    """The 8-process run `name` equals the 1-process `kind` run at every step."""
+    ran(*eight[name])
+    want, _ = baseline(kind)
+    assert_same_curve(steps_of(work / name / "m.jsonl"), want, range(1, STEPS + 1))
+
+
+def test_tp2_pp2_dp2_zero1_sp_interleaved(work, eight, baseline):
+    """EIGHT["zero1"]; its step-2 checkpoint then resumes in one process (reshard 8 -> 1)."""
+    assert_matches_one_process(work, eight, baseline, "zero1", "gpt")
     d = work / "zero1"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", GPT, tp=2, pp=2, dp=2, vpp=2, zero_stage=1,
-                     sequence_parallel=True, schedule="interleaved")
-    r = launch(8, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
-               "--checkpoint-dir", d / "ck", "--checkpoint-every", 2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    want, _ = baseline("gpt")
-    assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
     assert sorted(p.name for p in (d / "ck").iterdir()) == \
         ["step-00000002", "step-00000004", "step-00000005"]
-
     ck = _ckpt_at(d / "ck", 2, d / "ck-resume")
     one = make_plan(d / "one.json", GPT)
     r = launch(1, "--plan", one, "--steps", STEPS, "--metrics", d / "r.jsonl",
@@ -151,40 +180,19 @@ def test_tp2_pp2_dp2_zero1_sp_interleaved(work, baseline):
     assert "resumed from" in r.stdout
     got = steps_of(d / "r.jsonl")
     assert sorted(got) == list(range(3, STEPS + 1))
-    assert_same_curve(got, want, range(3, STEPS + 1))
+    assert_same_curve(got, baseline("gpt")[0], range(3, STEPS + 1))
 
 
-def test_tp2_pp2_dp2_zero2_gpipe_selective(work, baseline):
-    """FSDP2 without resharding after forward (ZeRO 2), GPipe, micro-batches of 2, selective
-    recompute, no sequence parallel, and a non-default rank order (dp outermost)."""
-    d = work / "zero2"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", LLAMA, tp=2, pp=2, dp=2, mbs=2, zero_stage=2,
-                     schedule="gpipe", recompute="selective", recompute_per_rank=[2, 1],
-                     rank_order=("dp", "pp", "tp"))
-    assert_matches_one_process(d, plan, baseline, "llama")
+def test_tp2_pp2_dp2_zero2_gpipe_selective(work, eight, baseline):
+    assert_matches_one_process(work, eight, baseline, "zero2", "llama")
 
 
-def test_tp2_pp2_dp2_zero3_full_recompute(work, baseline):
-    """FSDP2 resharding after forward (ZeRO 3), 1F1B, full recompute of 1 and 2 layers,
-    sequence parallel; relu2, parallel residual, LayerNorm, biases, RoPE, tied embeddings
-    across the pipeline."""
-    d = work / "zero3"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", NEOX, tp=2, pp=2, dp=2, zero_stage=3,
-                     sequence_parallel=True, schedule="1f1b", recompute="full",
-                     recompute_per_rank=[1, 2])
-    assert_matches_one_process(d, plan, baseline, "neox")
+def test_tp2_pp2_dp2_zero3_full_recompute(work, eight, baseline):
+    assert_matches_one_process(work, eight, baseline, "zero3", "neox")
 
 
-def test_tp4_dp2_zero0_replicated_kv_heads(work, baseline):
-    """tp 4 over 2 key/value heads (each kv head replicated on 2 tp ranks), sequence parallel
-    with learned positions and LayerNorm biases, tied embeddings inside one stage, ZeRO 0
-    (DDP-style all-reduce) over dp 2, no pipeline (gradient accumulation loop)."""
-    d = work / "tp4"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", GPT, tp=4, dp=2, zero_stage=0, sequence_parallel=True)
-    assert_matches_one_process(d, plan, baseline, "gpt")
+def test_tp4_dp2_zero0_replicated_kv_heads(work, eight, baseline):
+    assert_matches_one_process(work, eight, baseline, "tp4", "gpt")
 
 
 # ---- resume ------------------------------------------------------------------------------
@@ -209,18 +217,41 @@ def test_resume_same_layout(work, baseline):
     assert (ck / f"step-{STEPS:08d}" / "COMPLETE").is_file()
 
 
-def test_resume_reshards_one_process_into_zero1_pipeline_tied(work, baseline):
+# ---- 4 processes: pp2 x dp2 -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def four(work, baseline):
+    """One 4-process launch: a one-process checkpoint of the tied model resumed under
+    tp1 x pp2 x dp2 with ZeRO 1, ZeRO 2 inside interleaved 1F1B, and hybrid sharding
+    (dp_shard 2 of dp 4) at ZeRO 2 and 3."""
+    _, ck_all = baseline("gpt")
+    d = work / "resume4"
+    ck = _ckpt_at(ck_all, 2, d / "ck")
+    i = work / "interleaved-zero2"
+    i.mkdir()
+    hsdp = {}
+    for zero in (2, 3):
+        h = work / f"hsdp-zero{zero}"
+        h.mkdir()
+        hsdp[f"hsdp-zero{zero}"] = [
+            "--plan", make_plan(h / "plan.json", LLAMA, dp=4, zero_stage=zero, dp_shard=2),
+            "--steps", STEPS, "--metrics", h / "m.jsonl"]
+    return runs_of(4, {**hsdp,
+        "resume": ["--plan", make_plan(d / "plan.json", GPT, tp=1, pp=2, dp=2, zero_stage=1),
+                   "--steps", STEPS, "--metrics", d / "m.jsonl", "--checkpoint-dir", ck,
+                   "--resume"],
+        "interleaved-zero2": ["--plan", make_plan(i / "plan.json", LLAMA, pp=2, dp=2, vpp=2,
+                                                  zero_stage=2, schedule="interleaved"),
+                              "--steps", STEPS, "--metrics", i / "m.jsonl"]}, work)
+
+
+def test_resume_reshards_one_process_into_zero1_pipeline_tied(work, baseline, four):
     """A one-process checkpoint of the tied model resumes under tp1 x pp2 x dp2 with ZeRO 1
     (each dp rank loads the AdamW state of the parameters it owns); the output copy on the
     last stage loads the embedding."""
-    want, ck_all = baseline("gpt")
-    d = work / "resume4"
-    ck = _ckpt_at(ck_all, 2, d / "ck")
-    plan = make_plan(d / "plan.json", GPT, tp=1, pp=2, dp=2, zero_stage=1)
-    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl",
-               "--checkpoint-dir", ck, "--resume")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = steps_of(d / "m.jsonl")
+    want, _ = baseline("gpt")
+    ran(*four["resume"])
+    got = steps_of(work / "resume4" / "m.jsonl")
     assert sorted(got) == list(range(3, STEPS + 1))
     assert_same_curve(got, want, range(3, STEPS + 1))
 
@@ -271,15 +302,25 @@ def assert_sharded_state(metrics_path, model, plan_path, dp, world):
         assert m["activations"] > 0 and m["peak"] > 0
 
 
+@pytest.fixture(scope="module")
+def two(work):
+    """One 2-process launch: dp 2 with ZeRO 2, then with ZeRO 3."""
+    runs = {}
+    for zero in (2, 3):
+        d = work / f"accum-zero{zero}"
+        d.mkdir()
+        runs[zero] = ["--plan", make_plan(d / "plan.json", LLAMA, dp=2, zero_stage=zero),
+                      "--steps", STEPS, "--metrics", d / "m.jsonl"]
+    return runs_of(2, runs, work)
+
+
 @pytest.mark.parametrize("zero", [2, 3])
-def test_dp2_fsdp_accumulation_keeps_gradients_sharded(work, baseline, zero):
+def test_dp2_fsdp_accumulation_keeps_gradients_sharded(work, baseline, two, zero):
     """ZeRO 2/3 without a pipeline, 4 micro-batches of gradient accumulation (the loop, not the
     schedule): the same curve as one process and sharded gradients throughout."""
     d = work / f"accum-zero{zero}"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", LLAMA, dp=2, zero_stage=zero)
-    r = launch(2, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
+    plan = d / "plan.json"
+    ran(*two[zero])
     want, _ = baseline("llama")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
     assert_sharded_state(d / "m.jsonl", LLAMA, plan, 2, 2)
@@ -294,31 +335,24 @@ def test_dp2_fsdp_accumulation_keeps_gradients_sharded(work, baseline, zero):
                                    rel=0.02)
 
 
-def test_pp2_dp2_zero2_interleaved_keeps_gradients_sharded(work, baseline):
+def test_pp2_dp2_zero2_interleaved_keeps_gradients_sharded(work, baseline, four):
     """FSDP2 inside torch's interleaved 1F1B schedule (2 chunks per rank): every micro-batch's
     backward reduce-scatters (torch's stage would accumulate them unsharded)."""
     d = work / "interleaved-zero2"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", LLAMA, pp=2, dp=2, vpp=2, zero_stage=2,
-                     schedule="interleaved")
-    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
+    ran(*four["interleaved-zero2"])
     want, _ = baseline("llama")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
-    assert_sharded_state(d / "m.jsonl", LLAMA, plan, 2, 4)
+    assert_sharded_state(d / "m.jsonl", LLAMA, d / "plan.json", 2, 4)
 
 
 @pytest.mark.parametrize("zero", [2, 3])
-def test_hsdp_2x2_matches_one_process(work, baseline, zero):
+def test_hsdp_2x2_matches_one_process(work, baseline, four, zero):
     """Hybrid sharding (plan dp_shard 2 of dp 4): FSDP2 over the 2-D (dp_replicate 2,
     dp_shard 2) mesh on 4 processes trains the one-process curve, and each rank holds half
     the parameters (its shard group's), not a quarter."""
     d = work / f"hsdp-zero{zero}"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", LLAMA, dp=4, zero_stage=zero, dp_shard=2)
-    r = launch(4, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
+    ran(*four[f"hsdp-zero{zero}"])
     want, _ = baseline("llama")
     assert_same_curve(steps_of(d / "m.jsonl"), want, range(1, STEPS + 1))
     # gradients and AdamW state of a shard group's half, not dp's quarter (2: the shard)
-    assert_sharded_state(d / "m.jsonl", LLAMA, plan, 2, 4)
+    assert_sharded_state(d / "m.jsonl", LLAMA, d / "plan.json", 2, 4)

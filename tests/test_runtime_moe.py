@@ -17,7 +17,8 @@ from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.catalog.files import load_model_file  # noqa: E402
 from planner.specs import Cluster  # noqa: E402
-from test_runtime_dist import assert_same_curve, launch, steps_of  # noqa: E402
+from test_runtime_dist import assert_same_curve, steps_of  # noqa: E402
+from tests.runtime_runs import ran, runs_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MOE = load_model_file(str(ROOT / "examples" / "tiny-moe.json"))   # 4 layers, the first dense
@@ -208,28 +209,64 @@ def test_moe_block_saves_what_the_cost_model_counts_on_cpu():
     y.sum().backward()
 
 
+# ---- on 4 processes: every layout below is one run of one launch (`four`) -------------------
+
+SEARCHED = {"ep2": dict(ep=2), "tp2_ep2": dict(tp=2, ep=2)}
+BIAS = MOE.scaled(name="tiny-moe-bias", expert_bias=True)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    """{name: (result, launch)} of one 4-process launch (tests.runtime_runs) running the
+    searched plans and the layouts of the tests below; the searched plans' reports in
+    "reports"."""
+    from planner.catalog import get_cluster
+    from planner.search import Fixed, search, to_plan
+    d = tmp_path_factory.mktemp("moe-four")
+    runs, reports = {}, {}
+    cluster = get_cluster("cpux4")
+    for name, fixed in SEARCHED.items():
+        rep = search(MOE, cluster, Fixed(**fixed), seq_len=32, global_batch=16,
+                     engine="runtime")
+        plan = to_plan(MOE, cluster, rep.best, rep)
+        (d / name).mkdir()
+        plan.save(d / name / "plan.json")
+        reports[name] = (plan, rep)
+        runs[name] = ["--plan", d / name / "plan.json", "--steps", 1]
+    layouts = {
+        "ep2_edp2_zero3": (STEPS, dict(dp=4, ep=2, zero_stage=3, recompute="full",
+                                       recompute_per_rank=[2])),
+        "pp2_ep2_zero1": (STEPS, dict(pp=2, dp=2, ep=2, zero_stage=1, schedule="1f1b")),
+        "tp2_ep2_sp_zero1": (2, dict(tp=2, dp=2, ep=2, etp=2, sequence_parallel=True,
+                                     zero_stage=1, recompute="full", recompute_per_rank=[2])),
+        "tp2_pp2_etp2_bias": (2, dict(model=BIAS, tp=2, pp=2, etp=2, sequence_parallel=True,
+                                      schedule="1f1b")),
+    }
+    for name, (steps, par) in layouts.items():
+        (d / name).mkdir()
+        runs[name] = ["--plan", make_plan(d / name / "plan.json", **par), "--steps", steps]
+    for name in runs:
+        runs[name] += ["--metrics", d / name / "m.jsonl"]
+    return {**runs_of(4, runs, d), "dir": d, "reports": reports}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fixed", [dict(ep=2), dict(tp=2, ep=2)])
-def test_a_searched_expert_parallel_plan_runs_with_the_memory_it_planned(tmp_path, fixed):
+@pytest.mark.parametrize("name", sorted(SEARCHED))
+def test_a_searched_expert_parallel_plan_runs_with_the_memory_it_planned(four, name):
     """The search's best ep 2 plan (and tp 2 x ep 2: etp = tp, sequence parallel) for the
     runtime on cpux4, run for a step: per rank the measured gradients and optimizer state
     within the issue's tolerances of what the plan priced (10%, 5%), saved activations within
     30% (CPU: fp32 activations, MoE layers included)."""
     import json
 
-    from planner.catalog import get_cluster
     from planner.cost.memory import GIB
-    from planner.search import Fixed, search, to_plan
-    cluster = get_cluster("cpux4")
-    rep = search(MOE, cluster, Fixed(**fixed), seq_len=32, global_batch=16, engine="runtime")
-    plan = to_plan(MOE, cluster, rep.best, rep)
+    fixed = SEARCHED[name]
+    plan, rep = four["reports"][name]
     p = plan.parallelism
     assert p.ep == 2 and p.tp == fixed.get("tp", p.tp) and p.etp == p.tp
-    plan.save(tmp_path / "plan.json")
-    r = launch(4, "--plan", tmp_path / "plan.json", "--steps", 1,
-               "--metrics", tmp_path / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    first = next(d for d in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines())
+    ran(*four[name])
+    first = next(d for d in map(json.loads, (four["dir"] / name / "m.jsonl").read_text()
+                                .splitlines())
                  if "measured_memory_gib" in d)
     planned = rep.best.estimate.stage_memory_gib     # unrounded, GiB per pipeline rank
     for got in first["measured_memory_gib"]:
@@ -244,34 +281,39 @@ def test_a_searched_expert_parallel_plan_runs_with_the_memory_it_planned(tmp_pat
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
+    """Per-step metrics of the one-process runs (one launch): the MoE model for STEPS steps,
+    and the model with expert and router biases for 2."""
     d = tmp_path_factory.mktemp("moe-one")
-    r = launch(1, "--plan", make_plan(d / "plan.json"), "--steps", STEPS,
-               "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
+    (d / "bias").mkdir()
+    runs = {"moe": ["--plan", make_plan(d / "plan.json"), "--steps", STEPS,
+                    "--metrics", d / "m.jsonl"],
+            "bias": ["--plan", make_plan(d / "bias" / "plan.json", model=BIAS), "--steps", 2,
+                     "--metrics", d / "bias" / "m.jsonl"]}
+    results = runs_of(1, runs, d)
+    ran(*results["moe"])
+    ran(*results["bias"])
     m = steps_of(d / "m.jsonl")
     assert len({round(m[s]["loss"], 6) for s in m}) == STEPS     # a curve, not a constant
     assert any(m[s]["grad_norm"] > RUN.max_grad_norm for s in m), m     # clipping acts
-    return m
+    return {"moe": m, "bias": steps_of(d / "bias" / "m.jsonl")}
 
 
-def trains_like(reference, plan, tmp_path, steps=STEPS) -> dict:
-    """Run `plan` on 4 processes for `steps` and check its curve against `reference` (steps_of
-    of a one-process run); returns its per-step metrics."""
-    r = launch(4, "--plan", plan, "--steps", steps, "--metrics", tmp_path / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = steps_of(tmp_path / "m.jsonl")
+def trains_like(reference, four, name, steps=STEPS) -> dict:
+    """The 4-process run `name` of `four` ran `steps` steps with `reference`'s curve
+    (steps_of of a one-process run); returns its per-step metrics."""
+    ran(*four[name])
+    got = steps_of(four["dir"] / name / "m.jsonl")
+    assert sorted(got) == list(range(1, steps + 1))
     assert_same_curve(got, reference, range(1, steps + 1))
     return got
 
 
-def test_ep2_edp2_zero3_recompute(tmp_path, one_process):
+def test_ep2_edp2_zero3_recompute(four, one_process):
     """dp 4 = expert-dp 2 x ep 2: each rank holds 4 of the 8 experts of every MoE layer, FSDP2
     shards and reduce-scatters the experts over their 2 expert-dp ranks and everything else
     over dp 4 (ZeRO 3), 2 micro-batches of accumulation, the first 2 layers fully recomputed
     (the recompute repeats the dispatch all-to-all)."""
-    plan = make_plan(tmp_path / "plan.json", dp=4, ep=2, zero_stage=3, recompute="full",
-                     recompute_per_rank=[2])
-    got = trains_like(one_process, plan, tmp_path)
+    got = trains_like(one_process["moe"], four, "ep2_edp2_zero3")
     # per rank, from the spec: AdamW state is 2 x the shard (dense parameters / dp plus
     # experts / (ep * expert-dp)); gradients the shard plus the root group's unsharded output
     # and final-norm gradients (reduce-scattered at the end of the backward, so alive while
@@ -305,12 +347,12 @@ def rank_params(plan_path, pp_rank: int, ep: int) -> int:
     return round(n)
 
 
-def test_pp2_ep2_zero1(tmp_path, one_process):
+def test_pp2_ep2_zero1(four, one_process):
     """pp 2 x dp 2 with ep 2 (expert-dp 1), 1F1B over 4 micro-batches, ZeRO 1 (AdamW state of
     dense parameters split over dp, of experts over expert-dp); the first step's measured
     parameters and gradients per rank are the spec's count with the experts split over ep."""
-    plan = make_plan(tmp_path / "plan.json", pp=2, dp=2, ep=2, zero_stage=1, schedule="1f1b")
-    got = trains_like(one_process, plan, tmp_path)
+    got = trains_like(one_process["moe"], four, "pp2_ep2_zero1")
+    plan = four["dir"] / "pp2_ep2_zero1" / "plan.json"
     mem = got[1]["measured_memory_gib"]
     assert len(mem) == 4
     for m in mem:
@@ -321,17 +363,14 @@ def test_pp2_ep2_zero1(tmp_path, one_process):
 
 # ---- expert tensor parallelism (etp = tp) against one process -----------------------------
 
-def test_tp2_ep2_sp_zero1_recompute(tmp_path, one_process):
+def test_tp2_ep2_sp_zero1_recompute(four, one_process):
     """tp 2 x dp 2 with ep 2 and etp = tp = 2, sequence parallel (each tp rank routes its half
     of the sequence, dispatches over its ep group, the received rows all-gathered over tp and
     the experts' FFN split over tp), ZeRO 1, the first 2 layers fully recomputed (the
     recompute repeats the all-to-alls and the tp gather / scatter). Per rank, from the spec:
     every weight split over tp but the norms and the routers (replicated, as the planner's
     MoE pricing counts them), the routed experts also over ep."""
-    plan = make_plan(tmp_path / "plan.json", tp=2, dp=2, ep=2, etp=2, sequence_parallel=True,
-                     zero_stage=1, recompute="full", recompute_per_rank=[2])
-    steps = 2
-    got = trains_like(one_process, plan, tmp_path, steps)
+    got = trains_like(one_process["moe"], four, "tp2_ep2_sp_zero1", 2)
     m = MOE
     experts = m.num_moe_layers * m.num_experts * m.expert_params()
     replicated = (2 * m.num_layers + 1) * m.norm_params() + m.num_moe_layers * m.router_params()
@@ -341,21 +380,13 @@ def test_tp2_ep2_sp_zero1_recompute(tmp_path, one_process):
         assert mem["grads"] == pytest.approx(4 * rank / 2**30, rel=1e-9), mem
 
 
-def test_tp2_pp2_etp2_expert_bias_1f1b(tmp_path):
+def test_tp2_pp2_etp2_expert_bias_1f1b(four, one_process):
     """tp 2 x pp 2 (ep 1, etp = tp = 2: each expert split over the tp ranks, no expert
     parallelism), 1F1B over 8 micro-batches, a model with expert and router biases: the w1/w3
     biases split over tp with the FFN, the w2 bias added once (by tp rank 0) with its gradient
     summed over tp; against its own one-process run."""
-    model = MOE.scaled(name="tiny-moe-bias", expert_bias=True)
-    one = tmp_path / "one"
-    one.mkdir()
-    steps = 2
-    r = launch(1, "--plan", make_plan(one / "plan.json", model=model), "--steps", steps,
-               "--metrics", one / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    plan = make_plan(tmp_path / "plan.json", model=model, tp=2, pp=2, etp=2,
-                     sequence_parallel=True, schedule="1f1b")
-    got = trains_like(steps_of(one / "m.jsonl"), plan, tmp_path, steps)
+    got = trains_like(one_process["bias"], four, "tp2_pp2_etp2_bias", 2)
+    plan = four["dir"] / "tp2_pp2_etp2_bias" / "plan.json"
     # the weights each rank holds are what the planner prices (its expert states: the FFN
     # split over etp, the w2 bias whole)
     from planner.cost.stage import evaluate

@@ -28,11 +28,11 @@ from planner.specs import Cluster, Model  # noqa: E402
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 30
+STEPS = 16         # the kill comes after step EVERY + 1: 10 or more steps run after the restart
 EVERY = 4
 MODEL = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
               vocab_size=128, max_seq_len=64)
-# warm-up over 6 of the 30 steps, cosine decay to 10%; this model's pre-clip norms are ~0.5-0.65
+# warm-up over 6 of the 16 steps, cosine decay to 10%; this model's pre-clip norms are ~0.5-0.65
 # at lr 8e-4 (measured): 0.55 clips some steps and not others
 RUN = RunOptions(steps=STEPS, lr=8e-4, warmup_steps=6, lr_decay="cosine", min_lr_ratio=0.1,
                  max_grad_norm=0.55)

@@ -43,6 +43,7 @@ from planner.errors import BadInput  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
 from planner.search import Fixed, search, to_plan  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
+from tests.runtime_runs import ran, runs_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -225,23 +226,47 @@ def test_searched_plans_run_as_planned(model, world, zero, pp_pick, rank_pick, g
                 (what, pr, group, planned[pr])
 
 
-@pytest.mark.parametrize("fixed, tol", [
+SAVED_ACTIVATIONS = {
     # pipelined, tp 1: within 30% (before the runtime engine priced fp32 activations on CPUs
     # and the runtime's RMSNorm and gated MLP saved only their inputs, it was 2.1-2.9x)
-    (dict(zero=0, pp=2), 0.30),
+    "pp2": (dict(zero=0, pp=2), 0.30),
     # tp 2 with sequence parallelism: DTensor TP keeps the QKV and MLP-in linears' all-gathered
     # input (planner.engines.spec sp_keeps_gathered_inputs), within 5% (priced as Megatron's
     # 1/t shards it was 1.17x the plan)
-    (dict(zero=0, pp=1, tp=2, sp=True, recompute="none"), 0.05),
-])
-def test_saved_activations_are_what_the_plan_prices(fixed, tol):
-    """The "fits, then runs out of memory" check for a catalog-only CPU plan: a searched
-    Llama-style plan on cpux2 (no profile) runs one step, and every rank's measured peak of
-    saved activations is what the plan prices for its pipeline rank, within `tol`."""
+    "tp2_sp": (dict(zero=0, pp=1, tp=2, sp=True, recompute="none"), 0.05),
+}
+
+
+@pytest.fixture(scope="module")
+def saved_activations(tmp_path_factory):
+    """Each SAVED_ACTIVATIONS search's best plan for a Llama-style model on cpux2 (no
+    profile) and its candidate, run for one step in one 2-process launch (tests.runtime_runs):
+    {name: (plan, best, result, launch)}."""
     model = Model("tiny", num_layers=4, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=2,
                   vocab_size=128, max_seq_len=64)
     cluster = Cluster("cpux2", get_gpu("cpu"), 2, 2)
-    plan, best, measured = run_best(model, cluster, fixed, 32, 8, "saved-act-")
-    for rank, m in enumerate(measured):
+    d = tmp_path_factory.mktemp("saved-act")
+    plans, runs = {}, {}
+    for name, (fixed, _) in SAVED_ACTIVATIONS.items():
+        report = search(model, cluster, Fixed(**fixed), seq_len=32, global_batch=8,
+                        engine="runtime")
+        best = report.ranked[0]
+        plans[name] = (to_plan(model, cluster, best, report, engine="runtime"), best)
+        plans[name][0].save(d / f"{name}.json")
+        runs[name] = ["--plan", d / f"{name}.json", "--steps", 1,
+                      "--metrics", d / f"{name}.jsonl"]
+    done = runs_of(2, runs, d)
+    return {name: (*plans[name], *done[name], d / f"{name}.jsonl") for name in runs}
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_ACTIVATIONS))
+def test_saved_activations_are_what_the_plan_prices(saved_activations, name):
+    """The "fits, then runs out of memory" check for a catalog-only CPU plan: a searched
+    Llama-style plan on cpux2 (no profile) runs one step, and every rank's measured peak of
+    saved activations is what the plan prices for its pipeline rank, within `tol`."""
+    _, tol = SAVED_ACTIVATIONS[name]
+    plan, best, result, launched, metrics = saved_activations[name]
+    ran(result, launched)
+    for rank, m in enumerate(steps_of(metrics)[1]["measured_memory_gib"]):
         want = planned_activations(plan, best, m["pp_rank"])
         assert activations_as_planned(m["activations"], *want, tol=tol), (rank, m, want)

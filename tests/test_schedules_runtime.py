@@ -10,8 +10,9 @@ from planner.cost.schedule import stage_rank  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
 from planner.specs import Cluster  # noqa: E402
 from planner.vocab import V_SCHEDULES  # noqa: E402
+from tests.runtime_runs import ran, runs_of  # noqa: E402
 from tests.test_runtime_dist import (GPT, LLAMA, RUN, STEPS, assert_same_curve,  # noqa: E402,F401
-                                     baseline, launch, steps_of, work)
+                                     baseline, steps_of, work)
 
 pytestmark = pytest.mark.slow
 
@@ -31,18 +32,54 @@ def make_plan(path, model, schedule, pp=2, vpp=2):
     return path
 
 
-@pytest.mark.parametrize("schedule,model,kind", [("zbv", LLAMA, "llama"),
-                                                 ("dualpipev", LLAMA, "llama"),
-                                                 ("zbv", GPT, "gpt"),
-                                                 ("interleaved-zb", LLAMA, "llama")])
-def test_pp2_zero_bubble_matches_one_process(work, baseline, schedule, model, kind):
-    d = work / f"{schedule}-{kind}"
-    d.mkdir()
-    plan = make_plan(d / "plan.json", model, schedule)
-    stages = Plan.load(plan).stages
+MATCHED = {f"{schedule}-{kind}": (schedule, model, kind)
+           for schedule, model, kind in [("zbv", LLAMA, "llama"), ("dualpipev", LLAMA, "llama"),
+                                         ("zbv", GPT, "gpt"), ("interleaved-zb", LLAMA, "llama")]}
+MEASURED = ("zbv", "dualpipev")
+
+
+def searched_plan(schedule):
+    """The search's best pp 2 plan for `schedule` (a tiny model on cpux2) and its candidate."""
+    from planner.search import Fixed, search, to_plan
+    from planner.specs import Model
+    model = Model("tiny", num_layers=8, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=4,
+                  vocab_size=128, max_seq_len=64)
+    cluster = Cluster("cpux2", get_gpu("cpu"), 2, 2)
+    report = search(model, cluster, Fixed(zero=0, pp=2, mbs=1, schedule=schedule,
+                                          recompute="none"),
+                    seq_len=32, global_batch=8, engine="runtime")
+    best = report.ranked[0]
+    return to_plan(model, cluster, best, report, engine="runtime"), best
+
+
+@pytest.fixture(scope="module")
+def two(work):
+    """One 2-process launch (tests.runtime_runs) of every run below: the zero-bubble layouts
+    for STEPS steps, the searched plans for one."""
+    runs = {}
+    for name, (schedule, model, _) in MATCHED.items():
+        d = work / name
+        d.mkdir()
+        runs[name] = ["--plan", make_plan(d / "plan.json", model, schedule), "--steps", STEPS,
+                      "--metrics", d / "m.jsonl"]
+    searched = {}
+    for schedule in MEASURED:
+        d = work / f"{schedule}-mem"
+        d.mkdir()
+        searched[schedule] = searched_plan(schedule)
+        searched[schedule][0].save(d / "plan.json")
+        runs[f"{schedule}-mem"] = ["--plan", d / "plan.json", "--steps", 1,
+                                   "--metrics", d / "m.jsonl"]
+    return {**runs_of(2, runs, work), "searched": searched}
+
+
+@pytest.mark.parametrize("name", sorted(MATCHED))
+def test_pp2_zero_bubble_matches_one_process(work, baseline, two, name):
+    schedule, _, kind = MATCHED[name]
+    d = work / name
+    stages = Plan.load(d / "plan.json").stages
     assert [s.pp_rank for s in stages] == [stage_rank(schedule, 2, i) for i in range(4)]
-    r = launch(2, "--plan", plan, "--steps", STEPS, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
+    ran(*two[name])
     want, _ = baseline(kind)
     got = steps_of(d / "m.jsonl")
     assert_same_curve(got, want, range(1, STEPS + 1))
@@ -51,31 +88,16 @@ def test_pp2_zero_bubble_matches_one_process(work, baseline, schedule, model, ki
     assert all(m["activations"] > 0 and m["peak"] > 0 for m in mem)
 
 
-@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
-def test_measured_activations_are_the_plans(schedule):
+@pytest.mark.parametrize("schedule", MEASURED)
+def test_measured_activations_are_the_plans(work, two, schedule):
     """pp 2 on 2 processes, a searched plan: each rank's measured saved activations on the
     first step are within 30% of the plan's (planner.cost.schedule counts a chunk-micro-batch
     until its W), as tests/test_runtime_pipeline_memory.py checks the other schedules."""
-    import tempfile
-    from pathlib import Path
-
-    from planner.search import Fixed, search, to_plan
-    from planner.specs import Model
     from tests.test_runtime_searched import activations_as_planned, planned_activations
-    model = Model("tiny", num_layers=8, hidden=64, ffn_hidden=128, num_heads=4, num_kv_heads=4,
-                  vocab_size=128, max_seq_len=64)
-    cluster = Cluster("cpux2", get_gpu("cpu"), 2, 2)
-    report = search(model, cluster, Fixed(zero=0, pp=2, mbs=1, schedule=schedule,
-                                          recompute="none"),
-                    seq_len=32, global_batch=8, engine="runtime")
-    best = report.ranked[0]
-    plan = to_plan(model, cluster, best, report, engine="runtime")
+    plan, best = two["searched"][schedule]
     assert plan.parallelism.schedule == schedule and plan.batch.num_microbatches == 8
-    d = Path(tempfile.mkdtemp(prefix=f"{schedule}-mem-"))
-    plan.save(d / "plan.json")
-    r = launch(2, "--plan", d / "plan.json", "--steps", 1, "--metrics", d / "m.jsonl")
-    assert r.returncode == 0, r.stderr[-3000:]
-    measured = steps_of(d / "m.jsonl")[1]["measured_memory_gib"]
+    ran(*two[f"{schedule}-mem"])
+    measured = steps_of(work / f"{schedule}-mem" / "m.jsonl")[1]["measured_memory_gib"]
     for m in measured:
         want = planned_activations(plan, best, m["pp_rank"])
         assert activations_as_planned(m["activations"], *want), (m, want)

@@ -293,20 +293,20 @@ def rank_orders(schedule: str, p: int, m: int, v: int) -> tuple:
     raise ValueError(schedule)
 
 
-def simulate(schedule: str, orders, durations, first_stage_in_w: bool = True) -> tuple:
-    """Run `orders` (rank_orders) with `durations[rank] = (f, i, w)`, the seconds of one
-    chunk-micro-batch's forward, input-gradient and weight-gradient backward on that rank (a
-    full backward B takes i + w). `first_stage_in_w`: stage 0 has no input gradient to send,
-    so torch skips its I and runs its whole backward in W (torch/distributed/pipelining/
-    stage.py backward_one_chunk, "Skip the backward for the first stage"); False: every action
-    as long as its kind (the unit-time comparison with torch's spacing).
-    Returns (makespan, per rank [(start, end, action)])."""
+@lru_cache(maxsize=256)
+def _run_order(schedule: str, orders) -> tuple:
+    """`orders` (rank_orders) in an order simulate can run them: each action after the actions
+    it waits on (F on the previous stage's F, I or B on its own F and the next stage's input
+    gradient, W on its own input gradient), ranks visited round-robin. Per action: (rank,
+    action, index of its duration in simulate's (f, i, w, i + w, 0.0) when stage 0's backward
+    runs in W, the same when every action is as long as its kind, [run-order indices of the
+    actions it waits on]). It depends on the orders alone, so the search's many pricings of
+    one schedule share it."""
     p = len(orders)
     n_stages = max(a[0] for o in orders for a in o) + 1
     done: dict = {}
-    free = [0.0] * p
     pos = [0] * p
-    out = [[] for _ in range(p)]
+    seq = []
     left = sum(len(o) for o in orders)
     while left:
         moved = False
@@ -324,22 +324,55 @@ def simulate(schedule: str, orders, durations, first_stage_in_w: bool = True) ->
                     deps = [(s, "grad", mb)]
                 if any(d not in done for d in deps):
                     break
-                f, i, w = durations[r]
-                if s == 0 and first_stage_in_w and kind in (I_, W_):
-                    i, w = 0.0, i + w
-                dur = f if kind == F_ else i if kind == I_ else w if kind == W_ else i + w
-                start = max([free[r]] + [done[d] for d in deps])
-                end = start + dur
+                as_kind = {F_: 0, I_: 1, W_: 2, B_: 3}[kind]
+                # stage 0 has no input gradient to send: its I is empty, its W the whole B
+                in_w = {I_: 4, W_: 3}.get(kind, as_kind) if s == 0 else as_kind
+                seq.append((r, o[pos[r]], in_w, as_kind, [done[d] for d in deps]))
                 # the input gradient exists once I (or B) has run; W needs it
-                done[(s, "grad" if kind in (I_, B_) else kind, mb)] = end
-                free[r] = end
-                out[r].append((start, end, (s, kind, mb)))
+                done[(s, "grad" if kind in (I_, B_) else kind, mb)] = len(seq) - 1
                 pos[r] += 1
                 left -= 1
                 moved = True
         if not moved:
             raise RuntimeError(f"schedule {schedule} deadlocked")
-    return max(free), out
+    return tuple(seq)
+
+
+def simulate(schedule: str, orders, durations, first_stage_in_w: bool = True) -> tuple:
+    """Run `orders` (rank_orders) with `durations[rank] = (f, i, w)`, the seconds of one
+    chunk-micro-batch's forward, input-gradient and weight-gradient backward on that rank (a
+    full backward B takes i + w). `first_stage_in_w`: stage 0 has no input gradient to send,
+    so torch skips its I and runs its whole backward in W (torch/distributed/pipelining/
+    stage.py backward_one_chunk, "Skip the backward for the first stage"); False: every action
+    as long as its kind (the unit-time comparison with torch's spacing).
+    Returns (makespan, per rank [(start, end, action)])."""
+    seq = _run_order(schedule, tuple(tuple(o) for o in orders))
+    starts = [0.0] * len(seq)
+    makespan, ends = _run(seq, len(orders), durations, first_stage_in_w, starts)
+    out = [[] for _ in orders]
+    for (r, action, *_), start, end in zip(seq, starts, ends):
+        out[r].append((start, end, action))
+    return makespan, out
+
+
+def _run(seq, p: int, durations, first_stage_in_w: bool, starts=None) -> tuple:
+    """(makespan, each action's end) of the run order `seq` (_run_order) on `p` ranks: an
+    action starts when its rank is free and the actions it waits on have ended; `starts`, if
+    given, receives each action's start."""
+    lengths = [(f, i, w, i + w, 0.0) for f, i, w in durations]
+    free = [0.0] * p
+    ends = [0.0] * len(seq)
+    n = 0
+    for r, _, in_w, as_kind, deps in seq:
+        start = free[r]
+        for d in deps:
+            if ends[d] > start:
+                start = ends[d]
+        ends[n] = free[r] = start + lengths[r][in_w if first_stage_in_w else as_kind]
+        if starts is not None:
+            starts[n] = start
+        n += 1
+    return max(free), ends
 
 
 def zero_bubble_time(schedule: str, stage_times, fwd, wgrad, m: int, v: int) -> tuple:
@@ -349,14 +382,22 @@ def zero_bubble_time(schedule: str, stage_times, fwd, wgrad, m: int, v: int) -> 
     gradient is the rest (the backward's other GEMMs, attention, element-wise, recompute and
     communication). Each chunk takes 1/v of its rank's. The bubble is what the makespan
     exceeds the busiest rank's work by."""
-    p = len(stage_times)
-    orders = rank_orders(schedule, p, m, v)
-    durs = [(f / v, max(0.0, t - f - w) / v, w / v) for t, f, w in zip(stage_times, fwd, wgrad)]
-    makespan, _ = simulate(schedule, orders, durs)
+    durs = tuple((f / v, max(0.0, t - f - w) / v, w / v)
+                 for t, f, w in zip(stage_times, fwd, wgrad))
+    makespan = _makespan(schedule, m, v, durs)
     busiest = m * max(stage_times)
     return makespan, max(0.0, makespan - busiest)
 
 
+@lru_cache(maxsize=4096)
+def _makespan(schedule: str, m: int, v: int, durs: tuple) -> float:
+    """simulate's makespan, remembered: a search prices the same stage times many times over
+    (a llama405b torchtitan search: 5758 pricings, 2128 distinct)."""
+    seq = _run_order(schedule, rank_orders(schedule, len(durs), m, v))
+    return _run(seq, len(durs), durs, True)[0]
+
+
+@lru_cache(maxsize=4096)
 def zero_bubble_in_flight(schedule: str, p: int, rank: int, m: int, v: int) -> float:
     """Micro-batches (through all of a rank's layers) whose tensors rank `rank` holds at its
     peak under a zero-bubble schedule, from its own action order: a chunk-micro-batch's
