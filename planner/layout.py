@@ -9,6 +9,7 @@ errors: the plan, the search and the cost model all lay layers out through it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner.errors import BadInput
@@ -34,6 +35,33 @@ def even_split(total: int, parts: int) -> list:
     over its chunks, of a rank's recomputed layers over its chunks."""
     base, extra = divmod(total, parts)
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+
+
+def split_count(total: int, least: list) -> int:
+    """How many ways `total` layers split over len(least) ranks, rank i holding at least
+    least[i]: the compositions of total - sum(least) into len(least) parts (stars and bars)."""
+    free = total - sum(least)
+    return math.comb(free + len(least) - 1, len(least) - 1) if free >= 0 else 0
+
+
+def splits(total: int, least: list, most: list | None = None):
+    """Every split of `total` layers over len(least) ranks, rank i holding least[i] to most[i]
+    (at most `total` where `most` is None), in lexicographic order."""
+    p = len(least)
+    most = [total] * p if most is None else [min(total, x) for x in most]
+    # the most the ranks after i can take, for pruning
+    room = [sum(most[i:]) for i in range(p)] + [0]
+    need = [sum(least[i:]) for i in range(p)] + [0]
+
+    def rest(i, left):
+        if i == p - 1:
+            if least[i] <= left <= most[i]:
+                yield [left]
+            return
+        for n in range(max(least[i], left - room[i + 1]), min(most[i], left - need[i + 1]) + 1):
+            for tail in rest(i + 1, left - n):
+                yield [n] + tail
+    yield from rest(0, total)
 
 
 def make_stages(num_layers: int, pp: int, vpp: int = 1, layers_per_rank=None,

@@ -67,7 +67,10 @@ def ran(result, launched) -> dict:
 
 
 def main(path: str) -> int:
+    import faulthandler
+
     import torch.distributed as dist
+    faulthandler.enable()   # a crash in a run shows its Python stack in the launch's stderr
 
     from runtime.train import main as runtime_main
     runs = json.loads(Path(path).read_text())

@@ -1,6 +1,7 @@
 """The search: CP-SAT placements equal brute force; the searched plan is never beaten."""
 import dataclasses
 import itertools
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +14,7 @@ from planner.cost.stage import Candidate, evaluate, memory_budget, stage_coeffic
 from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.plan import Plan
-from planner.search import Fixed, enumerate_candidates, search, solve_candidate, to_plan
+from planner.search import Fixed, enumerate_candidates, placement, search, solve_candidate, to_plan
 from planner.specs import Cluster, Model
 
 
@@ -48,6 +49,15 @@ def engine_splits(total, pp, vpp, engine):
     for layers in compositions(total, pp, vpp - 1 if ends_may_be_empty else vpp):
         if all(n >= vpp for n in layers[1:-1]):
             yield layers
+
+
+def both_placements(model, cluster, c, **kw) -> list:
+    """[(Result, fits)] of solve_candidate as the search calls it (a candidate with few splits
+    is placed by pricing each: placement.MAX_PRICED_SPLITS) and of its CP-SAT model forced, so
+    that a brute force checks both ways of placing layers."""
+    with mock.patch.object(placement, "MAX_PRICED_SPLITS", 0):
+        forced = solve_candidate(model, cluster, c, **kw)
+    return [solve_candidate(model, cluster, c, **kw), forced]
 
 
 def brute_force(model, cluster, c, all_layers_recomputed=False, engine="runtime", margin_gib=None):
@@ -114,11 +124,11 @@ def test_cpsat_equals_brute_force(layers, pp, sched, v, m, zero, dp, rec, frac, 
     gib = budget.context_gib + budget.reserved(floor + frac * (need - floor))
     cluster = cluster_with_memory(gib, n=pp * dp)
     want = brute_force(model, cluster, c, engine=engine, margin_gib=0.0)
-    res, fits = solve_candidate(model, cluster, c, engine=engine, margin_gib=0.0)
-    assert fits == (want is not None)
-    if want is not None:
-        assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
-        assert res.estimate.fits
+    for res, fits in both_placements(model, cluster, c, engine=engine, margin_gib=0.0):
+        assert fits == (want is not None)
+        if want is not None:
+            assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
+            assert res.estimate.fits
 
 
 def test_searched_plan_never_beaten_by_a_fixed_configuration():
