@@ -18,7 +18,7 @@ from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.search import Fixed, search, solve_candidate, to_plan
 from planner.specs import Cluster, Model
-from tests.test_search import both_placements, compositions, engine_splits
+from tests.test_search import both_placements, compositions, searched_splits
 
 MIXTRAL = dict(name="mixtral-like", num_layers=32, hidden=4096, ffn_hidden=14336, num_heads=32,
                num_kv_heads=8, vocab_size=32000, max_seq_len=32768, num_experts=8,
@@ -105,13 +105,13 @@ def test_moe_counts_match_layer_kinds():
 
 
 def brute_force(model, cluster, c, engine):
-    """Best estimate over every split (at least one layer per chunk) and one recompute count R
-    per model chunk (Megatron's --recompute-num-layers: each of a rank's v chunks recomputes
-    its first R layers, a rank min(v * R, n) of its n)."""
+    """Best estimate over every split (at least one layer per chunk: searched_splits) and one
+    recompute count R per model chunk (Megatron's --recompute-num-layers: each of a rank's v
+    chunks recomputes its first R layers, a rank min(v * R, n) of its n)."""
     coeffs = stage_coefficients(model, cluster, c, engine)
     v = c.vpp
     best = None
-    for layers in engine_splits(model.num_layers, c.pp, v, engine):
+    for layers in searched_splits(model, c.pp, v, engine):
         options = ([[0] * c.pp] if c.recompute == "none"
                    else [[min(v * r, n) for n in layers] for r in range(max(layers) + 1)])
         for rec in options:
@@ -130,6 +130,11 @@ def brute_force(model, cluster, c, engine):
 # a rank holding fewer layers than the per-chunk recompute count (its recompute stops at
 # its own last layer, not inside the next rank's)
 @example(layers=4, first=1, interval=1, pp=2, vpp=1, m=1, ep=2, zero=1, rec="full", frac=0.5,
+         shared=0)
+# Megatron would leave the last rank's last chunk empty ([3, 2, 1], 0.05595 s); the MoE
+# placement gives every chunk a layer ([2, 2, 2], 0.05855 s), and the brute force searches that
+# space (searched_splits)
+@example(layers=6, first=0, interval=2, pp=3, vpp=2, m=6, ep=1, zero=0, rec="full", frac=1.0,
          shared=0)
 def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, vpp, m, ep, zero,
                                               rec, frac, shared):

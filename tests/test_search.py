@@ -51,6 +51,15 @@ def engine_splits(total, pp, vpp, engine):
             yield layers
 
 
+def searched_splits(model, pp, vpp, engine):
+    """The splits the search places: the engine's (engine_splits), but every chunk of an MoE
+    model holds a layer (planner.search.placement.least_layers: Megatron's empty end chunks
+    are searched for dense models only, a limit of the MoE placement model)."""
+    if model.is_moe:
+        return compositions(model.num_layers, pp, vpp)
+    return engine_splits(model.num_layers, pp, vpp, engine)
+
+
 def both_placements(model, cluster, c, **kw) -> list:
     """[(Result, fits)] of solve_candidate as the search calls it (a candidate with few splits
     is placed by pricing each: placement.MAX_PRICED_SPLITS) and of its CP-SAT model forced, so

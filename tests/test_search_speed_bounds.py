@@ -15,7 +15,7 @@ from planner.search import (STATE_KEYS, Fixed, SharedCoefficients, default_globa
                             default_seq_len, enumerate_candidates, heuristic, quick_lower_bound,
                             rules_for, search, solve_candidate, states_per_gpu_bound)
 from tests.test_moe_planner import cluster_with_memory, tiny_moe
-from tests.test_search import engine_splits, tiny_model
+from tests.test_search import searched_splits, tiny_model
 
 # (model, cluster, engine): every layer kind mix (dense; all MoE; dense then MoE with MTP;
 # MoE with expert biases), the engines that run each
@@ -122,7 +122,7 @@ def brute_force_steps(model, cluster, c, engine):
     coeffs = stage_coefficients(model, cluster, c, engine)
     rules = rules_for(get_engine(engine), c)
     steps = []
-    for layers in engine_splits(model.num_layers, c.pp, c.vpp, engine):
+    for layers in searched_splits(model, c.pp, c.vpp, engine):
         if c.recompute == "none":
             options = [[0] * c.pp]
         elif rules.all_layers_recomputed:
