@@ -354,13 +354,13 @@ def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
     return r if r <= n else None
 
 
-def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, P: list,
-                         start: int):
-    """_min_recompute for a rank holding layers [start, start + n) of dense and MoE layers
-    (prefix counts P), recomputing its first r."""
-    q = P[start + n] - P[start]
+def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, counts):
+    """_min_recompute for a rank of n layers of a model of dense and MoE layers, where
+    counts(r) is (its MoE layers, its recomputed MoE layers) when it recomputes r of its layers
+    (planner.cost.moe.moe_counts: where its chunks lie and which of their layers recompute)."""
     def fits(r):
-        return k.memory(n, r, q, P[start + r] - P[start])["total"] <= cap
+        q, rq = counts(r)
+        return k.memory(n, r, q, rq)["total"] <= cap
 
     if c.recompute == "none" or rules.all_layers_recomputed:
         r = 0 if c.recompute == "none" else n

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.cost.moe import layer_kinds
+from planner.cost.moe import layer_kinds, moe_counts
 from planner.cost.stage import Candidate, capacity_bytes, stage_coefficients
 from planner.cost.price import price
 from planner import rules as V
@@ -68,15 +68,17 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
         split = (list(rules.fixed_split) if rules.fixed_split
                  else V.default_split(get_engine(engine), model.num_layers, c.pp, c.vpp))
     rec = []
-    P = layer_kinds(model) if coeffs[0].moe is not None else None
-    start = 0
-    for k, n in zip(coeffs, split):
-        if P is None:
+    kinds = coeffs[0].moe is not None
+    for i, (k, n) in enumerate(zip(coeffs, split)):
+        if not kinds:
             r = _min_recompute(k, n, cap, c, rules)
-        else:
-            r = _min_recompute_kinds(k, n, cap, c, rules, P, start)
+        else:   # its MoE layers, as its chunks lie over the model
+            def counts(r, i=i):
+                q, rq = moe_counts(model, c.pp, c.vpp, split, [r if j == i else 0
+                                                               for j in range(c.pp)])
+                return q[i], rq[i]
+            r = _min_recompute_kinds(k, n, cap, c, rules, counts)
         rec.append(r if r is not None else (n if c.recompute != "none" else 0))
-        start += n
     rec = engine_recompute(rec, split, c, rules)
     est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return Result(c, split, rec, est)
