@@ -18,6 +18,17 @@ stage, with no layer recomputed, the loss's peak and a layer's working set are c
 larger of the two, not both): with that change reverted all 11 instances equal the previous
 record; with it only deepseek-v3_h100x2048_tp8pp1 moves, at ranks 3-4 (a no-recompute
 candidate at 2.959 s now fits and enters at rank 3); ranks 0-2 are unchanged.
+Rewritten for the canonical placement of issue 21 item 6 (planner/search/placement.py:
+solve_cpsat's optimal solves now return the first solution of the cutoff-free model at the
+optimal objective, so that the placement no longer depends on the cutoff the search passes):
+only deepseek-v3_h100x256_fixed moves, at ranks 0, 2 and 4, each from a placement with one
+layer shifted between non-bottleneck ranks ([5, 4, 4, 4, 4, 3, ...], [..., 4, 3, 4, 4, 1] and
+[..., 4, 4, 3, 4, 1]) to the even split [4] * 15 + [1] (recompute likewise); knobs, order,
+fits and every step time are unchanged (the same floats, relative difference 0), and the old
+placements re-priced by planner.cost.price give exactly the recorded step times (checked
+with a script comparing each rank's knobs and re-pricing every changed placement); all other
+ranks of all 11 instances are identical. Only these three placement lists were edited, the
+rest of the file is as written before.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

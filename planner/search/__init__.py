@@ -288,28 +288,33 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)
-        # the threshold's plans: the heuristic's, and where the layers are placed, the split
+        # c's best known plan: the heuristic's, and where the layers are placed, the split
         # at the bottleneck of lower_bound priced as well (a real plan of c, often nearer its
-        # optimum than the even split; only the threshold sees it)
-        times = [heur.estimate.step_time_s] if heur.estimate.fits else []
+        # optimum than the even split)
+        known = heur if heur.estimate.fits else None
         if c.pp > 1 and not (rules.equal_split or rules.fixed_split):
             split = bottleneck_split(coeffs, c, L, cap, rules, Q=Q, low=low, model=model)
             if split is not None and split != heur.layers:
                 alt = heuristic(model, cluster, c, coeffs, cap, rules, split=split,
-                                engine=engine, margin_gib=margin_gib).estimate
-                times += [alt.step_time_s] if alt.fits else []
-        if times:
-            best_heur.add(min(times), key=c)
-        scored.append((lb, c, coeffs, heur, rules, low))
+                                engine=engine, margin_gib=margin_gib)
+                if alt.estimate.fits and (known is None or alt.estimate.step_time_s
+                                          < known.estimate.step_time_s):
+                    known = alt
+        if known is not None:
+            best_heur.add(known.estimate.step_time_s, key=c)
+        scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]
     if rejected:   # what rejected_layouts orders by; unused otherwise
         for c, _, _ in infeasible[:len(states_out)]:
             rejected_bounds[c] = shared.quick_bound(c)
-    # Candidates in lower-bound order. Heuristic placements are real plans, so the K-th best
-    # of them is a threshold a candidate's bound must beat to be worth an exact solve.
+    # Candidates in lower-bound order. Heuristic and bottleneck-split placements are real
+    # plans, so the K-th best of them is a threshold a candidate's bound must beat to be worth
+    # an exact solve (the placement a solve returns does not depend on that cutoff:
+    # planner.search.placement.solve_cpsat).
     scored.sort(key=lambda x: x[0])
-    plans = {c: h for _, c, _, h, _, _ in scored if h.estimate.fits}   # best known plan per candidate
+    # best known plan per candidate: the better of its heuristic and bottleneck-split plans
+    plans = {x[1]: x[6] for x in scored if x[6] is not None}
     best_plans = TopTimes(top)
     for c, r in plans.items():
         best_plans.add(r.estimate.step_time_s, c)
@@ -319,7 +324,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # least step time a candidate not solved to optimality might still reach (the whole
     # search's gap), and how many solves stopped at the time limit
     open_bound, limit_hit = math.inf, 0
-    for i, (lb, c, coeffs, heur, rules, low) in enumerate(scored):
+    for i, (lb, c, coeffs, heur, rules, low, known) in enumerate(scored):
         # a candidate's plan only improves on its heuristic one, so the K-th best time over
         # the plans so far (heuristic ones included) only falls: kept incrementally
         threshold = best_plans.threshold()
@@ -350,11 +355,21 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 open_bound = min(open_bound, lb)
         if progress:
             progress(i + 1, len(scored))
+        if not fits:
+            consider_closest(res)
+        if known is not None and (not fits or known.estimate.step_time_s
+                                  < res.estimate.step_time_s):
+            # the solve found nothing better than c's plan so far (INFEASIBLE: nothing beats
+            # the cutoff; UNKNOWN or FEASIBLE: stopped at the limit): that plan is kept
+            if known is not heur:
+                gap = (res.gap if res.bound_s is None else max(
+                    0.0, 1 - res.bound_s / known.estimate.step_time_s))
+                known = dataclasses.replace(known, status=res.status, gap=gap,
+                                            bound_s=res.bound_s)
+            res, fits = known, True
         if fits:
             plans[c] = res
             best_plans.add(res.estimate.step_time_s, c)
-        else:
-            consider_closest(res)
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked and _offload_may_help(model, f, engine):
         # nothing fits on the GPUs alone: search again with the engine's offloads

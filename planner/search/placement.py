@@ -317,13 +317,13 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
     mdl.AddMaxEquality(tmax, T)
     tailmax = mdl.NewIntVar(0, tail_ub, "tailmax")
     mdl.AddMaxEquality(tailmax, tails)
-    # objective x v:  m*v*Tmax + sum(T) - Tmax + v*tailmax
-    objective = (m * v - 1) * tmax + sum(T) + v * tailmax
-    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # no bubble term: at most its simulated step
-        objective = m * v * tmax + v * tailmax
+    def objective_of(var):
+        """objective x v:  m*v*Tmax + sum(T) - Tmax + v*tailmax, over var(x) for x"""
+        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # no bubble term: at most its simulated step
+            return m * v * var(tmax) + v * var(tailmax)
+        return (m * v - 1) * var(tmax) + sum(var(t) for t in T) + v * var(tailmax)
+    objective = objective_of(lambda x: x)
     mdl.Minimize(objective)
-    if cutoff_s is not None and math.isfinite(cutoff_s):
-        mdl.Add(objective <= v * ns(cutoff_s * (1 + 1e-6)) + v * (m + len(coeffs) + 1))
     if hint is not None:
         for var, val in zip(n_vars, hint.layers):
             mdl.AddHint(var, val)
@@ -334,23 +334,46 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         if stage_ends is not None:
             for b, st in zip(stage_ends[1:], make_stages(L, p, v, hint.layers, hint.recompute)):
                 mdl.AddHint(b, st.layers[1])
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_deterministic_time = SOLVER_SECONDS
-    solver.parameters.max_time_in_seconds = SOLVER_WALL_SECONDS
-    # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds on its
-    # wide integer coefficients while the search itself needs milliseconds.
-    solver.parameters.cp_model_presolve = P is not None   # element constraints need it
-    if P is not None and v > 1:   # the hull cuts into the LP relaxation: chunk-level proofs
-        solver.parameters.linearization_level = 2
-    st = solver.Solve(mdl)
-    status = solver.StatusName(st)
+    # the same model, hint included, before any cutoff: where the placement an optimal solve
+    # returns is taken from (below)
+    level = mdl.clone()
+    if cutoff_s is not None and math.isfinite(cutoff_s):
+        mdl.Add(objective <= v * ns(cutoff_s * (1 + 1e-6)) + v * (m + len(coeffs) + 1))
+
+    def solver():
+        s = cp_model.CpSolver()
+        s.parameters.num_workers = 1
+        s.parameters.max_deterministic_time = SOLVER_SECONDS
+        s.parameters.max_time_in_seconds = SOLVER_WALL_SECONDS
+        # The model is tiny (2 variables per rank); CP-SAT's presolve can stall for seconds
+        # on its wide integer coefficients while the search itself needs milliseconds.
+        s.parameters.cp_model_presolve = P is not None   # element constraints need it
+        if P is not None and v > 1:   # the hull cuts into the LP relaxation: chunk proofs
+            s.parameters.linearization_level = 2
+        return s
+
+    sol = solver()
+    st = sol.Solve(mdl)
+    status = sol.StatusName(st)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, status, None
-    obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+    obj, bound = sol.ObjectiveValue(), sol.BestObjectiveBound()
     gap = (obj - bound) / obj if obj > 0 else 0.0
-    layers = [solver.Value(x) for x in n_vars]
-    rec = [solver.Value(x) for x in r_vars]
+    if st == cp_model.OPTIMAL:
+        # Equal-time placements abound (a layer moved between two ranks that are not the
+        # bottleneck changes no term), and which of them the solve returns depends on the
+        # cutoff, i.e. on the candidates solved before. The placement kept is the first
+        # solution of the model without cutoff, from the same hint, constrained to the optimal
+        # objective: a function of the candidate and its optimum alone, so the search's order
+        # and cutoffs cannot change it.
+        idx = lambda x: level.get_int_var_from_proto_index(x.index)   # noqa: E731
+        level.clear_objective()
+        level.add(objective_of(idx) <= int(round(obj)))
+        again = solver()
+        if again.Solve(level) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            sol, n_vars, r_vars = again, [idx(x) for x in n_vars], [idx(x) for x in r_vars]
+    layers = [sol.Value(x) for x in n_vars]
+    rec = [sol.Value(x) for x in r_vars]
     est = price(model, cluster, c, layers, rec, engine, margin_gib, coeffs).estimate
     # the objective is v x the step in units; rounding moves it by < one unit per term
     bound_s = max(0.0, (bound - v * (m + len(coeffs) + 1)) / (v * unit))
