@@ -68,10 +68,15 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
         split = (list(rules.fixed_split) if rules.fixed_split
                  else V.default_split(get_engine(engine), model.num_layers, c.pp, c.vpp))
     rec = []
-    kinds = coeffs[0].moe is not None
+    P = layer_kinds(model) if coeffs[0].moe is not None else None
     for i, (k, n) in enumerate(zip(coeffs, split)):
-        if not kinds:
+        if P is None:
             r = _min_recompute(k, n, cap, c, rules)
+        elif c.vpp == 1:   # one stage: layers [start, start + n), its first r recomputed
+            start = sum(split[:i])
+            def counts(r, start=start, n=n):
+                return P[start + n] - P[start], P[start + r] - P[start]
+            r = _min_recompute_kinds(k, n, cap, c, rules, counts)
         else:   # its MoE layers, as its chunks lie over the model
             def counts(r, i=i):
                 q, rq = moe_counts(model, c.pp, c.vpp, split, [r if j == i else 0
