@@ -21,6 +21,7 @@ names them, `ran` checks one ended with 0.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -89,6 +90,12 @@ def main(path: str) -> int:
                 Path(path + ".out").write_text(json.dumps(done))
             if code != 0:
                 break
+            # what the run leaves behind (its modules, optimizer, DTensors and their pending
+            # work) is freed now, on every rank at the same point, not at some allocation of
+            # the next run
+            gc.collect()
+            if dist.is_initialized():
+                dist.barrier()
     finally:
         dist.destroy_process_group = destroy
     if dist.is_initialized():
