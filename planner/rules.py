@@ -166,7 +166,8 @@ RULE_SOURCES = {
                         "divisible by num_distributed_optimizer_instances)",
     "engine_zeropp": "deepspeed/runtime/zero/config.py (zero_quantized_weights, "
                      "zero_hpz_partition_size, zero_quantized_gradients: DeepSpeed's own)",
-    "hsdp_priced": "planner/cost/dataparallel.py (the dense, cp = 1 data-parallel groups)",
+    "hsdp_priced": "planner/cost/dataparallel.py (the dense, cp = 1 data-parallel groups of "
+                   "torchtitan, DeepSpeed MiCS, Megatron and the runtime)",
     "offload_host_memory": "planner/cost/offload.py host_use (host memory x 1.5, DeepSpeed's "
                            "additional_buffer_factor: deepspeed/runtime/zero/stage3.py "
                            "estimate_zero3_model_states_mem_needs)",
@@ -632,8 +633,11 @@ def hsdp_problem(engine, dp_shard: int, dp: int, cp: int, zero: int | None,
                        source=RULE_SOURCES["dp_shard_divides"],
                        fix="give --dp-shard a divisor of dp x cp")
     if not engine.hsdp_zero_stages:
-        return Problem("engine_hsdp", ("dp_shard",),
-                       f"{e} has no hybrid sharding (--dp-shard {dp_shard})",
+        # not the engine's refusal: FSDP1 has ShardingStrategy.HYBRID_SHARD, which the
+        # planner neither prices nor exports for it
+        return Problem("hsdp_priced", ("dp_shard",),
+                       f"hybrid sharding (--dp-shard {dp_shard}) is not planned for {e}",
+                       source=RULE_SOURCES["hsdp_priced"],
                        fix="plan with --engine torchtitan, deepspeed (MiCS) or megatron")
     if zero is not None and zero not in engine.hsdp_zero_stages:
         return Problem("engine_hsdp", ("dp_shard", "zero"),

@@ -120,7 +120,7 @@ def parallelize(part: nn.Module, stage, plan, meshes: Meshes, on_gpu: bool) -> P
         apply_ep(part, meshes.expert)
     recomputed = apply_ac(part, stage, p.recompute)
     if p.zero_stage >= 2:
-        apply_fsdp(part, meshes.fsdp or meshes.dp, p.zero_stage, on_gpu, meshes.edp)
+        apply_fsdp(part, meshes.fsdp, p.zero_stage, on_gpu, meshes.edp)
     return PartLayout(tp_replicated, recomputed)
 
 

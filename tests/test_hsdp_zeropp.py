@@ -71,7 +71,7 @@ def test_hsdp_exports_megatron_and_deepspeed():
 @pytest.mark.parametrize("args,needle", [
     (("--dp-shard", "3", "--dp", "64", "--engine", "torchtitan"), "does not divide"),
     (("--dp-shard", "3", "--engine", "torchtitan"), "--dp-shard 3"),
-    (("--dp-shard", "8", "--engine", "fsdp"), "fsdp has no hybrid sharding"),
+    (("--dp-shard", "8", "--engine", "fsdp"), "is not planned for fsdp"),
     (("--dp-shard", "8", "--engine", "megatron", "--zero", "3"), "ZeRO 1 only"),
     (("--zeropp", "--engine", "megatron"), "megatron has no ZeRO++"),
     (("--zeropp", "--engine", "deepspeed", "--zero", "2"), "ZeRO-3 only"),
