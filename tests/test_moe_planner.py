@@ -18,7 +18,7 @@ from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.search import Fixed, search, solve_candidate, to_plan
 from planner.specs import Cluster, Model
-from tests.test_search import both_placements, compositions, searched_splits
+from tests.test_search import both_placements, compositions, engine_splits, searched_splits
 
 MIXTRAL = dict(name="mixtral-like", num_layers=32, hidden=4096, ffn_hidden=14336, num_heads=32,
                num_kv_heads=8, vocab_size=32000, max_seq_len=32768, num_experts=8,
@@ -104,14 +104,14 @@ def test_moe_counts_match_layer_kinds():
     assert rq == [sum(kinds[0:2]), sum(kinds[3:4])]
 
 
-def brute_force(model, cluster, c, engine):
-    """Best estimate over every split (at least one layer per chunk: searched_splits) and one
-    recompute count R per model chunk (Megatron's --recompute-num-layers: each of a rank's v
-    chunks recomputes its first R layers, a rank min(v * R, n) of its n)."""
+def brute_force(model, cluster, c, engine, splits=searched_splits):
+    """Best estimate over every split (at least one layer per chunk: searched_splits; or
+    `splits`) and one recompute count R per model chunk (Megatron's --recompute-num-layers: each
+    of a rank's v chunks recomputes its first R layers, a rank min(v * R, n) of its n)."""
     coeffs = stage_coefficients(model, cluster, c, engine)
     v = c.vpp
     best = None
-    for layers in searched_splits(model, c.pp, v, engine):
+    for layers in splits(model, c.pp, v, engine):
         options = ([[0] * c.pp] if c.recompute == "none"
                    else [[min(v * r, n) for n in layers] for r in range(max(layers) + 1)])
         for rec in options:
@@ -149,6 +149,17 @@ def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, vpp, 
     model = tiny_moe(layers, first, interval, shared=shared)
     if model.num_moe_layers == layers:
         return
+    model, cluster, c = kinds_instance(model, pp, vpp, m, ep, zero, rec, frac)
+    want = brute_force(model, cluster, c, "megatron")
+    for res, fits in both_placements(model, cluster, c, engine="megatron", margin_gib=0.0):
+        assert fits == (want is not None)
+        if want is not None:
+            assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
+
+
+def kinds_instance(model, pp, vpp, m, ep, zero, rec, frac):
+    """(model, cluster, candidate): dp 2, memory at `frac` of the way from the least any rank
+    needs to what the whole model needs without recompute."""
     dp = 2
     c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
                   global_batch=dp * m, recompute=rec, ep=ep,
@@ -156,16 +167,26 @@ def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, vpp, 
     big = cluster_with_memory(10_000, n=pp * dp)
     k = stage_coefficients(model, big, c, "megatron")
     assert k[0].moe is not None
-    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
+    need = max(kk.memory(model.num_layers, 0, model.num_moe_layers, 0)["total"]
+               for kk in k) / GIB
     floor = min(kk.mem_total_fixed() for kk in k) / GIB
     budget = memory_budget(big, "megatron", 0.0)
     gib = budget.context_gib + budget.reserved(floor + frac * (need - floor))
-    cluster = cluster_with_memory(gib, n=pp * dp)
-    want = brute_force(model, cluster, c, "megatron")
-    for res, fits in both_placements(model, cluster, c, engine="megatron", margin_gib=0.0):
-        assert fits == (want is not None)
-        if want is not None:
-            assert res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
+    return model, cluster_with_memory(gib, n=pp * dp), c
+
+
+@pytest.mark.xfail(strict=True, reason="open: the MoE placement gives every model chunk a "
+                   "layer; Megatron lets the first and last chunk go empty")
+def test_moe_placement_reaches_megatrons_empty_end_chunks():
+    """6 layers (MoE every second), pp 3 x vpp 2 under Megatron: its split [3, 2, 1] (the last
+    rank's last chunk empty) takes 0.05595 s; the placement, every chunk a layer, [2, 2, 2]
+    0.05855 s."""
+    model, cluster, c = kinds_instance(tiny_moe(6, 0, 2), pp=3, vpp=2, m=6, ep=1, zero=0,
+                                       rec="full", frac=1.0)
+    want = brute_force(model, cluster, c, "megatron",
+                       splits=lambda mdl, pp, v, e: engine_splits(mdl.num_layers, pp, v, e))
+    res, fits = solve_candidate(model, cluster, c, engine="megatron", margin_gib=0.0)
+    assert fits and res.estimate.step_time_s == pytest.approx(want.step_time_s, rel=1e-5)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
