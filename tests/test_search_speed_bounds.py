@@ -195,8 +195,8 @@ def test_pruned_search_equals_every_candidate_solved(model, gib, n):
 def test_suggestions_skip_hopeless_gpu_counts_with_the_same_answer(monkeypatch):
     """llama70b on 2 GPUs fits nowhere on 4 or fewer: its weights and fp32 gradients alone,
     6 B a parameter with the optimizer offloaded to the host (Megatron's optimizer CPU
-    offload, planner.cost.offload), need ~99 GiB per GPU on 4 (70.6B x 6 B / 4); skipping those counts
-    unsearched gives the tips searching them gives: 6 GPUs, the fewest in hosts of 2, with the
+    offload, planner.cost.offload), need ~99 GiB per GPU on 4 (70.6B x 6 B / 4); skipping
+    those counts unsearched gives the tips searching them gives: 6 GPUs, the fewest in hosts of 2, with the
     optimizer offloaded (planner.suggest.gpu_counts; tests/test_suggest.py checks the count
     against a brute force)."""
     import planner.suggest as sg
