@@ -53,7 +53,7 @@ def engine_splits(total, pp, vpp, engine):
 
 def searched_splits(model, pp, vpp, engine):
     """The splits the search places: the engine's (engine_splits), but every chunk of an MoE
-    model holds a layer (planner.search.placement.least_layers: Megatron's empty end chunks
+    model holds a layer (planner.search.bounds.Rules.least_layers: Megatron's empty end chunks
     are searched for dense models only, a limit of the MoE placement model)."""
     if model.is_moe:
         return compositions(model.num_layers, pp, vpp)

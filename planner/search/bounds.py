@@ -63,6 +63,12 @@ class Rules:
     # the fewest layers each rank may hold (planner.rules.rank_min_layers); None: vpp each
     min_layers: tuple | None = None
 
+    def least_layers(self, p: int, vpp: int, kinds: bool = False) -> list:
+        """The fewest layers each of p ranks holds in a placement: `min_layers`, but one a
+        model chunk for a model of dense and MoE layers (`kinds`: its placement model gives
+        every chunk a layer)."""
+        return list(self.min_layers) if self.min_layers and not kinds else [vpp] * p
+
     def short_of_layers(self, caps, vpp: int) -> bool:
         """Some rank can hold fewer layers than it must."""
         return any(x < lo for x, lo in zip(caps, self.min_layers or [vpp] * len(caps)))
@@ -266,20 +272,21 @@ def _bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, 
 
 def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
                      model=None) -> list | None:
-    """Layers per pipeline rank (each at least vpp) that lower_bound's bottleneck T* lets each
-    hold, the largest trimmed first until they sum to L: a placement to price beside the
+    """Layers per pipeline rank (each at least its fewest) that lower_bound's bottleneck T*
+    lets each hold, the largest trimmed first until they sum to L: a placement to price beside the
     even split (None when no placement fits)."""
     got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
     if got is None:
         return None
     t_star, suffix, *_ = got
-    v = c.vpp
+    first = L + 1 - suffix.shape[1]   # suffix's columns: a rank holding first, first + 1, ...
     k = (suffix <= t_star).sum(axis=1)
-    split = [int(x) for x in np.where(k > 0, v - 1 + k, 0)]
-    if min(split) < v:
+    split = [int(x) for x in np.where(k > 0, first - 1 + k, 0)]
+    least = rules.least_layers(len(split), c.vpp, Q is not None)
+    if any(n < lo for n, lo in zip(split, least)):
         return None
-    while sum(split) > L:
-        i = max(range(len(split)), key=lambda j: split[j])
+    while sum(split) > L:   # the largest of the ranks above their fewest gives one up
+        i = max((j for j in range(len(split)) if split[j] > least[j]), key=lambda j: split[j])
         split[i] -= 1
     return split
 

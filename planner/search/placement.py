@@ -33,11 +33,11 @@ SOLVER_SECONDS = 2.0
 SOLVER_WALL_SECONDS = 30.0
 # A candidate with at most this many splits of its layers is placed by pricing every one (each
 # with the least recompute that fits: exact, as the brute force of tests/test_search.py), not
-# by CP-SAT. Measured (2026-12-03): a split prices in ~0.1-0.4 ms, a CP-SAT model costs at
-# least ~10 ms to build and solve, and on a 6-layer MoE model over 2 ranks (the first layer
-# dense, tp 2, full recompute under Megatron) CP-SAT's presolved model stalled: 0.07
-# deterministic units in 7-30 s of CPU, stopped FEASIBLE at [3, 3] (0.1689 s) against the
-# optimum [4, 2] (0.1617 s) that pricing the 5 splits finds at once.
+# by CP-SAT: exact and bounded (128 splits at ~0.1-0.4 ms each, measured 2026-12-03: 13-51 ms,
+# against ~10 ms for a CP-SAT solve that goes well), where CP-SAT's presolved model of a
+# 6-layer MoE model over 2 ranks (the first layer dense, tp 2, full recompute under Megatron)
+# stalled: 0.07 deterministic units in 7-30 s of CPU, stopped FEASIBLE at [3, 3] (0.1689 s)
+# against the optimum [4, 2] (0.1617 s) that pricing the 5 splits finds at once.
 MAX_PRICED_SPLITS = 128
 
 
@@ -150,15 +150,6 @@ def _even_parts(mdl, x, v: int, ub: int, name: str) -> list:
     return parts
 
 
-def least_layers(rules: Rules, coeffs, v: int) -> list:
-    """The fewest layers each pipeline rank may hold: one a model chunk, but the end chunks the
-    engine lets go empty (rules.min_layers, for dense models, as lower_bound's _rank_min_times
-    counts them)."""
-    if rules.min_layers and coeffs[0].moe is None:
-        return list(rules.min_layers)
-    return [v] * len(coeffs)
-
-
 def price_every_split(model, cluster, c, coeffs, cap, rules: Rules, most, engine=None,
                       margin_gib=None) -> Result | None:
     """The fastest placement over every split (each rank at most `most` layers: what its
@@ -167,7 +158,8 @@ def price_every_split(model, cluster, c, coeffs, cap, rules: Rules, most, engine
     recomputed layers, and nothing else depends on them). The first of equal times in the
     splits' lexicographic order; None when none fits."""
     best = None
-    for split in splits(model.num_layers, least_layers(rules, coeffs, c.vpp), most):
+    least = rules.least_layers(len(coeffs), c.vpp, coeffs[0].moe is not None)
+    for split in splits(model.num_layers, least, most):
         res = heuristic(model, cluster, c, coeffs, cap, rules, split=split, engine=engine,
                         margin_gib=margin_gib)
         if res.estimate.fits and (best is None
@@ -219,7 +211,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
         return e
 
     p = len(coeffs)
-    lows = least_layers(rules, coeffs, v)
+    lows = rules.least_layers(len(coeffs), v, coeffs[0].moe is not None)
     n_vars = [mdl.NewIntVar(lo, L, f"n{i}") for i, lo in enumerate(lows)]
     stage_ends = q_vars = sizes = None
     if P is not None:
@@ -402,11 +394,16 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
     if (sum(min(x, model.num_layers) for x in caps) < model.num_layers
             or rules.short_of_layers(caps, c.vpp)):
         return heur, False
-    if split_count(model.num_layers, least_layers(rules, coeffs, c.vpp)) <= MAX_PRICED_SPLITS:
+    least = rules.least_layers(len(coeffs), c.vpp, coeffs[0].moe is not None)
+    if split_count(model.num_layers, least) <= MAX_PRICED_SPLITS:
         best = price_every_split(model, cluster, c, coeffs, cap, rules, caps, engine, margin_gib)
-        if best is None:
-            heur.status = "INFEASIBLE"
-            return heur, False
+        if best is None or (heur.estimate.fits
+                            and heur.estimate.step_time_s < best.estimate.step_time_s):
+            # the engine's own split may lie outside the placed ones (an MoE model's empty
+            # end chunks): kept where it is the better plan
+            if best is None:
+                heur.status = "INFEASIBLE"
+            return heur, heur.estimate.fits
         return best, True
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
                                    hint=heur if heur.estimate.fits else None,
