@@ -597,9 +597,6 @@ class MixedCluster:
             return [self.groups[g].gpu for g in self.pipeline]
         return [self.gpu] * pp
 
-    def group_of(self, name: str) -> int:
-        return [g.name for g in self.groups].index(name)
-
     def with_pipeline(self, pipeline) -> "MixedCluster":
         return dataclasses.replace(self, pipeline=tuple(pipeline))
 

@@ -77,8 +77,7 @@ def _hopeless(model, cluster: Cluster, engine, margin_gib, fixed: Fixed | None =
     """Nothing can fit on this cluster: its GPUs cannot hold the model states even sharded
     over all of them (planner.search.states_per_gpu_bound; less what the engine's offloads may
     move off them unless `fixed` keeps everything on the GPUs), so no search is needed."""
-    offload = fixed is None or (fixed.offload_optimizer in (None, "cpu", "nvme")
-                                and fixed.offload_optimizer != "none")
+    offload = fixed is None or fixed.offload_optimizer != "none"
     return (states_per_gpu_bound(model, get_engine(engine), cluster.num_gpus, offload)
             > capacity_bytes(cluster, get_engine(engine), margin_gib) * (1 + 1e-9))
 

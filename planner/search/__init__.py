@@ -572,9 +572,9 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
                       offload_optimizer=c.offload_optimizer, offload_params=c.offload_params,
                       dp_shard=c.dp_shard, zeropp=c.zeropp,
                       vpp=c.vpp, schedule=c.schedule if c.pp > 1 else "1f1b",
-                      recompute=c.recompute if any(r.recompute) else "none",
-                      recompute_modules=(c.recompute_modules if any(r.recompute)
-                                         and c.recompute == "selective" else DEFAULT_MODULES))
+                      recompute=c.recompute,   # "none" where no layer recomputes (above)
+                      recompute_modules=(c.recompute_modules if c.recompute == "selective"
+                                         else DEFAULT_MODULES))
     batch = Batch(seq_len=c.seq_len, global_batch_size=c.global_batch, micro_batch_size=c.mbs,
                   num_microbatches=c.m)
     stages = make_stages(model.num_layers, c.pp, c.vpp, r.layers, r.recompute,
