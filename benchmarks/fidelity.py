@@ -340,11 +340,15 @@ def fp8_primary_weights(run) -> bool:
 
 
 def engine_of(run, engine=None):
-    """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype
-    and its FP8 primary weights."""
+    """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype,
+    its optimizer's state bytes per parameter where the row's recipe ran another optimizer than
+    the engine's own (`fixed.optimizer_state_bytes`, `optimizer_source`: NeMo 1.x's Apex
+    DistributedFusedAdam) and its FP8 primary weights."""
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
+    if recipe_fact(run, "optimizer_state_bytes") is not None:
+        e = dataclasses.replace(e, optimizer_bytes=float(recipe_fact(run, "optimizer_state_bytes")))
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
     return e

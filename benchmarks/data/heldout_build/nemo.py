@@ -1,5 +1,5 @@
 """NVIDIA/NeMo docs/source/performance/performance_summary.md (NeMo 24.07, DGX-H100, FP8)."""
-import subprocess, json
+import re, subprocess, json
 REPO = "/work/.mirror/NVIDIA+NeMo/repo"
 COMMIT = "8e3d65dcfe3504689bfc5b6e67d502780aacad41"   # "24.07 perf numbers (#10253)", the file's last version
 PATH = "docs/source/performance/performance_summary.md"
@@ -23,6 +23,36 @@ def launcher(name, commit=LCOMMIT):
         m = re.search(rf"^\s+{k}: *([^#\n]*)", y, re.M)
         return m.group(1).strip() if m else None
     return g
+
+# The H100 FP8 example launch of each model at LCOMMIT (examples/training/<dir>/h100/*_fp8*.sh): the
+# overrides they add to the training config (e.g. +training.model.optim.grad_sync_dtype=bf16).
+EXAMPLE = {"GPT3-5B": "gpt/h100/5b_fp8_8node.sh", "GPT3-20B": "gpt/h100/20b_fp8_8node.sh",
+           "GPT3-175B": "gpt/h100/175b_fp8_16node.sh", "LLAMA2-7B": "llama/h100/llama2_7b_fp8.sh",
+           "LLAMA2-13B": "llama/h100/llama2_13b_fp8.sh", "LLAMA2-70B": "llama/h100/llama2_70b_fp8.sh",
+           "Nemotron-8B": "nemotron/h100/nemotron_8b_fp8.sh", "Nemotron-22B": "nemotron/h100/nemotron_22b_fp8.sh",
+           "LLAMA3-8B": "llama/h100/llama3_8b_fp8.sh", "LLAMA3-70B": "llama/h100/llama3_70b_fp8.sh"}
+
+def example_override(name, key):
+    """The value the model's H100 FP8 example script sets for training.model.<key>, else None."""
+    if name not in EXAMPLE:
+        return None
+    sh = subprocess.check_output(["git", "-C", LREPO, "show", f"{LCOMMIT}:examples/training/{EXAMPLE[name]}"], text=True)
+    m = re.search(rf"\+?training\.model\.{re.escape(key)}=(\S+)", sh)
+    return m.group(1) if m else None
+
+# Apex DistributedFusedAdam's state per parameter as NeMo 1.x builds it (NVIDIA/NeMo
+# nemo/collections/nlp/models/language_modeling/megatron_base_model.py setup_optimization @a7fbf6babe,
+# 2024-07): optimizer dtype optim.dtype (default fp32); bf16 model (megatron_amp_O2) with fp32 state:
+# store_params False, store_param_remainders True (Adam's m and v in fp32, 4 + 4 B, and the 16 low
+# bits of the fp32 master, 2 B); state dtype equal to the model's (bf16): store_params False (m and v
+# in bf16, 2 + 2 B, no master: the bf16 parameters are stepped in place).
+DFA_STATE_BYTES = {"fp32": 10.0, "bf16": 4.0}
+
+def optim_config(name, commit=LCOMMIT):
+    """The scalar keys of the launcher config's model.optim block."""
+    y = subprocess.check_output(["git", "-C", LREPO, "show", f"{commit}:launcher_scripts/conf/training/{LCFG[name]}.yaml"], text=True)
+    block = re.search(r"^  optim:\n((?:    .*\n|\s*\n)+)", y, re.M).group(1)
+    return {k: v.strip() for k, v in re.findall(r"^    (\w+): *([^#\n]+)", block, re.M)}
 
 def gpt(name, layers, hidden, heads):
     return {"model_type": "gpt2", "_name": f"NeMo {name}", "n_layer": layers, "n_embd": hidden, "n_head": heads,
@@ -112,8 +142,29 @@ def rows():
         uncertain += [
             "FP8 recipe: the launcher's fp8 settings (fp8_hybrid, fp8_amax_history_len 1024, amax_compute_algo max) are "
             "Transformer Engine delayed scaling; the table prints only 'FP8 precision'",
-            "distributed optimizer (ZeRO-1) or not: the launcher's optim mcore_distributed_optim; zero_stages 0 or 1 left to the planner",
         ]
+        # the optimizer: the launcher config's optim (distributed_fused_adam in every config here),
+        # its dtypes, and the example script's overrides
+        o = optim_config(name)
+        assert o["name"] == "distributed_fused_adam", (name, o)
+        state_dtype = o.get("dtype", "fp32")
+        grad_dtype = example_override(name, "optim.grad_sync_dtype") or o.get("grad_sync_dtype") or state_dtype
+        fixed["grad_reduce_in_fp32"] = grad_dtype == "fp32"
+        fixed["optimizer_state_bytes"] = DFA_STATE_BYTES[state_dtype]
+        where = (f"examples/training/{EXAMPLE[name]} sets +training.model.optim.grad_sync_dtype={grad_dtype}"
+                 if example_override(name, "optim.grad_sync_dtype") else
+                 f"{LCFG[name]}.yaml optim.grad_sync_dtype: {grad_dtype}" if "grad_sync_dtype" in o else
+                 f"neither {LCFG[name]}.yaml nor the FP8 example script sets optim.grad_sync_dtype: Apex's default, the state dtype ({grad_dtype})")
+        optimizer_source = (
+            f"NVIDIA/NeMo-Framework-Launcher @{LCOMMIT[:10]}: {LCFG[name]}.yaml optim.name distributed_fused_adam "
+            f"(Apex DistributedFusedAdam, sharded over data x context parallel: NeMo nemo/core/optim/distributed_adam.py), "
+            f"contiguous_grad_buffer (NeMo's default True: a whole gradient buffer in grad_sync_dtype: apex/contrib/optimizers/"
+            f"distributed_fused_adam.py _init_grad_buffer), optim.dtype {state_dtype}: {DFA_STATE_BYTES[state_dtype]:g} B of "
+            f"state per parameter (NeMo megatron_base_model.py setup_optimization: "
+            + ("store_param_remainders, m and v in fp32 + 2 B" if state_dtype == "fp32" else "store_params False, m and v in bf16")
+            + f"); gradients in {grad_dtype}: {where}")
+        uncertain += ["optimizer: the launcher config's and its FP8 example script's, at the day before the table's "
+                      "commit; the table does not print it (`optimizer_source`)"]
         mdl, msrc = MODELS[name]
         out.append({
             "id": f"nemo-24.07-h100-{name.lower().replace('-', '')}-fp8-{n}gpu-tp{tp}pp{pp}cp{cp}vp{vp}-gbs{gbs}",
@@ -130,8 +181,9 @@ def rows():
             "published": pub,
             "derivation": f"step_time = GBS * seq_len / (Tokens_per_sec_per_GPU * #GPUs) = {gbs} * {seq} / ({tps} * {n})",
             "needs": (["cp"] if cp > 1 else []) + ["fp8"],
-            "zero_stages": [0, 1],
+            "zero_stages": [1],
             "uncertain": uncertain,
+            "optimizer_source": optimizer_source,
             "notes": "NeMo 24.07 (Megatron-Core). The last column (est. days to train) is the source's extrapolation, not a measurement.",
         })
         if launcher_cfg:
