@@ -141,18 +141,15 @@ def _mixed_launch(plan: Plan, plan_path, nnodes: int, gpus_per_node, port: int, 
         raise BadInput("plan launch --gpus-per-node: a mixed cluster's groups give their own "
                        "hosts' sizes (the plan's cluster groups)")
     per_rank = p.tp * p.cp * p.dp
-    segments, start = [], 0      # (group, first pipeline rank, last, first node, nodes)
-    node = 0
-    for i, grp in enumerate(cl.pipeline):
-        if i == len(cl.pipeline) - 1 or cl.pipeline[i + 1] != grp:
-            g = cl.groups[grp].gpus_per_node
-            gpus = (i + 1 - start) * per_rank
-            if gpus % g:
-                raise BadInput(f"plan launch: pipeline ranks {start}-{i} take {gpus} GPUs of "
-                               f"group {cl.groups[grp].name}, not whole hosts of {g}")
-            segments.append((grp, start, i, node, gpus // g))
-            node += gpus // g
-            start = i + 1
+    segments, node = [], 0       # (group, first pipeline rank, last, first node, nodes)
+    for grp, first, last in cl.segments():
+        g = cl.groups[grp].gpus_per_node
+        gpus = (last + 1 - first) * per_rank
+        if gpus % g:
+            raise BadInput(f"plan launch: pipeline ranks {first}-{last} take {gpus} GPUs of "
+                           f"group {cl.groups[grp].name}, not whole hosts of {g}")
+        segments.append((grp, first, last, node, gpus // g))
+        node += gpus // g
     if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes != node:
         raise BadInput(f"--nnodes {nnodes}: the plan's groups take {node} host(s) "
                        f"({' + '.join(str(s[4]) for s in segments)}); use --nnodes {node}")

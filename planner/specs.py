@@ -591,6 +591,17 @@ class MixedCluster:
         return (self.link_latency_us if self.link_latency_us is not None
                 else max(g.gpu.internode_latency_us for g in self.groups))
 
+    def segments(self) -> list:
+        """The pipeline's runs of one group: (group index, first pipeline rank, last), in rank
+        order (pp is the outermost rank dimension, so each run's global ranks, and the node
+        ranks of its hosts, follow one another)."""
+        out, start = [], 0
+        for i, g in enumerate(self.pipeline):
+            if i == len(self.pipeline) - 1 or self.pipeline[i + 1] != g:
+                out.append((g, start, i))
+                start = i + 1
+        return out
+
     def rank_gpus(self, pp: int) -> list:
         """The GPU of each pipeline rank (the pipeline's groups; the slowest without one)."""
         if len(self.pipeline) == pp:

@@ -83,6 +83,12 @@ QWZ_KERNEL_BYTES = 3.0
 QGZ_KERNEL_BYTES = 9.0
 
 
+def hpz_size(shard: int, gpus_per_node: int, tp: int) -> int:
+    """hpZ's group (DeepSpeed zero_hpz_partition_size) as the planner prices and exports it:
+    the data-parallel ranks of one node, of the `shard` ranks ZeRO shards over."""
+    return min(shard, max(1, gpus_per_node // tp))
+
+
 @dataclass(frozen=True)
 class ZeroPP:
     """ZeRO++ of one candidate: the hpZ group (`hpz` data-parallel ranks of a node, over

@@ -15,7 +15,7 @@ from planner.cost import comm
 from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_attended_keys,
                                    mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
-from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives,
+from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives, hpz_size,
                                        pipelined_fsdp_unsharded)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
@@ -296,12 +296,14 @@ class StageCoeffs:
         return sum(self.mem_layer.values())
 
 
-def exposed_comm_array(c_layer, c_fixed, h_layer, h_fixed, slowdown, n):
-    """StageCoeffs.exposed_comm over numpy arrays (broadcast; one kind of layer): what a
-    collective of c_fixed + n*c_layer sticks out of h_fixed + n*h_layer of compute, at least
-    its last layer's bucket, plus the compute it slows; 0 where there is no collective."""
-    comm = c_fixed + n * c_layer
-    return np.where(comm > 0, np.maximum(c_layer, comm - h_fixed - n * h_layer)
+def exposed_comm_array(c_layer, c_fixed, h_layer, h_fixed, slowdown, n, q=0, dc=0.0, dh=0.0):
+    """StageCoeffs.exposed_comm over numpy arrays of n and q (broadcast): what a collective of
+    c_fixed + n*c_layer + q*dc sticks out of h_fixed + n*h_layer + q*dh of compute, at least
+    its last layer's bucket (the smaller kind's), plus the compute it slows; 0 where there is
+    no collective."""
+    comm = c_fixed + n * c_layer + q * dc
+    return np.where(comm > 0, np.maximum(np.minimum(c_layer, c_layer + dc),
+                                         comm - (h_fixed + n * h_layer + q * dh))
                     + slowdown * comm, 0.0)
 
 
@@ -515,7 +517,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     zpp, (q_fwd, q_bwd) = None, (0.0, 0.0)
     if c.zeropp and c.zero == 3 and dp > 1:
         # hpZ's group: the data-parallel ranks of one node (zero_hpz_partition_size)
-        hpz = min(dp, max(1, cluster.gpus_per_node // t))
+        hpz = hpz_size(dp, cluster.gpus_per_node, t)
         zpp = ZeroPP(hpz, comm.group_link(cluster, hpz, t), QWZ_BYTES / facts.compute_elem_bytes,
                      QGZ_BYTES / grad_bytes)
         q_fwd, q_bwd = zpp.kernel_times(layer_params, dp, facts.gpu.hbm_gbps)

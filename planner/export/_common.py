@@ -42,13 +42,9 @@ def mixed_launch_note(plan: Plan) -> list:
     if not getattr(cl, "pipeline", None):
         return []
     per_rank = p.tp * p.cp * p.dp
-    parts, start = [], 0
-    for i, g in enumerate(cl.pipeline):
-        if i == len(cl.pipeline) - 1 or cl.pipeline[i + 1] != g:
-            grp = cl.groups[g]
-            parts.append(f"pipeline ranks {start}-{i} (global ranks {start * per_rank}-"
-                         f"{(i + 1) * per_rank - 1}) on group {grp.name} ({grp.gpu.name})")
-            start = i + 1
+    parts = [f"pipeline ranks {first}-{last} (global ranks {first * per_rank}-"
+             f"{(last + 1) * per_rank - 1}) on group {cl.groups[g].name} ({cl.groups[g].gpu.name})"
+             for g, first, last in cl.segments()]
     return ["mixed cluster: " + "; ".join(parts) + ": launch each group's hosts at those "
             "node ranks"]
 

@@ -25,6 +25,7 @@ import json
 from planner.export._common import (check_exportable, header, rank_layers, recompute_active,
                                     uses_bf16)
 from planner import rules as V
+from planner.cost.dataparallel import hpz_size
 from planner.engines import get_engine
 from planner.plan import Plan
 
@@ -123,8 +124,7 @@ def deepspeed_config(plan: Plan) -> str:
         # ranks of one node
         config["zero_optimization"].update(
             zero_quantized_weights=True, zero_quantized_gradients=True,
-            zero_hpz_partition_size=max(1, min(p.dp * p.cp,
-                                               plan.cluster.gpus_per_node // p.tp)))
+            zero_hpz_partition_size=hpz_size(p.dp * p.cp, plan.cluster.gpus_per_node, p.tp))
     if p.dp_shard:
         # MiCS: the ZeRO-3 states sharded inside groups of mics_shard_size ranks, replicated
         # across them (deepspeed/runtime/zero/config.py mics_shard_size); its hierarchical

@@ -697,13 +697,6 @@ def _stage_windows(P: tuple) -> tuple:
     return f(a), f(n), f(r), f(q), f(rq), starts, a_w, a_w + n_w, n_w
 
 
-def _exposed(cl, cf, hl, hf, slow, n, q, dc, dh):
-    """StageCoeffs.exposed_comm over arrays of n and q (MoE layers, each adding dc and dh)."""
-    comm = cf + n * cl + q * dc
-    return np.where(comm > 0, np.maximum(min(cl, cl + dc), comm - (hf + n * hl + q * dh))
-                    + slow * comm, 0.0)
-
-
 def _chain(values: np.ndarray, combine) -> np.ndarray:
     """Over every chain of p stages [B_i, B_i+1) with 0 = B_0 < ... < B_p = L: the least of
     combine(...) of stage i's value values[..., i, B_i, B_i+1] (inf: not allowed), folded
@@ -771,11 +764,12 @@ def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list) -> 
     tl = (col([k.opt_fixed for k in coeffs]) + nw * col([k.opt_layer for k in coeffs])
           + qw * col([d.opt_layer for d in moe]))
     for j in range(2):   # the ZeRO-2/3 collectives' exposure, and the tail's
-        t0 = t0 + np.stack([_exposed(*k.exposures()[j], k.overlap_slowdown, nw, qw,
-                                     d.exposures()[j][0], d.exposures()[j][2])
+        t0 = t0 + np.stack([exposed_comm_array(*k.exposures()[j], k.overlap_slowdown, nw,
+                                               qw, d.exposures()[j][0], d.exposures()[j][2])
                             for k, d in zip(coeffs, moe)])
-        tl = tl + np.stack([_exposed(*k.tail_exposures()[j], k.overlap_slowdown, nw, qw,
-                                     d.tail_exposures()[j][0], d.tail_exposures()[j][2])
+        tl = tl + np.stack([exposed_comm_array(*k.tail_exposures()[j], k.overlap_slowdown, nw,
+                                               qw, d.tail_exposures()[j][0],
+                                               d.tail_exposures()[j][2])
                             for k, d in zip(coeffs, moe)])
     t_rec, moe_t_rec = col([k.t_rec for k in coeffs]), col([d.t_rec for d in moe])
     if fits_any is not None and (t_rec >= 0).all() and (t_rec + moe_t_rec >= 0).all():
