@@ -64,7 +64,8 @@ def rows():
             if gpu == "h100":
                 uncertain.append("H100 variant (SXM 80 GB or Meta's 96 GB HBM2e, power limit) not printed: catalog h100 assumed")
             if gpu == "b200":
-                uncertain.append("B200 'power limited': the power limit is not printed")
+                uncertain.append("B200 'power limited' at 750 W (`power_limit_w`): the catalog's b200 figures are the "
+                                 "1000 W part's; no published B200 throughput at 750 W, so the planner prices the full-power part")
                 uncertain.append("peak memory: this table prints 33.4-33.9 GB for the configuration whose H100 table prints 47.7-47.8 GB "
                                  "(other pytorch / torchao / torchtitan versions); which memory-saving change explains it is not known")
             if scaling == "mxfp8_cublas_rceil":
@@ -93,6 +94,13 @@ def rows():
                 "uncertain": uncertain,
                 "notes": notes + "FSDP2 = ZeRO-3 (reshard_after_forward); per-op SAC = torchtitan selective AC, op policy.",
             }
+            if gpu == "b200":
+                row["power_limit_w"] = 750
+                row["power_limit_source"] = (
+                    "pytorch/ao d8bb51f63143188272e116c820d5f303c7017781 (#2777, 2025-08-15), the rows' first version in "
+                    "torchao/prototype/mx_formats/README.md: 'Single-node training on 8xB200 GPUs limited to 750W'; reworded "
+                    "'8x power limited B200 GPUs' in 9e3758d15 (#2778) and moved to this page; NVIDIA's B200 is a 1000 W part "
+                    "(HGX B200 datasheet)")
             if recipe:
                 row["recipe"] = recipe
             out.append(row)
