@@ -795,6 +795,15 @@ TRUST_FILE = Path(__file__).parent.parent / "planner" / "engines" / "trust.json"
 from planner.precision import ARCH as GENERATIONS  # noqa: E402
 
 
+def generation_of(run, gpu: str) -> str:
+    """The GPU generation a row's error counts for: the catalog GPU's, or, where the source says
+    its GPUs ran under a power limit (`power_limit_w`: torchao's B200 rows at 750 W), that
+    generation at that limit, a device the catalog does not describe (the band `plan` prints
+    for the generation is not taken from it; the engine's "all" still counts it)."""
+    gen = GENERATIONS.get(gpu, gpu)
+    return f"{gen} at {run['power_limit_w']} W" if run.get("power_limit_w") else gen
+
+
 def family_of(run) -> str:
     """The source family of a row: one publisher's table (or one GPU of it)."""
     if run.get("heldout_source"):
@@ -1042,7 +1051,7 @@ def loso(runs=None, families=None, log=print, heldout: bool = False) -> dict:
         for r in mine:
             row = predict(r)
             h = held[r["id"]]
-            row.update(family=fam, generation=GENERATIONS.get(row["gpu"], row["gpu"]),
+            row.update(family=fam, generation=generation_of(r, row["gpu"]),
                        moe=_is_moe(r),
                        in_sample_error_pct=row["error_pct"], loso_error_pct=h["error_pct"],
                        loso_fits=h["fits"])
@@ -1252,7 +1261,7 @@ def heldout_table(path=DATA_HELDOUT) -> tuple:
             skipped.append((r, str(e).splitlines()[0][:160]))
             continue
         row.update(family=r.get("family", r["source"][:40]),
-                   generation=GENERATIONS.get(row["gpu"], row["gpu"]), moe=_is_moe(r))
+                   generation=generation_of(r, row["gpu"]), moe=_is_moe(r))
         rows.append(row)
     return rows, skipped
 

@@ -47,7 +47,7 @@ from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed
 from planner.specs import Cluster, Model
 # the rooms of the search, and what other modules import from planner.search
 from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noqa: F401
-                                   bottleneck_split,
+                                   bottleneck, bottleneck_split,
                                    lower_bound, lower_coeffs, max_layers, placement_bound,
                                    quick_lower_bound,
                                    rules_for, states_per_gpu_bound)
@@ -279,8 +279,10 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if coeffs is None:
             continue
         low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
-        lb = (lower_bound(coeffs, c, L, cap, rules, Q=Q, low=low, model=model) if coeffs[0].moe is not None
-              else lower_bound(coeffs, c, L, cap, rules))
+        # the bottleneck of the bound, and of the split priced beside the heuristic's below
+        got = (bottleneck(coeffs, c, L, cap, rules, Q=Q, low=low, model=model)
+               if coeffs[0].moe is not None else bottleneck(coeffs, c, L, cap, rules))
+        lb = lower_bound(coeffs, c, L, cap, rules, got=got)
         if lb > best_heur.threshold() * (1 + 1e-9):
             # the loop below stops before it (its threshold is at most this one), and its
             # heuristic plan, no faster than lb, cannot be among the best: not priced
@@ -293,7 +295,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         # optimum than the even split)
         known = heur if heur.estimate.fits else None
         if c.pp > 1 and not (rules.equal_split or rules.fixed_split):
-            split = bottleneck_split(coeffs, c, L, cap, rules, Q=Q, low=low, model=model)
+            split = bottleneck_split(coeffs, c, L, cap, rules, Q=Q, got=got)
             if split is not None and split != heur.layers:
                 alt = heuristic(model, cluster, c, coeffs, cap, rules, split=split,
                                 engine=engine, margin_gib=margin_gib)

@@ -224,11 +224,12 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Ca
     return n, _with_exposures(t, low, n)
 
 
-def _bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
-                model=None):
+def bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+               model=None):
     """lower_bound's bottleneck: (T*, each rank's least time from n = v, v+1, ... layers on
     (ranks x n), the kinds' total time and memory, the coefficients the rest is bounded on),
-    or None when no placement fits."""
+    or None when no placement fits. lower_bound and bottleneck_split take it as `got`, so a
+    caller that wants both computes it once."""
     v = c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]
@@ -271,11 +272,12 @@ def _bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, 
 
 
 def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
-                     model=None) -> list | None:
+                     model=None, got=False) -> list | None:
     """Layers per pipeline rank (each at least its fewest) that lower_bound's bottleneck T*
     lets each hold, the largest trimmed first until they sum to L: a placement to price beside the
-    even split (None when no placement fits)."""
-    got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
+    even split (None when no placement fits). `got`: `bottleneck`'s answer where computed."""
+    if got is False:
+        got = bottleneck(coeffs, c, L, cap, rules, Q, low, model)
     if got is None:
         return None
     t_star, suffix, *_ = got
@@ -292,7 +294,7 @@ def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=N
 
 
 def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
-                low=None, model=None) -> float:
+                low=None, model=None, got=False) -> float:
     """A step time no placement of this candidate can beat.
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
@@ -300,9 +302,11 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
     T. The sum of stage times is at least the perfectly balanced total with that recompute
     pooled over ranks. The tail is the smallest any rank can have while some rank holds at
     least L/p layers. (Engine rules only restrict placements further: still a bound.)
+    `got`: `bottleneck`'s answer where computed.
     """
     p, m, v = c.pp, c.m, c.vpp
-    got = _bottleneck(coeffs, c, L, cap, rules, Q, low, model)
+    if got is False:
+        got = bottleneck(coeffs, c, L, cap, rules, Q, low, model)
     if got is None:
         return math.inf
     t_bottle, _, kinds_total, kinds_memory, coeffs = got
