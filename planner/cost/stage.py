@@ -334,12 +334,15 @@ def default_margin_gib(cluster: Cluster) -> float:
     return DEFAULT_MARGIN_FRACTION * cluster.gpu.memory_gib
 
 
+def _gpu_budget(gpu, engine: Engine, margin_gib: float | None) -> MemoryBudget:
+    """One GPU's MemoryBudget under `engine`; the default margin a fraction of its memory."""
+    margin = DEFAULT_MARGIN_FRACTION * gpu.memory_gib if margin_gib is None else margin_gib
+    return MemoryBudget(gpu.memory_gib, engine.context_gib, margin, engine.allocator_reserve)
+
+
 def memory_budget(cluster: Cluster, engine: Engine | None = None,
                   margin_gib: float | None = None) -> MemoryBudget:
-    engine = get_engine(engine)
-    margin = default_margin_gib(cluster) if margin_gib is None else margin_gib
-    return MemoryBudget(cluster.gpu.memory_gib, engine.context_gib, margin,
-                        engine.allocator_reserve)
+    return _gpu_budget(cluster.gpu, get_engine(engine), margin_gib)
 
 
 def rank_budgets(cluster, engine: Engine | None = None, margin_gib: float | None = None,
@@ -353,12 +356,9 @@ def rank_budgets(cluster, engine: Engine | None = None, margin_gib: float | None
     by_gpu = {}
     out = []
     for gpu, given in zip(cluster.rank_gpus(pp), margins):
-        b = by_gpu.get((id(gpu), given))
-        if b is None:
-            margin = DEFAULT_MARGIN_FRACTION * gpu.memory_gib if given is None else given
-            b = by_gpu[(id(gpu), given)] = MemoryBudget(gpu.memory_gib, engine.context_gib,
-                                                        margin, engine.allocator_reserve)
-        out.append(b)
+        if (id(gpu), given) not in by_gpu:
+            by_gpu[(id(gpu), given)] = _gpu_budget(gpu, engine, given)
+        out.append(by_gpu[(id(gpu), given)])
     return out
 
 
