@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from planner import rules as V
@@ -140,15 +140,12 @@ def test_layer_kinds_cpsat_equals_brute_force(layers, first, interval, pp, vpp, 
                                               rec, frac, shared):
     """Dense and MoE layers, with and without interleaved chunks (a rank's chunks lie apart,
     so its MoE count depends on every rank's split): CP-SAT's placement is the brute force's."""
-    if pp * vpp > layers or first >= layers:
-        return
-    if vpp > 1 and not V.interleaved_ok(m, pp):
-        return
-    if not any((i - first) >= 0 and (i - first + 1) % interval == 0 for i in range(layers)):
-        return   # no MoE layer: not an MoE model
+    assume(pp * vpp <= layers and first < layers)
+    assume(vpp == 1 or V.interleaved_ok(m, pp))
+    # at least one MoE layer (an MoE model), and not only MoE layers
+    assume(any((i - first) >= 0 and (i - first + 1) % interval == 0 for i in range(layers)))
     model = tiny_moe(layers, first, interval, shared=shared)
-    if model.num_moe_layers == layers:
-        return
+    assume(model.num_moe_layers < layers)
     model, cluster, c = kinds_instance(model, pp, vpp, m, ep, zero, rec, frac)
     want = brute_force(model, cluster, c, "megatron")
     for res, fits in both_placements(model, cluster, c, engine="megatron", margin_gib=0.0):
@@ -199,10 +196,8 @@ def test_layer_kinds_lower_bound_is_below_brute_force(layers, first, pp, vpp, m,
     stage can take): it must never exceed the best placement found by brute force."""
     from planner.cost.stage import capacity_bytes
     from planner.search import lower_bound, lower_coeffs, rules_for
-    if pp * vpp > layers or first >= layers or first == 0:
-        return
-    if vpp > 1 and not V.interleaved_ok(m, pp):
-        return
+    assume(pp * vpp <= layers and 0 < first < layers)
+    assume(vpp == 1 or V.interleaved_ok(m, pp))
     model = tiny_moe(layers, first, 1)
     dp = 2
     c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
@@ -410,8 +405,7 @@ def test_placement_bound_is_below_brute_force(layers, first, interval, pp, m, ze
     from planner.cost.stage import capacity_bytes
     from planner.search import placement_bound, rules_for
     model = mixed_moe(layers, first, interval, shared)
-    if pp > layers or model is None:
-        return
+    assume(pp <= layers and model is not None)
     dp = 2
     c = Candidate(tp=1, pp=pp, dp=dp, zero=zero, sp=False, mbs=1, seq_len=2048,
                   global_batch=dp * m, recompute=rec, ep=2)
