@@ -24,6 +24,13 @@ def one_line(code, err, expect=2, needle=None):
         assert needle in err, err
 
 
+def refused(capsys, *args, needle=None):
+    """stderr of `plan ARGS`, which must exit 2 with one line (`one_line`)."""
+    code, _, err = run(capsys, *args)
+    one_line(code, err, needle=needle)
+    return err.strip()
+
+
 def write(tmp_path, name, obj, raw=False):
     p = tmp_path / name
     p.write_text(obj if raw else json.dumps(obj))

@@ -32,6 +32,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def launch(nproc: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """One `python -m runtime ARGS` on `nproc` CPU processes (torchrun --standalone beyond
+    one), with the launcher's variables of an enclosing launch cleared."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = ([sys.executable, "-m", "runtime"] if nproc == 1 else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(nproc), "-m", "runtime"])
+    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def steps_of(path) -> dict:
+    """The metrics file's step records, by step."""
+    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
+            if "step" in d}
+
+
 def launch_runs(nproc: int, runs: list, path, timeout: float = 600) -> tuple:
     """Launch `runs` (argument lists) on `nproc` processes; (CompletedProcess of the launch,
     [{"code", "stdout"}] of the runs that ended, in order)."""

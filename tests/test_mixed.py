@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import refused
+
 from planner.catalog import get_cluster, get_model
 from planner.cli import main
 from planner.plan import Plan
@@ -88,13 +90,6 @@ def test_the_text_report_shows_groups_and_what_mixing_bought(capsys):
     assert "┃ stage ┃ rank ┃ group ┃" in out
 
 
-def _one_line_exit_2(capsys, argv):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("plan: error:"), err
-    return err
-
-
 @pytest.mark.parametrize("groups,top,needle", [
     ([{"gpu": "h100", "num_gpus": 0}, {"gpu": "a100", "num_gpus": 8}], {},
      "groups[0].num_gpus"),
@@ -106,7 +101,7 @@ def _one_line_exit_2(capsys, argv):
 def test_bad_cluster_files_get_one_line(capsys, tmp_path, groups, top, needle):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"groups": groups, **top}))
-    err = _one_line_exit_2(capsys, ["--model", "llama8b", "--cluster", str(path)])
+    err = refused(capsys, "--model", "llama8b", "--cluster", str(path))
     assert needle in err
 
 
@@ -115,7 +110,7 @@ def test_a_plan_whose_groups_do_not_hold_its_ranks_is_refused(llama70b_mixed, tm
     d = plan.to_dict()
     d["cluster"]["pipeline"] = [0] * (len(d["cluster"]["pipeline"]) - 1) + [1]
     (tmp_path / "p.json").write_text(json.dumps(d))
-    err = _one_line_exit_2(capsys, ["show", str(tmp_path / "p.json")])
+    err = refused(capsys, "show", str(tmp_path / "p.json"))
     assert "the groups' GPUs must be what the plan uses" in err
 
 
@@ -175,7 +170,7 @@ def one_process_plan(model) -> Plan:
 def assert_trains_like_one_process(model, d: Path, metrics: Path):
     """The first 2 steps in `metrics` (a mixed plan's run) against one process's, loss and
     gradient norm to 1e-4 (the one-process run written under `d`)."""
-    from tests.test_runtime_dist import launch, steps_of
+    from tests.runtime_runs import launch, steps_of
     one_process_plan(model).save(d / "one.json")
     base = launch(1, "--plan", d / "one.json", "--steps", 2, "--metrics", d / "b.jsonl")
     assert base.returncode == 0, base.stderr[-3000:]
@@ -191,7 +186,7 @@ def test_a_mixed_plan_on_two_cpu_groups_trains_like_one_process(tmp_path, cluste
     """examples/mixed-cpu.json (one CPU a group, pp 2), and two CPUs a group with data
     parallelism inside each (pp 2, dp 2: each stage's replicas in its group)."""
     pytest.importorskip("torch")
-    from tests.test_runtime_dist import launch
+    from tests.runtime_runs import launch
     from planner.search import Fixed
     model = get_model(str(ROOT / "examples" / "tiny-llama.json"))
     path = MIXED_CPU
@@ -275,7 +270,7 @@ def test_the_link_between_groups_prices_the_boundary_send():
     (["--model", "llama8b", "--engine", "fsdp"], "no pipeline parallelism"),
 ])
 def test_what_a_mixed_cluster_does_not_plan_yet_is_one_line(capsys, extra, needle):
-    err = _one_line_exit_2(capsys, [*extra, "--cluster", MIXED])
+    err = refused(capsys, *extra, "--cluster", MIXED)
     assert needle in err
 
 
@@ -310,6 +305,5 @@ def test_launch_gives_each_group_its_node_ranks(tmp_path, capsys):
     for k, name in enumerate(names):   # one host per pipeline rank here (tp = dp = 1)
         assert f"NODE_RANK {k}..{k}: hosts of group {name}" in out
     assert '--node-rank "$NODE_RANK"' in out and "c10d" not in out
-    err = _one_line_exit_2(capsys, ["launch", str(tmp_path / "p.json"), "--nnodes", "2",
-                                    "--slurm"])
+    err = refused(capsys, "launch", str(tmp_path / "p.json"), "--nnodes", "2", "--slurm")
     assert "node ranks" in err

@@ -7,7 +7,7 @@ import pytest
 from planner.catalog import get_cluster, get_model
 from planner.cli import main
 from planner.search.groups import search_mixed
-from tests.test_mixed import _one_line_exit_2
+from tests.cli_helpers import refused
 
 
 @pytest.mark.parametrize("groups,needle", [
@@ -23,7 +23,7 @@ def test_groups_of_different_platforms_are_refused_in_one_line(capsys, tmp_path,
     (tp 4 cp 2 pp 4, 55.40 s), which no single PyTorch build can launch."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"groups": groups}))
-    err = _one_line_exit_2(capsys, ["--model", "llama8b", "--cluster", str(path)])
+    err = refused(capsys, "--model", "llama8b", "--cluster", str(path))
     assert needle in err and "one job" in err
 
 
@@ -38,7 +38,7 @@ def test_a_plan_file_mixing_platforms_is_refused(tmp_path, capsys):
     del h100["gpu_spec"]
     h100["gpu"], h100["gpu_memory_gib"] = "mi300x", 191.7
     (tmp_path / "p.json").write_text(json.dumps(d))
-    err = _one_line_exit_2(capsys, ["show", str(tmp_path / "p.json")])
+    err = refused(capsys, "show", str(tmp_path / "p.json"))
     assert "ROCm" in err
 
 
@@ -63,7 +63,6 @@ UNEVEN_HOSTS = {"name": "uneven-hosts", "groups": [
 
 def _uneven_hosts_plan(tmp_path):
     from planner.search import Fixed, to_plan
-    from planner.specs import Model
     (tmp_path / "c.json").write_text(json.dumps(UNEVEN_HOSTS))
     model = get_model("examples/tiny-llama.json")
     r = search_mixed(model, get_cluster(str(tmp_path / "c.json")),
@@ -183,7 +182,7 @@ def test_knobs_no_pipeline_over_the_groups_can_take_are_one_line_exit_2(capsys):
     does not plan (exit 2), and the line says why."""
     argv = ["--model", "llama70b", "--cluster", "examples/mixed.json", "--global-batch", "256",
             "--zero", "3"]
-    err = _one_line_exit_2(capsys, argv + ["--offload-optimizer", "none"])
+    err = refused(capsys, *argv, "--offload-optimizer", "none")
     assert "pipeline" in err and "--zero 3" in err
     # with the optimizer in host memory the H100 group alone runs ZeRO-3: planned on it, and
     # the line says the groups' pipeline was not possible, not that it did not fit

@@ -1,7 +1,6 @@
 """Mixture-of-experts in the planner: the all-to-all against nccl-tests' formula, expert states
 under MoE parallel folding against Megatron's distributed-optimizer accounting, dense and MoE
 layers placed by CP-SAT against brute force, and `plan` choosing ep with its all-to-all shown."""
-import dataclasses
 import json
 
 import pytest
@@ -9,7 +8,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from planner import rules as V
-from planner.catalog import get_cluster, get_gpu
+from planner.catalog import get_cluster
 from planner.cost import comm
 from planner.cost.memory import GIB
 from planner.cost.moe import moe_counts
@@ -17,8 +16,9 @@ from planner.cost.stage import Candidate, evaluate, memory_budget, stage_coeffic
 from planner.engines import get_engine
 from planner.errors import BadInput
 from planner.search import Fixed, search, solve_candidate, to_plan
-from planner.specs import Cluster, Model
-from tests.test_search import both_placements, compositions, engine_splits, searched_splits
+from planner.specs import Model
+from tests.test_search import (both_placements, cluster_with_memory, compositions, engine_splits,
+                               searched_splits)
 
 MIXTRAL = dict(name="mixtral-like", num_layers=32, hidden=4096, ffn_hidden=14336, num_heads=32,
                num_kv_heads=8, vocab_size=32000, max_seq_len=32768, num_experts=8,
@@ -30,11 +30,6 @@ def tiny_moe(layers=6, first_dense=1, interval=1, experts=4, shared=0):
                  num_kv_heads=8, vocab_size=32000, max_seq_len=4096, num_experts=experts,
                  experts_per_token=2, moe_ffn_hidden=1024, shared_expert_ffn_hidden=shared,
                  first_dense_layers=first_dense, moe_layer_interval=interval)
-
-
-def cluster_with_memory(gib, n=8, gpu="h100"):
-    g = dataclasses.replace(get_gpu(gpu), memory_gib=gib)
-    return Cluster(f"{gpu}x{n}", g, n, min(8, n))
 
 
 def mixed_moe(layers, first, interval, shared=0):

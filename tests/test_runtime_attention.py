@@ -27,6 +27,7 @@ from planner.specs import Cluster, Model  # noqa: E402
 from runtime.model import (AttentionCore, DecoderLayer, MoEFeedForward, Transformer,  # noqa: E402
                            UnsupportedModel, attention_mask)
 from runtime.parallelize import LayoutError, check_layout, materialize_and_init  # noqa: E402
+from tests.runtime_runs import launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -292,12 +293,7 @@ def test_mtp_is_refused_in_one_line():
 # ---- tp2 trains like one process ---------------------------------------------------------
 
 def _launch(nproc, plan, metrics):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = ([sys.executable, "-m", "runtime"] if nproc == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(nproc), "-m", "runtime"])
-    r = subprocess.run(cmd + ["--plan", str(plan), "--steps", "3", "--metrics", str(metrics)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    r = launch(nproc, "--plan", plan, "--steps", 3, "--metrics", metrics, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(x) for x in Path(metrics).read_text().splitlines()
             if '"step"' in x]

@@ -8,11 +8,7 @@ global norm (over every tp, dp and pp shard), which the one-process runs must sh
 plain torch (tests/test_runtime.py). Checkpoints written under one layout resume under another
 and continue the same curve, schedule included.
 """
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +19,7 @@ pytestmark = pytest.mark.slow      # every test here runs torchrun with 2-8 proc
 from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
-from tests.runtime_runs import ran, runs_of  # noqa: E402
+from tests.runtime_runs import launch, ran, runs_of, steps_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
@@ -52,23 +48,6 @@ def make_plan(path, model, tp=1, pp=1, dp=1, vpp=1, mbs=1, recompute_per_rank=No
     plan.validate()
     plan.save(path)
     return path
-
-
-def launch(nproc, *args, timeout=240):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "runtime"]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), "-m", "runtime"]
-    r = subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    return r
-
-
-def steps_of(path):
-    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
-            if "step" in d}
 
 
 def assert_same_curve(got, want, steps):

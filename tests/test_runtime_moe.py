@@ -17,8 +17,8 @@ from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.catalog.files import load_model_file  # noqa: E402
 from planner.specs import Cluster  # noqa: E402
-from test_runtime_dist import assert_same_curve, steps_of  # noqa: E402
-from tests.runtime_runs import ran, runs_of  # noqa: E402
+from test_runtime_dist import assert_same_curve  # noqa: E402
+from tests.runtime_runs import ran, runs_of, steps_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MOE = load_model_file(str(ROOT / "examples" / "tiny-moe.json"))   # 4 layers, the first dense

@@ -9,7 +9,6 @@ the run's norms exceed on some steps), so "equals" covers the schedule and the c
 losses, norms and learning rates of every step, and the final parameters and AdamW state, are
 bit-identical to the uninterrupted run's.
 """
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ pytest.importorskip("torch")
 from planner.catalog import get_gpu  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, RunOptions, make_stages  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
+from tests.runtime_runs import steps_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +61,6 @@ def torchrun(d, plan, max_restarts, *extra):
            "--checkpoint-every", str(EVERY), "--metrics", str(d / "m.jsonl"), "--resume",
            "--timeout", "60", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
-
-
-def steps_of(path):
-    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
-            if "step" in d}
 
 
 def worker_of_rank(agent_pid: int, rank: str) -> int:

@@ -24,10 +24,7 @@ the measurement's saved-tensor hooks held each saved tensor itself, a cycle thro
 node of a saved output, so that graph was never freed and pipeline rank 0 measured one extra
 micro-batch (1.82x the plan at pp2 m = 1). Without the hooks autograd frees it (no real gap).
 """
-import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -43,7 +40,7 @@ from planner.errors import BadInput  # noqa: E402
 from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
 from planner.search import Fixed, search, to_plan  # noqa: E402
 from planner.specs import Cluster, Model  # noqa: E402
-from tests.runtime_runs import ran, runs_of  # noqa: E402
+from tests.runtime_runs import launch, ran, runs_of, steps_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -52,18 +49,6 @@ STEPS = 2
 RTOL = 1e-4
 EXAMPLES = int(os.environ.get("RUNTIME_PLAN_EXAMPLES", "3"))
 GIB = 2 ** 30
-
-
-def launch(nproc, *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "runtime"] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), "-m", "runtime"]
-    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def run_best(model, cluster, fixed: dict, seq_len: int, gbs: int, prefix: str):
@@ -80,11 +65,6 @@ def run_best(model, cluster, fixed: dict, seq_len: int, gbs: int, prefix: str):
                d / "m.jsonl")
     assert r.returncode == 0, r.stderr[-3000:]
     return plan, best, steps_of(d / "m.jsonl")[1]["measured_memory_gib"]
-
-
-def steps_of(path):
-    return {d["step"]: d for d in map(json.loads, Path(path).read_text().splitlines())
-            if "step" in d}
 
 
 _baselines = {}

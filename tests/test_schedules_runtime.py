@@ -11,8 +11,9 @@ from planner.plan import Batch, Parallelism, Plan, make_stages  # noqa: E402
 from planner.specs import Cluster  # noqa: E402
 from planner.vocab import V_SCHEDULES  # noqa: E402
 from tests.runtime_runs import ran, runs_of  # noqa: E402
+from tests.runtime_runs import steps_of  # noqa: E402,F401
 from tests.test_runtime_dist import (GPT, LLAMA, RUN, STEPS, assert_same_curve,  # noqa: E402,F401
-                                     baseline, steps_of, work)
+                                     baseline, work)
 
 pytestmark = pytest.mark.slow
 
