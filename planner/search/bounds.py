@@ -91,13 +91,19 @@ def _recompute_bounds(c: Candidate, rules: Rules):
     return (1, 1) if rules.all_layers_recomputed else (0, 1)
 
 
-def max_layers(coeffs, cap: float, v: int, rules: Rules, c: Candidate,
+def per_rank(cap, p: int) -> list:
+    """The bytes each of p pipeline ranks may allocate: `cap` for all (a number), or one each
+    (a sequence: a mixed cluster's ranks, planner.cost.stage.rank_budgets)."""
+    return [float(x) for x in cap] if isinstance(cap, (list, tuple, np.ndarray)) else [cap] * p
+
+
+def max_layers(coeffs, cap, v: int, rules: Rules, c: Candidate,
                lower: bool = False) -> list:
-    """Most layers each rank can hold, recomputing all it may. `lower`: of the coefficients'
-    lower_coeffs (the same figures, without building them)."""
+    """Most layers each rank can hold, recomputing all it may (`cap`: per_rank). `lower`: of
+    the coefficients' lower_coeffs (the same figures, without building them)."""
     lo, hi = _recompute_bounds(c, rules)
     out = []
-    for k in coeffs:
+    for k, cap in zip(coeffs, per_rank(cap, len(coeffs))):
         if lower and k.moe is not None:   # lower_coeffs' mem_layer and mem_rec
             d = k.moe
             per = (sum(min(val, val + d.mem_layer.get(key, 0.0))
@@ -146,16 +152,17 @@ def _with_exposures(t, coeffs, n):
     return t
 
 
-def _rank_min_times(coeffs, L: int, v: int, cap: float, c: Candidate, rules: Rules):
+def _rank_min_times(coeffs, L: int, v: int, cap, c: Candidate, rules: Rules):
     """Least per-micro-batch time of each rank holding n = v, v+1, ... layers (inf if n cannot
     fit, or is fewer than the rank may hold: rules.min_layers, from v on at most one fewer):
-    (n, ranks x n times)."""
+    (n, ranks x n times). `cap`: per_rank."""
     n = np.arange(v, L + 1, dtype=float)
     if rules.min_layers and min(rules.min_layers) < v:   # from the fewest any rank may hold
         n = np.arange(min(rules.min_layers), L + 1, dtype=float)
     mem0 = (_stacked([k.mem_total_fixed() for k in coeffs])
             + n * _stacked([k.mem_total_layer() for k in coeffs]))
-    r = _least_recompute(mem0, _stacked([k.mem_rec for k in coeffs]), n, cap, c, rules)
+    r = _least_recompute(mem0, _stacked([k.mem_rec for k in coeffs]), n,
+                         _stacked(per_rank(cap, len(coeffs))), c, rules)
     with np.errstate(invalid="ignore"):
         t = (_stacked([k.t_fixed for k in coeffs]) + n * _stacked([k.t_layer for k in coeffs])
              + np.where(np.isfinite(r), r * _stacked([k.t_rec for k in coeffs]), np.inf))
@@ -188,7 +195,7 @@ def _kinds_windows(P: tuple, p: int) -> tuple:
     return (np.stack([w[0] for w in wins])[:, :, None], np.stack([w[1] for w in wins])[:, :, None])
 
 
-def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Candidate,
+def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap, c: Candidate,
                           rules: Rules, windows=None):
     """_rank_min_times of the ranks of a model with L layers, Q of them MoE: a rank holding n
     layers holds q of them MoE for some max(0, n - (L - Q)) <= q <= min(n, Q); the least time
@@ -214,7 +221,8 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Ca
                                                                    for k in coeffs])
             + q * col([sum(k.moe.mem_layer.values()) for k in coeffs]))
     save = col([max(k.mem_rec, k.mem_rec + k.moe.mem_rec) for k in coeffs])
-    r = np.where(ok, _least_recompute(mem0, save, n, cap, c, rules), np.inf)
+    r = np.where(ok, _least_recompute(mem0, save, n, col(per_rank(cap, len(coeffs))), c, rules),
+                 np.inf)
     with np.errstate(invalid="ignore"):
         t = (col([k.t_fixed for k in coeffs]) + n * col([k.t_layer for k in coeffs])
              + q * col([k.moe.t_layer for k in coeffs])
@@ -224,9 +232,9 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap: float, c: Ca
     return n, _with_exposures(t, low, n)
 
 
-def bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+def bottleneck(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None, low=None,
                model=None):
-    """lower_bound's bottleneck: (T*, each rank's least time from n = v, v+1, ... layers on
+    """lower_bound's bottleneck (`cap`: per_rank): (T*, each rank's least time from n = v, v+1, ... layers on
     (ranks x n), the kinds' total time and memory, the coefficients the rest is bounded on),
     or None when no placement fits. lower_bound and bottleneck_split take it as `got`, so a
     caller that wants both computes it once."""
@@ -271,7 +279,7 @@ def bottleneck(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, l
     return float(values[lo]), suffix, kinds_total, kinds_memory, coeffs
 
 
-def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None, low=None,
+def bottleneck_split(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None, low=None,
                      model=None, got=False) -> list | None:
     """Layers per pipeline rank (each at least its fewest) that lower_bound's bottleneck T*
     lets each hold, the largest trimmed first until they sum to L: a placement to price beside the
@@ -293,9 +301,10 @@ def bottleneck_split(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=N
     return split
 
 
-def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
+def lower_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None,
                 low=None, model=None, got=False) -> float:
-    """A step time no placement of this candidate can beat.
+    """A step time no placement of this candidate can beat (`cap`: per_rank, so a mixed
+    cluster's ranks each have their own).
 
     The slowest stage is at least the bottleneck time T*: the least T at which the ranks can
     hold all L layers with every rank's time (with the least recompute its memory needs) at most
@@ -316,7 +325,8 @@ def lower_bound(coeffs, c: Candidate, L: int, cap: float, rules: Rules, Q=None,
         need = L
     else:   # pooled memory over ranks sets the least total recompute
         excess = (sum(k.mem_total_fixed() for k in coeffs)
-                  + max(kinds_memory, L * min(k.mem_total_layer() for k in coeffs)) - p * cap)
+                  + max(kinds_memory, L * min(k.mem_total_layer() for k in coeffs))
+                  - sum(per_rank(cap, p)))
         mr = max(k.mem_rec for k in coeffs)
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
     total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))

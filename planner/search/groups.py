@@ -25,17 +25,15 @@ import time
 from dataclasses import dataclass, field
 
 from planner.cost.groups import mixed_coefficients
-from planner.cost.price import price
 from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_coefficients
 from planner.engines import ENGINES, get_engine
 from planner import rules as V
 from planner.errors import BadInput
 from planner.rules_fixed import check_fixed
 from planner.search import default_global_batch, default_seq_len, search
-from planner.search.bounds import (SharedCoefficients, _min_recompute, _recompute_bounds,
-                                   rules_for)
+from planner.search.bounds import SharedCoefficients, lower_bound, max_layers, rules_for
 from planner.search.enumeration import Fixed, enumerate_candidates
-from planner.search.placement import Result, engine_recompute, solve_cpsat
+from planner.search.placement import Result, heuristic, solve_cpsat
 from planner.specs import Cluster, MixedCluster, Model
 
 # the knobs a user may fix that shape the layout (named in the line when none is a pipeline)
@@ -167,68 +165,6 @@ class ShapeBound:
         return c.m * mean + (c.pp - 1) * mean
 
 
-def _caps(coeffs, cap: list, c: Candidate, rules) -> list:
-    """Most layers each rank can hold, recomputing all it may (memory is linear in n and r)."""
-    _, hi = _recompute_bounds(c, rules)
-    out = []
-    for k, cb in zip(coeffs, cap):
-        per, room = k.mem_total_layer() - hi * k.mem_rec, cb - k.mem_total_fixed()
-        out.append(0 if room < 0 else 10 ** 9 if per <= 0 else int(room // per))
-    return out
-
-
-def _lower_bound(coeffs, c: Candidate, L: int, caps_bytes: list, rules) -> float:
-    """No placement is faster. The slowest rank takes at least T*, the least T at which the
-    ranks hold the L layers between them when layers may be split (a continuous relaxation of
-    solve_cpsat's model without the ZeRO exposures): rank i holds n layers within T when
-    t_fixed + n t_layer + r t_rec <= T, r the fewest recomputed layers its memory needs (0
-    while mem(n, 0) fits; every layer where the engine recomputes all, none where the
-    candidate recomputes nothing); m micro-batches of it, and one micro-batch through the
-    others, which take at least their fixed times and the least per-layer time of the L
-    layers (the pipeline's step: planner.cost.schedule.pipeline_time)."""
-    lo_r, hi_r = _recompute_bounds(c, rules)
-    ranks = []
-    for k, cap in zip(coeffs, caps_bytes):
-        every = lo_r == 1                     # every layer recomputed
-        ranks.append((k.t_fixed, k.t_layer + (k.t_rec if every else 0.0),
-                      cap - k.mem_total_fixed(),
-                      k.mem_total_layer() - (k.mem_rec if every else 0.0),
-                      k.mem_rec if (lo_r, hi_r) == (0, 1) else 0.0, k.t_rec))
-
-    def held(T: float) -> float:
-        """Layers the ranks hold within T (continuous)."""
-        total = 0.0
-        for t_fixed, t_n, room, m_n, save, t_rec in ranks:
-            if T <= t_fixed or room < 0:
-                continue
-            by_time = (T - t_fixed) / t_n
-            by_mem = room / m_n if m_n > 0 else math.inf   # without recompute
-            if by_time <= by_mem:
-                total += by_time
-            elif save > 0:
-                # past by_mem each more layer recomputes m_n / save layers' worth to make
-                # room: t_n + t_rec m_n / save a layer, up to every layer recomputed
-                most = room / (m_n - save) if m_n > save else math.inf
-                more = (T - t_fixed - by_mem * t_n) / (t_n + t_rec * m_n / save)
-                total += min(by_mem + more, most)
-            else:
-                total += by_mem
-        return total
-
-    lo = min(k.t_fixed for k in coeffs)
-    hi = max(k.t_fixed for k in coeffs) + L * max(k.t_layer + k.t_rec for k in coeffs)
-    if held(hi) < L:
-        return math.inf   # no placement holds the layers
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if held(mid) >= L:
-            hi = mid
-        else:
-            lo = mid
-    fill = sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs)
-    return (c.m - 1) * lo + max(lo, fill)
-
-
 def _speed_split(coeffs, L: int, caps: list) -> list | None:
     """Layers per rank in proportion to its speed (1 / per-layer time), at least one each, at
     most what its memory holds; None when the caps do not hold L."""
@@ -248,16 +184,6 @@ def _speed_split(coeffs, L: int, caps: list) -> list | None:
                 key=lambda i: coeffs[i].t_fixed + n[i] * coeffs[i].t_layer)
         n[i] -= 1
     return n
-
-
-def _heuristic(model, cluster, c, coeffs, caps_bytes, rules, engine, margin_gib, split):
-    rec = []
-    for k, n, cb in zip(coeffs, split, caps_bytes):
-        r = _min_recompute(k, n, cb, c, rules)
-        rec.append(r if r is not None else (n if c.recompute != "none" else 0))
-    rec = engine_recompute(rec, split, c, rules)
-    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
-    return MixedResult(c, list(split), rec, est, cluster=cluster)
 
 
 def _alone(model, cluster: Cluster, name: str, f: Fixed, seq_len, gbs, engine,
@@ -329,19 +255,20 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             coeffs = mixed_coefficients(model, cl, c, engine)
             caps_bytes = [b.allocatable_bytes for b in rank_budgets(cl, engine, margin_gib,
                                                                      c.pp)]
-            caps = _caps(coeffs, caps_bytes, c, rules)
+            caps = max_layers(coeffs, caps_bytes, c.vpp, rules, c)
             # an engine that places no layers (rules.equal_split) gets its own split
             split = (V.default_split(engine, L, c.pp) if rules.equal_split
                      else _speed_split(coeffs, L, caps))
             if split is None or sum(min(x, L) for x in caps) < L:
                 pruned_mem += 1
                 continue
-            lb = _lower_bound(coeffs, c, L, caps_bytes, rules)
+            lb = lower_bound(coeffs, c, L, caps_bytes, rules)
             if lb > best_heur * (1 + 1e-9):
                 pruned_bound += 1
                 continue
-            res = _heuristic(model, cl, c, coeffs, caps_bytes, rules, engine, margin_gib,
-                             split)
+            h = heuristic(model, cl, c, coeffs, caps_bytes, rules, split=split, engine=engine,
+                          margin_gib=margin_gib)
+            res = MixedResult(c, h.layers, h.recompute, h.estimate, cluster=cl)
             consider(res)
             scored.append((lb, idx, res, coeffs, caps_bytes, rules))
     # exact placements, best bound first, while a bound can beat the best plan

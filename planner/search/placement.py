@@ -18,7 +18,7 @@ from planner.layout import split_count, splits
 from planner.plan import make_stages
 from planner.vocab import ZERO_BUBBLE_SCHEDULES
 from planner.search.bounds import (Rules, _min_recompute, _min_recompute_kinds, _recompute_bounds,
-                                   lower_coeffs, max_layers, rules_for)
+                                   lower_coeffs, max_layers, per_rank, rules_for)
 
 # CP-SAT works in integers: times are counted in units of (a step estimate) / TIME_UNITS, fine
 # enough that rounding moves a step by ~1e-6, coarse enough to keep the solver fast.
@@ -62,14 +62,14 @@ def chunk_recompute(per_chunk: int, layers: int, v: int) -> int:
 def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=None,
               margin_gib=None) -> Result:
     """The engine's default split (planner.rules.default_split: DeepSpeed's partition, else
-    the even split), or `split`, or the user's, with the least recompute that fits; may not
-    fit."""
+    the even split), or `split`, or the user's, with the least recompute that fits (`cap`:
+    bounds.per_rank); may not fit."""
     if split is None:
         split = (list(rules.fixed_split) if rules.fixed_split
                  else V.default_split(get_engine(engine), model.num_layers, c.pp, c.vpp))
     rec = []
     P = layer_kinds(model) if coeffs[0].moe is not None else None
-    for i, (k, n) in enumerate(zip(coeffs, split)):
+    for i, (k, n, cap) in enumerate(zip(coeffs, split, per_rank(cap, len(coeffs)))):
         if P is None:
             r = _min_recompute(k, n, cap, c, rules)
         elif c.vpp == 1:   # one stage: layers [start, start + n), its first r recomputed
