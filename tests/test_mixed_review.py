@@ -245,3 +245,4 @@ def test_a_saved_mixed_plan_reprices_as_planned_on_every_rank(h200_h100_plan, tm
     e = price_plan(back).estimate
     assert e.fits
     assert e.stage_capacity_gib == pytest.approx(plan.estimate["stage_capacity_gib"], rel=1e-9)
+
