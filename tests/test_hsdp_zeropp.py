@@ -131,3 +131,17 @@ def test_zeropp_not_chosen_inside_one_node():
     twin = price(L13, c, replace(best.candidate, zeropp=True), best.layers, best.recompute,
                  engine="deepspeed")
     assert twin.estimate.step_time_s > best.estimate.step_time_s
+
+
+def test_zeropp_kernels_move_the_bytes_of_their_element_sizes():
+    """qwZ's kernels read and write bf16 and int8 (2 + 1 bytes per shard element, 1 + 2 per
+    gathered one); qgZ's read and write the gradient and int4: 4 + 0.5 twice in fp32, 2 + 0.5
+    twice in bf16 (a hand count of each kernel's reads and writes)."""
+    from planner.cost.dataparallel import QGZ_BYTES, QWZ_BYTES, ZeroPP
+    params, shard, hbm = 1e9, 8, 1000.0
+    fp32 = ZeroPP(8, None, QWZ_BYTES / 2.0, QGZ_BYTES / 4.0)
+    bf16 = ZeroPP(8, None, QWZ_BYTES / 2.0, QGZ_BYTES / 2.0)
+    fwd, bwd = fp32.kernel_times(params, shard, hbm)
+    assert fwd == pytest.approx(3.0 * params * (1 + 1 / 8) / 1e12)
+    assert bwd == pytest.approx(9.0 * params / 1e12)
+    assert bf16.kernel_times(params, shard, hbm)[1] == pytest.approx(5.0 * params / 1e12)

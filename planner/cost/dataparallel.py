@@ -74,13 +74,13 @@ def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, 
 # the weights over the GPUs of one node for the backward all-gather (Sec. 3.2).
 QWZ_BYTES = 1.0
 QGZ_BYTES = 0.5
-# HBM bytes per parameter of the (de)quantization kernels (memory-bound: the paper's fused
-# kernels, Sec. 4): qwZ quantizes the rank's shard (read bf16, write int8: 3 per shard element)
-# and dequantizes the gathered weight (read int8, write bf16: 3 per element); qgZ quantizes
-# the gradient (read fp32, write int4: 4.5) and dequantizes and reduces what it receives
-# (read int4, write fp32: 4.5) -- per element of the layer, every micro-batch.
-QWZ_KERNEL_BYTES = 3.0
-QGZ_KERNEL_BYTES = 9.0
+# HBM bytes of the (de)quantization kernels (memory-bound: the paper's fused kernels, Sec. 4;
+# ZeroPP.kernel_times): qwZ quantizes the rank's shard (read the weight, write int8: 2 + 1 per
+# shard element in bf16) and dequantizes the gathered weight (read int8, write the weight:
+# 1 + 2 per element); qgZ quantizes the gradient (read it, write int4: 4 + 0.5 in fp32) and
+# dequantizes and reduces what it receives (read int4, write the gradient: 0.5 + 4), per
+# element of the layer, every micro-batch: the element sizes are the plan's (bf16 or fp32
+# gradients alike). The planner's derivation from those kernels' reads and writes, not measured.
 
 
 def hpz_size(shard: int, gpus_per_node: int, tp: int) -> int:
@@ -100,10 +100,13 @@ class ZeroPP:
 
     def kernel_times(self, params: float, shard: int, hbm_gbps: float) -> tuple:
         """(forward, backward) seconds of the (de)quantization kernels for `params`
-        parameters (this rank's tp share of a layer) gathered over `shard` ranks."""
+        parameters (this rank's tp share of a layer) gathered over `shard` ranks: the bytes
+        each element's quantizing and dequantizing kernels read and write, the unquantized
+        sizes being QWZ_BYTES / weight_ratio and QGZ_BYTES / grad_ratio."""
         bw = hbm_gbps * 1e9
-        return (QWZ_KERNEL_BYTES * params * (1 + 1 / shard) / bw,
-                QGZ_KERNEL_BYTES * params / bw)
+        weight, grad = QWZ_BYTES / self.weight_ratio, QGZ_BYTES / self.grad_ratio
+        return ((weight + QWZ_BYTES) * params * (1 + 1 / shard) / bw,
+                2 * (grad + QGZ_BYTES) * params / bw)
 
 
 def pipelined_fsdp_unsharded(engine: Engine, c, params: float, states: dict,
