@@ -30,6 +30,7 @@ from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_t
 from planner.catalog import get_cluster, get_gpu, get_model
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
+from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS
 from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.search import Fixed, search
@@ -343,12 +344,18 @@ def engine_of(run, engine=None):
     """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype,
     its optimizer's state bytes per parameter where the row's recipe ran another optimizer than
     the engine's own (`fixed.optimizer_state_bytes`, `optimizer_source`: NeMo 1.x's Apex
-    DistributedFusedAdam) and its FP8 primary weights."""
+    DistributedFusedAdam), its loss compiled where the row's torchtitan compiled it
+    (`fixed.loss_compiled`, `loss_source`) and its FP8 primary weights."""
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
     if recipe_fact(run, "optimizer_state_bytes") is not None:
         e = dataclasses.replace(e, optimizer_bytes=float(recipe_fact(run, "optimizer_state_bytes")))
+    if recipe_fact(run, "loss_compiled") and e.loss_memory == EAGER_LOSS:
+        # torchtitan's loss compiled with the model (`loss_source`): planner.engines.spec
+        # COMPILED_LOSS in place of the eager loss; under tensor parallelism (loss_parallel)
+        # the engine's figure stays, unmeasured compiled
+        e = dataclasses.replace(e, loss_memory=COMPILED_LOSS)
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
     return e

@@ -173,3 +173,53 @@ def test_gpipe_holds_every_micro_batch_head_and_one_loss_peak():
     assert fg["activations"] - f1["activations"] == pytest.approx(3 * head.held)
     assert fg["other"] == pytest.approx(f1["other"])
     assert head.working > 0
+
+
+def test_compiled_loss_holds_what_its_engine_facts_say():
+    """torchtitan's compiled loss (planner.engines.spec COMPILED_LOSS): what it saves, measured
+    with saved-tensor hooks, and what Inductor's generated forward and backward allocate as
+    large as the logits (a buffer of the N x V logits' shape, read from the code it runs), for
+    bf16 and fp32 logits. (MemTracker cannot follow it: a dispatch mode turns dynamo off.)"""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    from planner.engines.spec import COMPILED_LOSS
+
+    def ce(pred, labels):      # torchtitan/components/loss.py cross_entropy_loss
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    for dtype, width in ((torch.bfloat16, 2.0), (torch.float32, 4.0)):
+        torch._dynamo.reset()
+        compiled = torch.compile(ce)
+        g = torch.Generator().manual_seed(0)
+        h = torch.randn(1, N, H, dtype=dtype, generator=g, requires_grad=True)
+        w = torch.randn(V, H, dtype=dtype, generator=g, requires_grad=True)
+        t = torch.randint(0, V, (1, N), generator=g)
+        saved = {}
+
+        def pack(x):
+            saved[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+            return x
+
+        def step():
+            logits = h @ w.T
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                loss = compiled(logits, t)
+            del logits
+            loss.backward()
+            return loss
+
+        _, (forward_code, backward_code) = run_and_get_code(step)
+        large = r"empty_strided_cpu\(\((?:1, )?%d, %d\)[^)]*\), torch\.(\w+)\)" % (N, V)
+        nbytes = {"bfloat16": 2.0, "float32": 4.0}
+        fwd = sum(nbytes[d] for d in re.findall(large, forward_code))
+        bwd = sum(nbytes[d] for d in re.findall(large, backward_code))
+        held = sum(saved.values()) / (N * V)     # the logits themselves: their width
+        assert held == pytest.approx(width, rel=0.01)
+        if dtype == torch.bfloat16:              # LossMemory.saved: of bf16 logits
+            assert held == pytest.approx(COMPILED_LOSS.saved, rel=0.01)
+        forward, backward = ((COMPILED_LOSS.forward, COMPILED_LOSS.backward) if width == 2.0
+                             else (COMPILED_LOSS.forward_fp32, COMPILED_LOSS.backward_fp32))
+        assert width + fwd == pytest.approx(forward)    # the logits, and what the forward adds
+        assert held + bwd == pytest.approx(backward, rel=0.01)   # saved, and the gradient

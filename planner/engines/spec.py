@@ -93,6 +93,14 @@ MEGATRON_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 6.0, 6.0, 4.0, 4.0)
 # logits and saves them with the rows' log-sum-exp (2); backward writes a new bf16 gradient
 # beside them (4, no inplace_backward); fp32 logits: 4 and 8.
 FLASH_ATTN_LOSS = LossMemory(2.0, 2.0, 4.0, 4.0, 8.0)
+# torchtitan's loss under torch.compile (torchtitan/components/loss.py wraps its
+# cross_entropy_loss, F.cross_entropy(pred.flatten(0, 1).float(), ...), in torch.compile when
+# training.compile is set: since torchtitan bbb1b616e, 2025-04-02, #1033; before it the loss ran
+# eager, EAGER_LOSS). Inductor fuses the fp32 upcast and the log-softmax: the forward keeps the
+# logits and two per-row fp32 figures (2; fp32 logits 4) and allocates nothing as large as the
+# logits; the backward writes one gradient in the logits' dtype beside them (4; 8). Measured on
+# CPU (tests/test_loss_memory.py: the saved tensors, and the buffers Inductor's code allocates).
+COMPILED_LOSS = LossMemory(2.0, 2.0, 4.0, 4.0, 8.0)
 
 
 @dataclass(frozen=True)

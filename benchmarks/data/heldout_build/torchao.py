@@ -94,6 +94,19 @@ def rows():
                 "uncertain": uncertain,
                 "notes": notes + "FSDP2 = ZeRO-3 (reshard_after_forward); per-op SAC = torchtitan selective AC, op policy.",
             }
+            # torchtitan compiles its loss under --training.compile from bbb1b616e (2025-04-02, #1033:
+            # torchtitan/components/loss.py build_cross_entropy_loss; before it "TODO: compiling loss function
+            # causes CUDA errors, turning off"): the MI300X and B200 tables' torchtitan commits (2c8b5947,
+            # 2025-08-08; 6fc499f6, 2025-08-14) have it; the H100 table's "0.0.2" is a torchtitan of
+            # 2025-02-21..03-12 (torchao's script then names train_configs/llama3_8b.toml, a path from
+            # torchtitan 82afc842e, 2025-02-21; the table's torchao commit 8c81863ba is of 2025-03-12): eager
+            row["fixed"]["loss_compiled"] = gpu != "h100"
+            row["loss_source"] = (
+                "torchtitan bbb1b616e (2025-04-02, #1033) compiles the loss when training.compile is set "
+                "(torchtitan/components/loss.py build_cross_entropy_loss); the table's torchtitan "
+                + ("is 0.0.2 of 2025-02-21..03-12 (before it: eager loss)" if gpu == "h100" else
+                   f"commit {'2c8b5947' if gpu == 'mi300x' else '6fc499f6'} has it, and the run passes "
+                   "--training.compile (torchao benchmarks/float8/training/llama3.sh @e4e681be6)"))
             if gpu == "b200":
                 row["power_limit_w"] = 750
                 row["power_limit_source"] = (
