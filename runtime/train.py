@@ -726,8 +726,12 @@ def run(args, plan, source) -> int:
             if sys.stderr.isatty():          # over the progress line
                 sys.stderr.write("\r\x1b[2K")
             print(f"runtime: {e}", file=sys.stderr, flush=True)
-        dist.barrier()      # every rank failed at the same point: none exits before the line
         status = 1
+    # every rank ends here (failed at the same point, or trained): none tears its process
+    # group down, nor exits before rank 0's line, while another still runs a collective
+    # (gloo aborted one rank with "terminate called without an active exception" at the end
+    # of a 2-rank ZeRO-3 run under load, benchmarks/closed_loop, 2026-12-03)
+    dist.barrier()
     dist.destroy_process_group()
     return status
 
