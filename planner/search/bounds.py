@@ -71,7 +71,7 @@ class Rules:
 
     def short_of_layers(self, caps, vpp: int) -> bool:
         """Some rank can hold fewer layers than it must."""
-        return any(x < lo for x, lo in zip(caps, self.min_layers or [vpp] * len(caps)))
+        return any(x < lo for x, lo in zip(caps, self.least_layers(len(caps), vpp)))
 
 
 def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
@@ -234,10 +234,10 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap, c: Candidate
 
 def bottleneck(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None, low=None,
                model=None):
-    """lower_bound's bottleneck (`cap`: per_rank): (T*, each rank's least time from n = v, v+1, ... layers on
-    (ranks x n), the kinds' total time and memory, the coefficients the rest is bounded on),
-    or None when no placement fits. lower_bound and bottleneck_split take it as `got`, so a
-    caller that wants both computes it once."""
+    """lower_bound's bottleneck (`cap`: per_rank): (T*, each rank's least time from n = v,
+    v+1, ... layers on (ranks x n), the kinds' total time and memory, the coefficients the rest
+    is bounded on), or None when no placement fits. lower_bound and bottleneck_split take it
+    as `got`, so a caller that wants both computes it once."""
     v = c.vpp
     if Q is not None:   # dense and MoE layers (coeffs with `moe`): kinds counted
         low = low or [lower_coeffs(k) for k in coeffs]

@@ -400,9 +400,8 @@ def solve_candidate(model, cluster, c, rules: Rules | None = None, coeffs=None, 
         if best is None or (heur.estimate.fits
                             and heur.estimate.step_time_s < best.estimate.step_time_s):
             # the engine's own split may lie outside the placed ones (an MoE model's empty
-            # end chunks): kept where it is the better plan
-            if best is None:
-                heur.status = "INFEASIBLE"
+            # end chunks): kept where it is the better plan, the best of every split priced
+            heur.status = "OPTIMAL" if heur.estimate.fits else "INFEASIBLE"
             return heur, heur.estimate.fits
         return best, True
     res, status, gap = solve_cpsat(model, cluster, c, coeffs, cap, rules,
