@@ -32,18 +32,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def launch(nproc: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    """One `python -m runtime ARGS` on `nproc` CPU processes (torchrun --standalone beyond
-    one), with the launcher's variables of an enclosing launch cleared."""
+def _launcher(nproc: int) -> tuple:
+    """(python, or torchrun --standalone on nproc processes; its environment: the launcher's
+    variables of an enclosing launch cleared)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT"):
         env.pop(k, None)
-    cmd = ([sys.executable, "-m", "runtime"] if nproc == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(nproc), "-m", "runtime"])
-    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    cmd = [sys.executable] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(nproc)]
+    return cmd, env
+
+
+def launch(nproc: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """One `python -m runtime ARGS` on `nproc` CPU processes."""
+    cmd, env = _launcher(nproc)
+    return subprocess.run(cmd + ["-m", "runtime"] + [str(a) for a in args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def steps_of(path) -> dict:
@@ -57,13 +63,7 @@ def launch_runs(nproc: int, runs: list, path, timeout: float = 600) -> tuple:
     [{"code", "stdout"}] of the runs that ended, in order)."""
     path = Path(path)
     path.write_text(json.dumps([[str(a) for a in argv] for argv in runs]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-              "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc)]
+    cmd, env = _launcher(nproc)
     r = subprocess.run(cmd + ["-m", "tests.runtime_runs", str(path)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     out = Path(str(path) + ".out")
