@@ -122,3 +122,31 @@ def pipelined_fsdp_unsharded(engine: Engine, c, params: float, states: dict,
         return 0.0, 0.0
     w = states["compute_copy_bytes"] * params if c.zero >= 3 else 0.0
     return w, states["grad_bytes"] * params * (1 - 1 / shards)
+
+
+def zero3_unsharded_bytes(wrap: str | None, layer_params: float, emb_params: float,
+                          head_params: float, w_layer: float, elem: float,
+                          grad_bytes: float) -> float:
+    """Bytes ZeRO-3 holds unsharded beyond the shards while the layers' activations are held
+    (the step's peak), for one pipeline rank holding `emb_params` of embedding and
+    `head_params` of head (0 where it holds none). `w_layer`: one layer's gathered weights,
+    `elem`: the compute dtype's bytes (the unsharded gradients' dtype under FSDP2's mixed
+    precision), `grad_bytes`: the reduce dtype's (its reduce-scatter input).
+
+    A layer's backward holds its gathered weights, the next layer's all-gathered ones
+    (prefetch), its unsharded gradients and the reduce-scatter input of the one before: the
+    moments FSDPMemTracker shows (tests/test_fsdp_wrap_memory.py). What the embedding and the
+    head add depends on how the engine groups them (Engine.fsdp_outer_wrap):
+    "root" keeps both gathered and the head's gradient held through every layer's backward;
+    "split" gathers the head, with its gradient and the reduce-scatter input of it, only while
+    its own backward runs (the last layer prefetched beside it), and the embedding after every
+    layer's activations are freed; None counts the embedding and head gathered with their
+    gradients beside a layer's, as a sum of every moment's."""
+    layer = 2 * w_layer + (elem + grad_bytes) * layer_params
+    if wrap == "root":
+        return layer + elem * (emb_params + head_params) + elem * head_params
+    if wrap == "split":
+        head = (2 * elem + grad_bytes) * head_params + w_layer if head_params else 0.0
+        return max(layer, head)
+    return 2 * w_layer + grad_bytes * layer_params + (elem + grad_bytes) * (emb_params
+                                                                           + head_params)

@@ -52,6 +52,10 @@ TORCHTITAN = Engine(
     max_tp=None, sp_choices=(True,),
     sp_keeps_gathered_inputs=True,   # DTensor ColwiseParallel after SequenceParallel
     pp_keeps_unsharded_grads=True,   # torch's PipelineStage with FSDP2, as it is
+    # torchtitan/models/llama3/infra/parallelize.py apply_fsdp since 83e694105 (#1094,
+    # 2025-07-28): tok_embeddings resharded after forward, [norm, output] one group kept from
+    # its forward to its backward (planner.engines.spec fsdp_outer_wrap)
+    fsdp_outer_wrap="split",
     schedules=("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev"),
     stage_layers=ANY_SPLIT,
     recompute=(("full", ALL_OR_NONE), ("op", ALL_OR_NONE)),

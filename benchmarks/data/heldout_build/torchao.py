@@ -107,6 +107,15 @@ def rows():
                 + ("is 0.0.2 of 2025-02-21..03-12 (before it: eager loss)" if gpu == "h100" else
                    f"commit {'2c8b5947' if gpu == 'mi300x' else '6fc499f6'} has it, and the run passes "
                    "--training.compile (torchao benchmarks/float8/training/llama3.sh @e4e681be6)"))
+            if gpu == "h100":
+                # torchtitan before 83e694105 (#1094, 2025-07-28) keeps the embedding, final norm and output in
+                # FSDP2's root group (planner.engines.spec fsdp_outer_wrap); the MI300X and B200 tables' commits
+                # (2c8b5947, 6fc499f6) have #1094's grouping, the engine's own
+                row["fixed"]["fsdp_outer_wrap"] = "root"
+                row["wrap_source"] = (
+                    "torchtitan's apply_fsdp before 83e694105 (#1094, 2025-07-28) shards the embedding, final norm and "
+                    "output in the root fully_shard(model), which FSDP2 never reshards after forward; the table's "
+                    "torchtitan is 0.0.2 of 2025-02-21..03-12")
             if gpu == "b200":
                 row["power_limit_w"] = 750
                 row["power_limit_source"] = (

@@ -1,0 +1,105 @@
+"""Measures, with torch's FSDPMemTracker on CPU over a fake 8-rank process group, what FSDP2
+holds unsharded while a layer's backward runs (the layers' activations held), for a small
+Llama grouped as torchtitan groups it: "root" (before 83e694105: every block its own group,
+the last not resharded after forward, the embedding, norm and output in the root group) and
+"split" (since then: the embedding its own group, [norm, output] one group kept from its
+forward to its backward). Prints one JSON object: per (wrap, vocabulary), the largest
+unsharded bytes over the moments and the parameter counts. Run by
+tests/test_fsdp_wrap_memory.py in its own process (the fake process group is global)."""
+import dataclasses
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from planner.catalog.models import MODELS
+from runtime.model import Transformer
+
+WORLD = 8
+# the categories of FSDPMemTracker that are FSDP2's own unsharded state: gathered weights, the
+# all-gather output of the prefetched group, unsharded gradients, reduce-scatter inputs
+UNSHARDED = ("Unsharded Param", "All Gather", "Unsharded Grad", "Reduce Scatter")
+# a layer's backward: the blocks' and the head's (the layers' activations are held then)
+MOMENTS = ("Peak Backward", "Before Post-Backward")
+
+
+def build(wrap: str, vocab: int, mesh):
+    spec = dataclasses.replace(MODELS["llama3-8b"], num_layers=4, hidden=256, ffn_hidden=896,
+                               num_heads=8, num_kv_heads=2, vocab_size=vocab,
+                               tied_embeddings=False)
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    cfg = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                         reduce_dtype=torch.float32))
+    last = len(model.layers) - 1
+    if wrap == "split":
+        fully_shard(model.tok_embeddings, **cfg, reshard_after_forward=True)
+    for i, block in model.layers.items():
+        fully_shard(block, **cfg, reshard_after_forward=wrap == "split" or int(i) < last)
+    if wrap == "split":
+        fully_shard([model.norm, model.output], **cfg, reshard_after_forward=False)
+    fully_shard(model, **cfg)
+    return spec, model
+
+
+def measure(wrap: str, vocab: int, mesh) -> dict:
+    spec, model = build(wrap, vocab, mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    x = torch.randint(0, vocab, (1, 512))
+    y = torch.randint(0, vocab, (1, 512))
+    held = []     # the output weight's unsharded gradient at each block's backward
+
+    def head_grad(module, grad_output):
+        g = model.output.weight.grad
+        held.append(0 if g is None or isinstance(g, DTensor) else g.numel() * g.element_size())
+
+    for block in model.layers.values():
+        block.register_full_backward_pre_hook(head_grad)
+
+    def step():
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten())
+        del out
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()                              # the optimizer's state exists from here on
+    tracker = FSDPMemTracker(model, opt)
+    with tracker:
+        held.clear()
+        step()
+    dev = torch.device("cpu")
+    largest = 0
+    for state in tracker.memory_tracking.values():
+        name = state.mod_fqn.split(".", 1)[-1]
+        if not (name.startswith("layers.") or name in ("norm", "output")):
+            continue
+        for moment, snaps in state.snapshots.items():
+            if moment.value in MOMENTS:
+                snap = snaps[-1][dev]
+                largest = max(largest, sum(v for k, v in snap.items()
+                                           if getattr(k, "value", k) in UNSHARDED))
+    layer = sum(p.numel() for p in model.layers["0"].parameters())
+    return {"unsharded_bytes": largest, "held_head_grad_bytes": max(held),
+            "layer_params": layer,
+            "emb_params": spec.vocab_size * spec.hidden,
+            "head_params": spec.vocab_size * spec.hidden + spec.hidden}
+
+
+def main():
+    dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
+    mesh = init_device_mesh("cpu", (WORLD,))
+    out = {f"{w} {v}": measure(w, v, mesh) for w in ("root", "split") for v in (8192, 1024)}
+    dist.destroy_process_group()
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
