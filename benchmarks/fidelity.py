@@ -346,8 +346,9 @@ def engine_of(run, engine=None):
     the engine's own (`fixed.optimizer_state_bytes`, `optimizer_source`: NeMo 1.x's Apex
     DistributedFusedAdam), its loss compiled where the row's torchtitan compiled it
     (`fixed.loss_compiled`, `loss_source`), its FSDP2 grouping of the embedding and head where the
-    row's torchtitan predates the engine's (`fixed.fsdp_outer_wrap`, `wrap_source`) and its FP8
-    primary weights."""
+    row's torchtitan predates the engine's (`fixed.fsdp_outer_wrap`, `wrap_source`), its per-op
+    policy recomputing the attention (`fixed.op_recomputes_attention`, `attention_source`) and its
+    FP8 primary weights."""
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
@@ -361,6 +362,10 @@ def engine_of(run, engine=None):
     if recipe_fact(run, "fsdp_outer_wrap") is not None:
         # how the row's torchtitan grouped the embedding and head under FSDP2 (`wrap_source`)
         e = dataclasses.replace(e, fsdp_outer_wrap=recipe_fact(run, "fsdp_outer_wrap"))
+    if recipe_fact(run, "op_recomputes_attention"):
+        # the row's torchtitan recomputed the attention under its per-op policy
+        # (`attention_source`)
+        e = dataclasses.replace(e, op_recomputes_attention=True)
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
     return e

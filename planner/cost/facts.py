@@ -85,8 +85,11 @@ class CatalogFacts:
     def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None, cp=1):
         """`lp`: the plan's low precision (planner.precision.LowPrecision), None for bf16;
         `cp`: the context-parallel degree (each rank's s/cp tokens)."""
-        return layer_time(model, self.gpu, b, s, tp, sp, flash,
-                          self.engine.elementwise_traffic, self.engine.layer_overhead_s, lp, cp)
+        lt = layer_time(model, self.gpu, b, s, tp, sp, flash, self.engine.elementwise_traffic,
+                        self.engine.layer_overhead_s, lp, cp)
+        if self.engine.op_recomputes_attention:
+            lt = dataclasses.replace(lt, op_attention_recomputed=True)
+        return lt
 
     def fused_attention(self, model, flash: bool) -> bool:
         """Whether the attention runs a fused kernel that keeps no s x s softmax: `flash`,
@@ -103,14 +106,15 @@ class CatalogFacts:
         # the formula's bf16 elements are compute_elem_bytes wide here; flash attention's
         # log-sum-exp is fp32 either way
         fused = self.fused_attention(model, flash)
-        lse = 4.0 * model.num_heads * b * s / tp if fused and mode != "full" else 0.0
+        lse = (4.0 * model.num_heads * b * s / tp if fused and mode != "full" and not (
+            mode == "op" and self.engine.op_recomputes_attention) else 0.0)
         return lse + (out - lse) * self.compute_elem_bytes / BF16
 
     def bf16_activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         """The cost model's saved bytes of one layer, computing in bf16."""
         gathered = self.engine.sp_keeps_gathered_inputs
         out = activation_bytes(model, b, s, tp, sp, mode, self.fused_attention(model, flash),
-                               gathered)
+                               gathered, not self.engine.op_recomputes_attention)
         if lp is not None and lp.recipe.saves_lowp_inputs:
             out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes,
                                             gathered)

@@ -215,6 +215,12 @@ class Engine:
     # since 83e694105, #1094, 2025-07-28); None: the embedding and head gathered with their
     # gradients beside every layer's (no finer claim made).
     fsdp_outer_wrap: str | None = None
+    # Whether its per-op recompute policy ("op") recomputes the attention kernel in backward:
+    # torchtitan's save list named the flash and memory-efficient SDPA kernels only until
+    # b39377f9f (#2095, 2025-12-01), while from #1196 (2025-05-14) it ran cuDNN's on B200
+    # (compute capability 10), which the policy then recomputed: the attention's output and
+    # log-sum-exp not saved, its forward run again in backward.
+    op_recomputes_attention: bool = False
     # the model's attention features beyond Llama's (planner.specs.Model.attention_feature_map
     # keys) its export writes into the model's definition; None: its export leaves the
     # architecture to the user's model code (torchtitan's [model] flavor, a DeepSpeed or FSDP

@@ -117,6 +117,11 @@ def rows():
                     "output in the root fully_shard(model), which FSDP2 never reshards after forward; the table's "
                     "torchtitan is 0.0.2 of 2025-02-21..03-12")
             if gpu == "b200":
+                # cuDNN attention on B200, recomputed by the per-op policy (planner.engines.spec
+                # op_recomputes_attention)
+                row["fixed"]["op_recomputes_attention"] = True
+                row["attention_source"] = (
+                    "torchtitan #1196 (2025-05-14) runs SDPA's cuDNN backend first on compute capability 10 (B200: torchtitan/models/attention.py), and its per-op activation-checkpointing save list named only the flash and memory-efficient kernels until b39377f9f (#2095, 2025-12-01, 'to avoid recomputing attention during backward'): the table's torchtitan 6fc499f6 (2025-08-14) recomputed the attention on B200")
                 row["power_limit_w"] = 750
                 row["power_limit_source"] = (
                     "pytorch/ao d8bb51f63143188272e116c820d5f303c7017781 (#2777, 2025-08-15), the rows' first version in "
