@@ -352,8 +352,9 @@ def engine_of(run, engine=None):
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
-    if recipe_fact(run, "optimizer_state_bytes") is not None:
-        e = dataclasses.replace(e, optimizer_bytes=float(recipe_fact(run, "optimizer_state_bytes")))
+    state_bytes = recipe_fact(run, "optimizer_state_bytes")
+    if state_bytes is not None:
+        e = dataclasses.replace(e, optimizer_bytes=float(state_bytes))
     if recipe_fact(run, "loss_compiled") and e.loss_memory == EAGER_LOSS:
         # torchtitan's loss compiled with the model (`loss_source`): planner.engines.spec
         # COMPILED_LOSS in place of the eager loss; under tensor parallelism (loss_parallel)
@@ -1227,7 +1228,7 @@ def memory_verdicts(runs=None, rows=None) -> dict:
                 fits_then_oom.append(row["run"])
         if not row["fits"]:
             refused.append(row["run"])
-        margin = default_margin_gib(cluster_of(run))
+        margin = default_margin_gib(cluster_of(run).gpu)
         if row["reserved_gib"] > cap - eng.context_gib - margin + 1e-9:
             refused_default.append(row["run"])
     a = sorted(abs(e) for e in errs)

@@ -330,13 +330,14 @@ class MemoryBudget:
         return self.usable_gib * GIB / (1.0 + self.allocator_reserve)
 
 
-def default_margin_gib(cluster: Cluster) -> float:
-    return DEFAULT_MARGIN_FRACTION * cluster.gpu.memory_gib
+def default_margin_gib(gpu) -> float:
+    """The margin `plan` keeps by default on `gpu`: a fraction of its memory."""
+    return DEFAULT_MARGIN_FRACTION * gpu.memory_gib
 
 
 def _gpu_budget(gpu, engine: Engine, margin_gib: float | None) -> MemoryBudget:
     """One GPU's MemoryBudget under `engine`; the default margin a fraction of its memory."""
-    margin = DEFAULT_MARGIN_FRACTION * gpu.memory_gib if margin_gib is None else margin_gib
+    margin = default_margin_gib(gpu) if margin_gib is None else margin_gib
     return MemoryBudget(gpu.memory_gib, engine.context_gib, margin, engine.allocator_reserve)
 
 

@@ -102,5 +102,9 @@ RUNTIME = Engine(
     loss_memory=EAGER_LOSS, tp_loss_memory=RUNTIME_VOCAB_PARALLEL_LOSS,
     pipeline_keeps_logits=True, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
+    # runtime/data_parallel.py apply_fsdp: every layer its own group, the embedding, final norm
+    # and output in the root group (held gathered through the step: tests/test_runtime_searched.py
+    # zero3_gathered_bounds measures it)
+    fsdp_outer_wrap="root",
     validation=validation_of("runtime"),
 )
