@@ -82,9 +82,9 @@ def test_every_published_configuration_fits(rows):
 # Measured rows the memory model misses today, named so that none can hide: three of
 # torchtitan's TP x PP float8 runs (405B 1F1B, interleaved, and CP 8 at 256K) measure 18-23%
 # MORE than predicted (an out-of-memory the plan would not foresee). Trainy's H200 FSDP runs,
-# predicted 48% above what they measured while their loss was priced eager, are within 14%
+# predicted 48% above what they measured while their loss was priced eager, are within 9%
 # with the compiled loss their torchtitan ran (planner.engines.spec COMPILED_LOSS, the rows'
-# `loss_source`). The TP x PP runs measured 41-48% more until the pipeline stage's unsharded FSDP
+# `loss_source`) and its FSDP2 root group's unsharded state at the peak (fsdp_outer_wrap). The TP x PP runs measured 41-48% more until the pipeline stage's unsharded FSDP
 # gradients and parameters were counted (planner.engines.spec pp_keeps_unsharded_grads); the
 # 70B TP runs 17-22% more until the loss's peak was measured (planner.engines.spec LossMemory:
 # DTensor's loss_parallel holds 16 bytes per logit in backward, where 10 were priced; tests/

@@ -64,6 +64,20 @@ def test_never_fits_then_out_of_memory(scored):
     assert v["measured"] >= 5 and v["fits_then_oom"] == []
 
 
+MEMORY_MEDIAN_TARGET = 10.0     # issue 22: memory median |error| <= 10% where measured
+
+
+def test_memory_median_within_issue_target(scored):
+    """torchao's torchtitan tables measured their reserved memory (H100, MI300X, B200): the
+    median |error| is within the issue's target since ZeRO-3's unsharded state is priced as
+    each table's torchtitan grouped the embedding and head (planner.engines.spec
+    fsdp_outer_wrap; 16.1% before, 37.2% while every loss was priced eager)."""
+    rows, _ = scored
+    runs = {r["id"]: r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)}
+    v = fidelity.memory_verdicts([runs[r["run"]] for r in rows], rows)
+    assert v["measured"] >= 10 and v["memory_median_abs_pct"] <= MEMORY_MEDIAN_TARGET
+
+
 def test_llm_foundry_a100_40gb_1b_runs_fit(scored):
     """llm-foundry's MPT-1b on A100 40GB (scripts/train/benchmarking/README.md: 32-128 GPUs,
     MBS 10, seq 2048, no activation checkpointing, FULL_SHARD) ran; they were predicted at
