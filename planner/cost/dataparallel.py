@@ -142,11 +142,29 @@ def zero3_unsharded_bytes(wrap: str | None, layer_params: float, emb_params: flo
     its own backward runs (the last layer prefetched beside it), and the embedding after every
     layer's activations are freed; None counts the embedding and head gathered with their
     gradients beside a layer's, as a sum of every moment's."""
-    layer = 2 * w_layer + (elem + grad_bytes) * layer_params
+    layer = zero3_layer_bytes(wrap, layer_params, w_layer, elem, grad_bytes)
     if wrap == "root":
         return layer + elem * (emb_params + head_params) + elem * head_params
     if wrap == "split":
         head = (2 * elem + grad_bytes) * head_params + w_layer if head_params else 0.0
         return max(layer, head)
-    return 2 * w_layer + grad_bytes * layer_params + (elem + grad_bytes) * (emb_params
-                                                                           + head_params)
+    return layer + (elem + grad_bytes) * (emb_params + head_params)
+
+
+def zero3_layer_bytes(wrap: str | None, layer_params: float, w_layer: float, elem: float,
+                      grad_bytes: float) -> float:
+    """A layer's moment of zero3_unsharded_bytes: its gathered weights and the next layer's
+    all-gathered ones (`w_layer` each), and its unsharded gradients: where the grouping was
+    measured (`wrap` known: FSDP2) in the compute dtype beside the reduce-scatter's input in the
+    reduce dtype, else in the gradient dtype alone."""
+    return 2 * w_layer + ((elem + grad_bytes) if wrap else grad_bytes) * layer_params
+
+
+def outer_wrap(engine: Engine, model, pp: int) -> str | None:
+    """The engine's Engine.fsdp_outer_wrap where it was worked out: one pipeline stage (a
+    pipelined stage keeps its groups gathered, pipelined_fsdp_unsharded) and untied
+    embeddings (a tied weight's gradient gathers the head's and the embedding's, held from the
+    first backward op to the last)."""
+    if pp > 1 or model.tied_embeddings:
+        return None
+    return engine.fsdp_outer_wrap

@@ -16,7 +16,8 @@ from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_a
                                    mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
 from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives, hpz_size,
-                                       pipelined_fsdp_unsharded, zero3_unsharded_bytes)
+                                       outer_wrap, pipelined_fsdp_unsharded,
+                                       zero3_unsharded_bytes)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
@@ -369,16 +370,6 @@ def capacity_bytes(cluster: Cluster, engine: Engine | None = None,
     return memory_budget(cluster, engine, margin_gib).allocatable_bytes
 
 
-def _outer_wrap(engine: Engine, model, p: int) -> str | None:
-    """The engine's Engine.fsdp_outer_wrap where it was worked out: one pipeline stage (a
-    pipelined stage keeps its groups gathered, planner.cost.dataparallel
-    pipelined_fsdp_unsharded) and untied embeddings (a tied weight's gradient gathers the head's
-    and the embedding's, held from the first backward op to the last)."""
-    if p > 1 or model.tied_embeddings:
-        return None
-    return engine.fsdp_outer_wrap
-
-
 def _head_in_flight(schedule: str, p: int, c) -> int:
     """Micro-batches whose logits the last pipeline rank holds at once (planner.cost.schedule
     in_flight for the layers)."""
@@ -571,7 +562,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             # gathered while computing: the layers' and the embedding's and head's unsharded
             # weights and gradients at the peak, as the engine groups them
             other += zero3_unsharded_bytes(
-                _outer_wrap(engine, model, p), layer_params, emb_params if first else 0.0,
+                outer_wrap(engine, model, p), layer_params, emb_params if first else 0.0,
                 head_params if last else 0.0, w_layer, facts.compute_elem_bytes, grad_bytes)
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
