@@ -4,7 +4,9 @@ Llama grouped as torchtitan groups it: "root" (before 83e694105: every block its
 the last not resharded after forward, the embedding, norm and output in the root group) and
 "split" (since then: the embedding its own group, [norm, output] one group kept from its
 forward to its backward). Prints one JSON object: per (wrap, vocabulary), the largest
-unsharded bytes over the moments and the parameter counts. Run by
+unsharded bytes over a layer's or the head's backward (the layers' activations held), over
+every module's backward (the root's and the embedding's at its end too), and the parameter
+counts. Run by
 tests/test_fsdp_wrap_memory.py in its own process (the fake process group is global)."""
 import dataclasses
 import json
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -25,8 +28,8 @@ WORLD = 8
 # the categories of FSDPMemTracker that are FSDP2's own unsharded state: gathered weights, the
 # all-gather output of the prefetched group, unsharded gradients, reduce-scatter inputs
 UNSHARDED = ("Unsharded Param", "All Gather", "Unsharded Grad", "Reduce Scatter")
-# a layer's backward: the blocks' and the head's (the layers' activations are held then)
-MOMENTS = ("Peak Backward", "Before Post-Backward")
+# every module's backward, up to the reduce-scatters of the root's post-backward at its end
+MOMENTS = ("Peak Backward", "Before Post-Backward", "After Post-Backward")
 
 
 def build(wrap: str, vocab: int, mesh):
@@ -72,22 +75,44 @@ def measure(wrap: str, vocab: int, mesh) -> dict:
 
     step()                              # the optimizer's state exists from here on
     tracker = FSDPMemTracker(model, opt)
+    # inside FSDP2's reduce (foreach_reduce), between the copy of a group's unsharded gradients
+    # into its reduce-scatter input and their release, a moment no module snapshot falls on:
+    # both, plus what the tracker holds unsharded of the other groups then
+    copy_in = collectives.foreach_reduce_scatter_copy_in
+    during_copy = []
+
+    def copy_in_measured(unsharded_grads, reduce_scatter_input, world_size):
+        copy_in(unsharded_grads, reduce_scatter_input, world_size)
+        others = tracker.get_tracker_snapshot()[torch.device("cpu")]
+        during_copy.append(
+            sum(g.numel() * g.element_size() for g in unsharded_grads)
+            + reduce_scatter_input.numel() * reduce_scatter_input.element_size()
+            + sum(v for k, v in others.items()
+                  if getattr(k, "value", k) in ("Unsharded Param", "All Gather",
+                                                "Reduce Scatter")))
+
+    collectives.foreach_reduce_scatter_copy_in = copy_in_measured
     with tracker:
         held.clear()
         step()
+    collectives.foreach_reduce_scatter_copy_in = copy_in
     dev = torch.device("cpu")
-    largest = 0
+    during_layers = everywhere = 0
     for state in tracker.memory_tracking.values():
-        name = state.mod_fqn.split(".", 1)[-1]
-        if not (name.startswith("layers.") or name in ("norm", "output")):
-            continue
+        name = state.mod_fqn.split(".", 1)[-1] if "." in state.mod_fqn else ""
         for moment, snaps in state.snapshots.items():
             if moment.value in MOMENTS:
                 snap = snaps[-1][dev]
-                largest = max(largest, sum(v for k, v in snap.items()
-                                           if getattr(k, "value", k) in UNSHARDED))
+                b = sum(v for k, v in snap.items() if getattr(k, "value", k) in UNSHARDED)
+                everywhere = max(everywhere, b)
+                if name.startswith("layers.") or name in ("norm", "output"):
+                    during_layers = max(during_layers, b)
     layer = sum(p.numel() for p in model.layers["0"].parameters())
-    return {"unsharded_bytes": largest, "held_head_grad_bytes": max(held),
+    return {"unsharded_bytes": during_layers + max(held),
+            "unsharded_bytes_any_moment": max(everywhere, during_layers + max(held),
+                                              max(during_copy)),
+            "reduce_copy_in_bytes": max(during_copy),
+            "held_head_grad_bytes": max(held),
             "layer_params": layer,
             "emb_params": spec.vocab_size * spec.hidden,
             "head_params": spec.vocab_size * spec.hidden + spec.hidden}

@@ -84,8 +84,9 @@ def test_every_published_configuration_fits(rows):
 # MORE than predicted (an out-of-memory the plan would not foresee). Trainy's H200 FSDP runs,
 # predicted 48% above what they measured while their loss was priced eager, are within 9%
 # with the compiled loss their torchtitan ran (planner.engines.spec COMPILED_LOSS, the rows'
-# `loss_source`) and its FSDP2 root group's unsharded state at the peak (fsdp_outer_wrap). The TP x PP runs measured 41-48% more until the pipeline stage's unsharded FSDP
-# gradients and parameters were counted (planner.engines.spec pp_keeps_unsharded_grads); the
+# `loss_source`) and its FSDP2 root group's unsharded state at the peak (fsdp_outer_wrap).
+# The TP x PP runs measured 41-48% more until the pipeline stage's unsharded FSDP gradients
+# and parameters were counted (planner.engines.spec pp_keeps_unsharded_grads); the
 # 70B TP runs 17-22% more until the loss's peak was measured (planner.engines.spec LossMemory:
 # DTensor's loss_parallel holds 16 bytes per logit in backward, where 10 were priced; tests/
 # test_loss_memory.py) and the head's saved inputs were counted (planner.cost.memory.

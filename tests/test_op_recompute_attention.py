@@ -7,8 +7,6 @@ every GPU): 'memory: 46.39GiB' with flash attention saved, 'memory: 44.59GiB' wi
 recomputed (torchtitan's max_memory_reserved)."""
 import dataclasses
 
-import pytest
-
 from planner.catalog.gpus import GPUS
 from planner.catalog.models import MODELS
 from planner.cost.facts import facts_for
@@ -19,8 +17,9 @@ MEASURED_SAVING_GIB = 46.39 - 44.59
 
 
 def test_recomputed_attention_saves_what_torchtitan_measured_on_b200():
-    """The saving is the attention's output and log-sum-exp per layer: within 20% of the
-    measured 1.80 GiB (two single runs' reserved peaks; the batch is the config's default)."""
+    """The saving is the attention's output and log-sum-exp per layer: 2.13 GiB priced for the
+    measured 1.80 (two single runs' reserved peaks, the batch the config's default), checked
+    within 20%, the measurement's own uncertainty not being known."""
     model, gpu = MODELS["llama3-8b"], GPUS["b200"]
     saved = get_engine("torchtitan")
     recomputed = dataclasses.replace(saved, op_recomputes_attention=True)
@@ -30,12 +29,3 @@ def test_recomputed_attention_saves_what_torchtitan_measured_on_b200():
               * (1 + saved.allocator_reserve) / GIB)
     assert abs(saving / MEASURED_SAVING_GIB - 1) <= 0.20, saving
 
-
-def test_recomputed_attention_runs_its_forward_again_in_backward():
-    """The policy that does not save the attention pays its forward once more per layer."""
-    model, gpu = MODELS["llama3-8b"], GPUS["b200"]
-    saved = get_engine("torchtitan")
-    recomputed = dataclasses.replace(saved, op_recomputes_attention=True)
-    lt = [facts_for(e, gpu).layer_time(model, 1, 8192, 1, False, True) for e in (saved, recomputed)]
-    assert lt[0].attn_fwd > 0
-    assert lt[1].recompute("op") - lt[0].recompute("op") == pytest.approx(lt[0].attn_fwd)

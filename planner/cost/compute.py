@@ -74,7 +74,7 @@ class LayerTime:
     cast_bwd: float = 0.0
     # the "op" policy runs the attention's forward again (planner.engines.spec
     # op_recomputes_attention)
-    op_attention_recomputed: bool = False
+    op_recomputes_attention: bool = False
     # Profile hook: seconds measured by `python -m profiler` ({"fwd", "bwd", and the extra
     # backward of "selective" / "full" recompute}, planner.profile.Measured.layer_time). When
     # set they replace the modelled figures below; None = the catalog model.
@@ -105,7 +105,7 @@ class LayerTime:
             return self.attn_fwd
         if mode == "op":          # every op but the saved matmuls (and attention)
             return (self.gemm_op_recomputed + self.elem_fwd + self.cast_fwd
-                    + (self.attn_fwd if self.op_attention_recomputed else 0.0)
+                    + (self.attn_fwd if self.op_recomputes_attention else 0.0)
                     + OVERHEAD_FWD_SHARE * self.overhead)
         return 0.0
 

@@ -124,25 +124,31 @@ def pipelined_fsdp_unsharded(engine: Engine, c, params: float, states: dict,
     return w, states["grad_bytes"] * params * (1 - 1 / shards)
 
 
-def zero3_unsharded_bytes(wrap: str | None, layer_params: float, emb_params: float,
-                          head_params: float, w_layer: float, elem: float,
+FSDP_OUTER_WRAPS = ("root", "split")
+
+
+def zero3_unsharded_bytes(fsdp2: bool, wrap: str | None, layer_params: float,
+                          emb_params: float, head_params: float, w_layer: float, elem: float,
                           grad_bytes: float) -> float:
     """Bytes ZeRO-3 holds unsharded beyond the shards while the layers' activations are held
     (the step's peak), for one pipeline rank holding `emb_params` of embedding and
-    `head_params` of head (0 where it holds none). `w_layer`: one layer's gathered weights,
-    `elem`: the compute dtype's bytes (the unsharded gradients' dtype under FSDP2's mixed
-    precision), `grad_bytes`: the reduce dtype's (its reduce-scatter input).
+    `head_params` of head (0 where it holds none). `fsdp2`: the engine's ZeRO-3 is FSDP2's
+    (Engine.fsdp_outer_wrap set); `wrap`: how it groups the embedding and head, where that
+    was worked out for this rank (effective_fsdp_outer_wrap); `w_layer`: one layer's gathered
+    weights, `elem`: the compute dtype's bytes (the unsharded gradients' dtype under FSDP2's
+    mixed precision), `grad_bytes`: the reduce dtype's (its reduce-scatter input).
 
     A layer's backward holds its gathered weights, the next layer's all-gathered ones
-    (prefetch), its unsharded gradients and the reduce-scatter input of the one before: the
-    moments FSDPMemTracker shows (tests/test_fsdp_wrap_memory.py). What the embedding and the
-    head add depends on how the engine groups them (Engine.fsdp_outer_wrap):
-    "root" keeps both gathered and the head's gradient held through every layer's backward;
-    "split" gathers the head, with its gradient and the reduce-scatter input of it, only while
-    its own backward runs (the last layer prefetched beside it), and the embedding after every
-    layer's activations are freed; None counts the embedding and head gathered with their
-    gradients beside a layer's, as a sum of every moment's."""
-    layer = zero3_layer_bytes(wrap, layer_params, w_layer, elem, grad_bytes)
+    (prefetch), its unsharded gradients and the reduce-scatter input of the one before
+    (zero3_layer_bytes): the moments FSDPMemTracker shows (tests/test_fsdp_wrap_memory.py).
+    What the embedding and the head add depends on `wrap`: "root" keeps both gathered from
+    the backward's start to its end (the root's post-backward is the backward's final
+    callback) and the head's gradient held through every layer's backward; "split" gathers
+    the head, with its gradient and the reduce-scatter input of it, only while its own
+    backward runs (the last layer prefetched beside it), and the embedding after every layer's
+    activations are freed (zero3_end_bytes); None counts the embedding and head gathered with
+    their gradients beside a layer's, as a sum of every moment's."""
+    layer = zero3_layer_bytes(fsdp2, layer_params, w_layer, elem, grad_bytes)
     if wrap == "root":
         return layer + elem * (emb_params + head_params) + elem * head_params
     if wrap == "split":
@@ -151,20 +157,37 @@ def zero3_unsharded_bytes(wrap: str | None, layer_params: float, emb_params: flo
     return layer + (elem + grad_bytes) * (emb_params + head_params)
 
 
-def zero3_layer_bytes(wrap: str | None, layer_params: float, w_layer: float, elem: float,
+def zero3_end_bytes(wrap: str | None, layer_params: float, emb_params: float,
+                    head_params: float, elem: float, grad_bytes: float) -> float:
+    """What ZeRO-3 holds unsharded at the backward's end, once the layers' activations are
+    freed: the reduce-scatter of the last group to reduce (the root's embedding and head under
+    "root", the embedding's own group under "split"), whose unsharded gradients and reduce-
+    scatter input are both live while FSDP2 copies one into the other (torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py foreach_reduce: foreach_reduce_scatter_copy_in), with
+    the first layer's reduce-scatter input still in flight. 0 where `wrap` is None
+    (zero3_unsharded_bytes then counts them at the peak)."""
+    last = {"root": emb_params + head_params, "split": emb_params}.get(wrap, 0.0)
+    return (elem + grad_bytes) * last + grad_bytes * layer_params if last else 0.0
+
+
+def zero3_layer_bytes(fsdp2: bool, layer_params: float, w_layer: float, elem: float,
                       grad_bytes: float) -> float:
     """A layer's moment of zero3_unsharded_bytes: its gathered weights and the next layer's
-    all-gathered ones (`w_layer` each), and its unsharded gradients: where the grouping was
-    measured (`wrap` known: FSDP2) in the compute dtype beside the reduce-scatter's input in the
-    reduce dtype, else in the gradient dtype alone."""
-    return 2 * w_layer + ((elem + grad_bytes) if wrap else grad_bytes) * layer_params
+    all-gathered ones (`w_layer` each), and its unsharded gradients: under FSDP2 (`fsdp2`) in
+    the compute dtype beside the reduce-scatter's input in the reduce dtype, as FSDPMemTracker
+    measures them, else in the gradient dtype alone."""
+    return 2 * w_layer + ((elem + grad_bytes) if fsdp2 else grad_bytes) * layer_params
 
 
-def outer_wrap(engine: Engine, model, pp: int) -> str | None:
-    """The engine's Engine.fsdp_outer_wrap where it was worked out: one pipeline stage (a
-    pipelined stage keeps its groups gathered, pipelined_fsdp_unsharded) and untied
-    embeddings (a tied weight's gradient gathers the head's and the embedding's, held from the
-    first backward op to the last)."""
+def effective_fsdp_outer_wrap(engine: Engine, model, pp: int) -> str | None:
+    """The grouping of the embedding and head (Engine.fsdp_outer_wrap) that zero3_unsharded_
+    bytes may use: where it was worked out, one pipeline stage (a pipelined stage keeps its
+    groups gathered, pipelined_fsdp_unsharded) and untied embeddings (a tied weight's gradient
+    gathers the head's and the embedding's, held from the first backward op to the last);
+    None elsewhere."""
+    if engine.fsdp_outer_wrap not in (None,) + FSDP_OUTER_WRAPS:
+        raise ValueError(f"engine {engine.name}: fsdp_outer_wrap {engine.fsdp_outer_wrap!r} is "
+                         f"none of {FSDP_OUTER_WRAPS}")
     if pp > 1 or model.tied_embeddings:
         return None
     return engine.fsdp_outer_wrap

@@ -88,7 +88,7 @@ class CatalogFacts:
         lt = layer_time(model, self.gpu, b, s, tp, sp, flash, self.engine.elementwise_traffic,
                         self.engine.layer_overhead_s, lp, cp)
         if self.engine.op_recomputes_attention:
-            lt = dataclasses.replace(lt, op_attention_recomputed=True)
+            lt = dataclasses.replace(lt, op_recomputes_attention=True)
         return lt
 
     def fused_attention(self, model, flash: bool) -> bool:
@@ -114,7 +114,8 @@ class CatalogFacts:
         """The cost model's saved bytes of one layer, computing in bf16."""
         gathered = self.engine.sp_keeps_gathered_inputs
         out = activation_bytes(model, b, s, tp, sp, mode, self.fused_attention(model, flash),
-                               gathered, not self.engine.op_recomputes_attention)
+                               gathered,
+                               op_recomputes_attention=self.engine.op_recomputes_attention)
         if lp is not None and lp.recipe.saves_lowp_inputs:
             out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes,
                                             gathered)

@@ -78,7 +78,7 @@ def activation_terms(model: Model) -> tuple:
 
 def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
                      flash: bool = True, gathered_inputs: bool = False,
-                     op_saves_attention: bool = True) -> float:
+                     op_recomputes_attention: bool = False) -> float:
     """Saved-activation bytes of one layer for one micro-batch, on one GPU.
 
     mode: "none" keeps everything; "selective" recomputes the attention core, so the s^2 score
@@ -87,14 +87,14 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
     `flash=False` reproduces the paper, which materialises the attention scores.
     `gathered_inputs`: under sequence parallelism the QKV and MLP-in linears keep their
     all-gathered input (planner.engines.spec sp_keeps_gathered_inputs), not a 1/t shard.
-    `op_saves_attention` False: the "op" policy recomputes the attention kernel, whose output
-    and log-sum-exp are then not kept.
+    `op_recomputes_attention`: the "op" policy recomputes the attention kernel, whose output
+    and log-sum-exp are then not kept (planner.engines.spec op_recomputes_attention).
     """
     tokens = b * s
     if mode == "full":
         return 2.0 * tokens * model.hidden / (tp if sp else 1)
-    attention_kept = op_saves_attention or mode != "op"
-    rep, shard, scores = (op_saved_terms(model, attention_kept) if mode == "op"
+    attention_kept = not (op_recomputes_attention and mode == "op")
+    rep, shard, scores = (op_saved_terms(model, not attention_kept) if mode == "op"
                           else activation_terms(model))
     total = tokens * (rep / (tp if sp else 1) + shard / tp + mla_latent_bytes(model))
     if sp and gathered_inputs and tp > 1 and mode in ("none", "selective"):
@@ -127,7 +127,7 @@ def sp_gathered_input_bytes(model: Model, qkv: bool = True, mlp_in: bool = True)
     return 2 * model.hidden * (int(qkv) + int(mlp_in))
 
 
-def op_saved_terms(model: Model, saves_attention: bool = True) -> tuple:
+def op_saved_terms(model: Model, recomputes_attention: bool = False) -> tuple:
     """Saved bytes per token of one layer under torchtitan's per-op checkpoint policy, split as
     `activation_terms` splits them.
 
@@ -135,12 +135,12 @@ def op_saved_terms(model: Model, saves_attention: bool = True) -> tuple:
     and of every odd-numbered `mm` in call order (wq, wv, w1, w2 for a gated MLP; wq, wv, fc1 for
     a plain one), and the checkpointed layer's input; everything else is recomputed.
     Replicated: the layer input and (gated) w2's output before its reduction; sharded: q, v, the
-    attention output (not where the policy recomputes the attention kernel, `saves_attention`
-    False: planner.engines.spec op_recomputes_attention) and w1's output."""
+    attention output (not where the policy recomputes the attention kernel,
+    `recomputes_attention`: planner.engines.spec op_recomputes_attention) and w1's output."""
     h, f = model.hidden, model.ffn_hidden
     replicated = 2 * h + (2 * h if model.gated_mlp else 0)
     sharded = (2 * model.q_dim + 2 * model.value_dim + 2 * f
-               + (2 * model.attn_out_dim if saves_attention else 0))
+               + (0 if recomputes_attention else 2 * model.attn_out_dim))
     return replicated, sharded, 0
 
 

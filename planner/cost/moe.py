@@ -73,8 +73,7 @@ from dataclasses import dataclass
 
 from planner.cost import comm
 from planner.cost.compute import BF16, ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR, gemm_time
-from planner.cost.dataparallel import (dp_collectives, outer_wrap, pipelined_fsdp_unsharded,
-                                       zero3_layer_bytes)
+from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded, zero3_layer_bytes
 from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
 from planner.layout import make_stages
@@ -446,13 +445,12 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                     + model.bias_params()) / t + 2 * model.norm_params()
     all_moe = layer_kinds(model) is None
     # working memory: the larger layer's full activations are live while it computes; under
-    # ZeRO-3 two gathered layers and one layer's gradients, the larger kind's
+    # ZeRO-3 a layer's unsharded weights and gradients (zero3_layer_bytes), the larger kind's
     other = max(0.0, act_none - act_none_d)
     if c.zero == 3 and dp > 1:
-        other += max(0.0, zero3_layer_bytes(outer_wrap(engine, model, c.pp),
-                                            nonexpert + expert - dense_params,
-                                            BF16 * (nonexpert + expert - dense_params), BF16,
-                                            gb))
+        delta = nonexpert + expert - dense_params
+        other += max(0.0, zero3_layer_bytes(engine.fsdp_outer_wrap is not None, delta,
+                                            eb * delta, eb, gb))
     ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
     alone = unpaired_pass_share(c.m, c.pp, c.vpp) if c.ep_comm_overlap else None
 

@@ -16,8 +16,8 @@ from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_a
                                    mla_up_projection_times, rope_time)
 from planner.cost.context import cp_exchange
 from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives, hpz_size,
-                                       outer_wrap, pipelined_fsdp_unsharded,
-                                       zero3_unsharded_bytes)
+                                       effective_fsdp_outer_wrap, pipelined_fsdp_unsharded,
+                                       zero3_end_bytes, zero3_unsharded_bytes)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
@@ -484,10 +484,12 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     head_f, head_b = facts.head_time(model, b, sl, t)
     head = facts.head_memory(model, b, sl, t, c.sp, p)
     # context parallel K/V exchange (planner.cost.context); a recompute that re-runs the
-    # attention (full, or selective: the attention core) exchanges again
+    # attention (full, selective: the attention core, or "op" where the engine's policy
+    # recomputes the attention kernel) exchanges again
     cpx = cp_exchange(model, b, s, t, cp, c.cp_comm, cluster, lt.attn_fwd)
     cp_layer = cpx.fwd + cpx.bwd
-    cp_rec = cpx.fwd if rec_mode in ("full", "selective") else 0.0
+    cp_rec = cpx.fwd if rec_mode in ("full", "selective") or (
+        rec_mode == "op" and engine.op_recomputes_attention) else 0.0
     schedule = engine.effective_schedule(c.schedule, p, c.m)
     grad_bytes = engine.grad_bytes
     states = dict(grad_bytes=grad_bytes, weight_bytes=engine.weight_bytes,
@@ -558,12 +560,19 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
+        z3_peak = z3_end = 0.0
         if c.zero == 3 and dp > 1:
             # gathered while computing: the layers' and the embedding's and head's unsharded
-            # weights and gradients at the peak, as the engine groups them
-            other += zero3_unsharded_bytes(
-                outer_wrap(engine, model, p), layer_params, emb_params if first else 0.0,
-                head_params if last else 0.0, w_layer, facts.compute_elem_bytes, grad_bytes)
+            # weights and gradients at the peak, as the engine groups them, and what the
+            # backward's last reduce-scatter holds once the activations are freed
+            wrap = effective_fsdp_outer_wrap(engine, model, p)
+            emb, head_p = emb_params if first else 0.0, head_params if last else 0.0
+            z3_peak = zero3_unsharded_bytes(
+                engine.fsdp_outer_wrap is not None, wrap, layer_params, emb, head_p, w_layer,
+                facts.compute_elem_bytes, grad_bytes)
+            z3_end = zero3_end_bytes(wrap, layer_params, emb, head_p, facts.compute_elem_bytes,
+                                     grad_bytes)
+            other += z3_peak
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
         work = act_none + cpx.buffer_bytes
@@ -580,12 +589,15 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             # head's has freed that micro-batch's head (autograd frees saved tensors as their
             # node runs), so the larger of the two is live, not both. (Under recompute both
             # stay counted: torchtitan's measured Llama 3 70B, tp 8, mbs 16, full recompute,
-            # max_memory_reserved 71.9 GiB, is -1.3% with the sum and -12.6% with the larger:
+            # max_memory_reserved 71.9 GiB, was -1.3% with the sum and -12.6% with the larger
+            # when this was measured (2026-12-02; -2.1% with the sum since ZeRO-3's state is
+            # priced at the peak, planner.cost.dataparallel.zero3_unsharded_bytes):
             # backward re-materialises the layer beside something this model does not name.)
             work = max(head.working, work - head.held)
         elif last:
             work += head.working
-        other += work
+        # the backward's end holds no layer's working set: the larger of the two moments
+        other += max(work, z3_end - z3_peak)
         return dict(compute_fixed=compute_fixed, fwd_fixed=fwd_fixed, bwd_fixed=bwd_fixed,
                     opt_fixed=_step_time(facts, off, c, local(fixed_params)),
                     off_fixed=off.step_move_s * local(fixed_params),

@@ -103,8 +103,8 @@ RUNTIME = Engine(
     pipeline_keeps_logits=True, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
     # runtime/data_parallel.py apply_fsdp: every layer its own group, the embedding, final norm
-    # and output in the root group (held gathered through the step: tests/test_runtime_searched.py
-    # zero3_gathered_bounds measures it)
+    # and output in the root group (gathered at every sampling point of the step:
+    # tests/test_runtime_searched.py zero3_gathered_bounds)
     fsdp_outer_wrap="root",
     validation=validation_of("runtime"),
 )

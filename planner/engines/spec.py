@@ -204,16 +204,17 @@ class Engine:
     # torchtitan runs that stage as it is; our runtime reduce-scatters every micro-batch
     # instead (runtime/pipeline.py _sharded_grad_stage).
     pp_keeps_unsharded_grads: bool = False
-    # How its ZeRO-3 groups hold the embedding and the head, which decides what is unsharded
-    # while the layers' activations are held (planner.cost.dataparallel.zero3_unsharded_bytes):
-    # "root": the embedding, final norm and head in FSDP2's root group, which never reshards
-    # after its forward, so they stay gathered to the end of the backward and the head's
-    # gradient is held (in the compute dtype) until the root's reduce-scatter after the last
-    # layer (torch/distributed/fsdp/_fully_shard/_fsdp_state.py: the root's post-backward is
-    # the backward's final callback); "split": the embedding its own group resharded after
-    # its forward, [norm, head] one group reduced as soon as its backward ran (torchtitan
-    # since 83e694105, #1094, 2025-07-28); None: the embedding and head gathered with their
-    # gradients beside every layer's (no finer claim made).
+    # Set for an engine whose ZeRO-3 is FSDP2's: how it groups the embedding and the head,
+    # which decides what is unsharded while the layers' activations are held and at the
+    # backward's end (planner.cost.dataparallel zero3_unsharded_bytes, zero3_end_bytes):
+    # "root": the embedding, final norm and head in FSDP2's root group, whose post-backward is
+    # the backward's final callback (torch/distributed/fsdp/_fully_shard/_fsdp_state.py), so
+    # they stay gathered from the backward's start to its end and the head's gradient is held
+    # (in the compute dtype) until the root's reduce-scatter after the last layer; "split":
+    # the embedding its own group resharded after its forward, [norm, head] one group reduced
+    # as soon as its backward ran (torchtitan since 83e694105, #1094, 2025-07-28); None: not
+    # FSDP2's, the embedding and head counted gathered with their gradients beside every
+    # layer's (no finer claim made).
     fsdp_outer_wrap: str | None = None
     # Whether its per-op recompute policy ("op") recomputes the attention kernel in backward:
     # torchtitan's save list named the flash and memory-efficient SDPA kernels only until

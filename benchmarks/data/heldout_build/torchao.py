@@ -114,7 +114,8 @@ def rows():
                 row["fixed"]["fsdp_outer_wrap"] = "root"
                 row["wrap_source"] = (
                     "torchtitan's apply_fsdp before 83e694105 (#1094, 2025-07-28) shards the embedding, final norm and "
-                    "output in the root fully_shard(model), which FSDP2 never reshards after forward; the table's "
+                    "output in the root fully_shard(model), whose post-backward is the backward's final callback "
+                    "(gathered from the backward's start to its end, the output's gradient held to it); the table's "
                     "torchtitan is 0.0.2 of 2025-02-21..03-12")
             if gpu == "b200":
                 # cuDNN attention on B200, recomputed by the per-op policy (planner.engines.spec
