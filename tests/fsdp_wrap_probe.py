@@ -32,10 +32,15 @@ UNSHARDED = ("Unsharded Param", "All Gather", "Unsharded Grad", "Reduce Scatter"
 MOMENTS = ("Peak Backward", "Before Post-Backward", "After Post-Backward")
 
 
-def build(wrap: str, vocab: int, mesh):
-    spec = dataclasses.replace(MODELS["llama3-8b"], num_layers=4, hidden=256, ffn_hidden=896,
-                               num_heads=8, num_kv_heads=2, vocab_size=vocab,
-                               tied_embeddings=False)
+# the shape measured by default: (layers, hidden, ffn_hidden, heads, kv heads, tokens)
+SHAPE = (4, 256, 896, 8, 2, 512)
+
+
+def build(wrap: str, vocab: int, mesh, shape=SHAPE):
+    layers, hidden, ffn, heads, kv, _ = shape
+    spec = dataclasses.replace(MODELS["llama3-8b"], num_layers=layers, hidden=hidden,
+                               ffn_hidden=ffn, num_heads=heads, num_kv_heads=kv,
+                               vocab_size=vocab, tied_embeddings=False)
     torch.manual_seed(0)
     model = Transformer(spec)
     cfg = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
@@ -51,11 +56,11 @@ def build(wrap: str, vocab: int, mesh):
     return spec, model
 
 
-def measure(wrap: str, vocab: int, mesh) -> dict:
-    spec, model = build(wrap, vocab, mesh)
+def measure(wrap: str, vocab: int, mesh, shape=SHAPE) -> dict:
+    spec, model = build(wrap, vocab, mesh, shape)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    x = torch.randint(0, vocab, (1, 512))
-    y = torch.randint(0, vocab, (1, 512))
+    x = torch.randint(0, vocab, (1, shape[-1]))
+    y = torch.randint(0, vocab, (1, shape[-1]))
     held = []     # the output weight's unsharded gradient at each block's backward
 
     def head_grad(module, grad_output):
@@ -119,9 +124,17 @@ def measure(wrap: str, vocab: int, mesh) -> dict:
 
 
 def main():
+    """argv[1], where given: a JSON list of [layers, hidden, ffn_hidden, heads, kv heads,
+    tokens, vocabulary] shapes, each measured under both groupings (keys "wrap i"); else the
+    default shape at vocabularies 8192 and 1024 (keys "wrap vocabulary")."""
     dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
     mesh = init_device_mesh("cpu", (WORLD,))
-    out = {f"{w} {v}": measure(w, v, mesh) for w in ("root", "split") for v in (8192, 1024)}
+    if len(sys.argv) > 1:
+        shapes = json.loads(sys.argv[1])
+        out = {f"{w} {i}": measure(w, s[-1], mesh, tuple(s[:-1]))
+               for w in ("root", "split") for i, s in enumerate(shapes)}
+    else:
+        out = {f"{w} {v}": measure(w, v, mesh) for w in ("root", "split") for v in (8192, 1024)}
     dist.destroy_process_group()
     json.dump(out, sys.stdout)
 
