@@ -58,9 +58,7 @@ def test_zero3_unsharded_bytes_bound_fsdp2_as_measured(measured, wrap, vocab):
     prefetch beside it, which the synchronous fake collectives show a moment later). At
     vocabulary 8192 the head's moment is the largest under "split"; at 1024 a layer's is."""
     m = measured[f"{wrap} {vocab}"]
-    truth = m["unsharded_bytes"]
-    predicted = zero3_unsharded_bytes(True, wrap, m["layer_params"], m["emb_params"],
-                                      m["head_params"], BF16 * m["layer_params"], BF16, FP32)
+    truth, predicted = m["unsharded_bytes"], priced(m, wrap)[0]
     assert truth <= predicted <= truth + in_flight(m), (wrap, vocab, truth, predicted)
 
 
@@ -72,9 +70,9 @@ def test_no_backward_moment_holds_more_than_priced(measured, wrap, vocab):
     live, which no module snapshot falls on), the root's at the backward's end included (the
     activations freed then: zero3_end_bytes), FSDP2 never holds more unsharded than the larger
     of the two priced moments, and that exceeds what it holds at its largest by no more than a
-    collective in flight (`in_flight`). Under
-    "root" at vocabulary 8192 the end is the largest (6 bytes a parameter of the embedding and
-    head: bf16 gradients and fp32 reduce-scatter input)."""
+    collective in flight (`in_flight`). Under "root" at vocabulary 8192 the end is the largest
+    (6 bytes a parameter of the embedding and head: bf16 gradients and fp32 reduce-scatter
+    input)."""
     m = measured[f"{wrap} {vocab}"]
     peak, end = priced(m, wrap)
     truth = m["unsharded_bytes_any_moment"]

@@ -124,16 +124,13 @@ def pipelined_fsdp_unsharded(engine: Engine, c, params: float, states: dict,
     return w, states["grad_bytes"] * params * (1 - 1 / shards)
 
 
-FSDP_OUTER_WRAPS = ("root", "split")
-
-
 def zero3_unsharded_bytes(fsdp2: bool, wrap: str | None, layer_params: float,
                           emb_params: float, head_params: float, w_layer: float, elem: float,
                           grad_bytes: float) -> float:
     """Bytes ZeRO-3 holds unsharded beyond the shards while the layers' activations are held
     (the step's peak), for one pipeline rank holding `emb_params` of embedding and
     `head_params` of head (0 where it holds none). `fsdp2`: the engine's ZeRO-3 is FSDP2's
-    (Engine.fsdp_outer_wrap set); `wrap`: how it groups the embedding and head, where that
+    (Engine.zero3_is_fsdp2); `wrap`: how it groups the embedding and head, where that
     was worked out for this rank (effective_fsdp_outer_wrap); `w_layer`: one layer's gathered
     weights, `elem`: the compute dtype's bytes (the unsharded gradients' dtype under FSDP2's
     mixed precision), `grad_bytes`: the reduce dtype's (its reduce-scatter input).
@@ -185,9 +182,6 @@ def effective_fsdp_outer_wrap(engine: Engine, model, pp: int) -> str | None:
     groups gathered, pipelined_fsdp_unsharded) and untied embeddings (a tied weight's gradient
     gathers the head's and the embedding's, held from the first backward op to the last);
     None elsewhere."""
-    if engine.fsdp_outer_wrap not in (None,) + FSDP_OUTER_WRAPS:
-        raise ValueError(f"engine {engine.name}: fsdp_outer_wrap {engine.fsdp_outer_wrap!r} is "
-                         f"none of {FSDP_OUTER_WRAPS}")
     if pp > 1 or model.tied_embeddings:
         return None
     return engine.fsdp_outer_wrap

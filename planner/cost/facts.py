@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from planner.cost.compute import (BF16, embedding_time, head_time, layer_time, optimizer_time)
 from planner.cost.memory import (activation_bytes, head_input_bytes, logits_bytes,
-                                  lowp_saved_input_savings)
+                                  lowp_saved_input_savings, saved_lse_bytes)
 from planner.engines.eager import CUBLAS_GEMM_FRACTION
 from planner.engines.spec import Engine
 from planner.specs import Gpu
@@ -106,8 +106,7 @@ class CatalogFacts:
         # the formula's bf16 elements are compute_elem_bytes wide here; flash attention's
         # log-sum-exp is fp32 either way
         fused = self.fused_attention(model, flash)
-        lse = (4.0 * model.num_heads * b * s / tp if fused and mode != "full" and not (
-            mode == "op" and self.engine.op_recomputes_attention) else 0.0)
+        lse = saved_lse_bytes(model, b * s, tp, mode, fused, self.engine.op_recomputes_attention)
         return lse + (out - lse) * self.compute_elem_bytes / BF16
 
     def bf16_activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):

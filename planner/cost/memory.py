@@ -93,18 +93,24 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
     tokens = b * s
     if mode == "full":
         return 2.0 * tokens * model.hidden / (tp if sp else 1)
-    attention_kept = not (op_recomputes_attention and mode == "op")
-    rep, shard, scores = (op_saved_terms(model, not attention_kept) if mode == "op"
+    rep, shard, scores = (op_saved_terms(model, op_recomputes_attention) if mode == "op"
                           else activation_terms(model))
     total = tokens * (rep / (tp if sp else 1) + shard / tp + mla_latent_bytes(model))
     if sp and gathered_inputs and tp > 1 and mode in ("none", "selective"):
         total += tokens * sp_gathered_input_bytes(model) * (1 - 1 / tp)
     if not flash and mode == "none":
         total += scores * model.num_heads * s * tokens / tp
-    if flash and attention_kept:
-        # flash attention keeps the fp32 log-sum-exp per head and token (Dao et al. 2022)
-        total += 4.0 * model.num_heads * tokens / tp
-    return total
+    return total + saved_lse_bytes(model, tokens, tp, mode, flash, op_recomputes_attention)
+
+
+def saved_lse_bytes(model: Model, tokens: float, tp: int, mode: str, fused: bool,
+                    op_recomputes_attention: bool = False) -> float:
+    """The fp32 log-sum-exp per head and token a fused (flash) attention keeps for its
+    backward (Dao et al. 2022), where the attention's outputs are saved: not under full
+    recompute, nor under the "op" policy where it recomputes the attention kernel."""
+    if not fused or mode == "full" or (mode == "op" and op_recomputes_attention):
+        return 0.0
+    return 4.0 * model.num_heads * tokens / tp
 
 
 def mla_latent_bytes(model: Model) -> float:

@@ -449,7 +449,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     other = max(0.0, act_none - act_none_d)
     if c.zero == 3 and dp > 1:
         delta = nonexpert + expert - dense_params
-        other += max(0.0, zero3_layer_bytes(engine.fsdp_outer_wrap is not None, delta,
+        other += max(0.0, zero3_layer_bytes(engine.zero3_is_fsdp2, delta,
                                             eb * delta, eb, gb))
     ep_f = ep_b = ep_fwd     # what dispatch and combine add to each pass
     alone = unpaired_pass_share(c.m, c.pp, c.vpp) if c.ep_comm_overlap else None

@@ -568,7 +568,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             wrap = effective_fsdp_outer_wrap(engine, model, p)
             emb, head_p = emb_params if first else 0.0, head_params if last else 0.0
             z3_peak = zero3_unsharded_bytes(
-                engine.fsdp_outer_wrap is not None, wrap, layer_params, emb, head_p, w_layer,
+                engine.zero3_is_fsdp2, wrap, layer_params, emb, head_p, w_layer,
                 facts.compute_elem_bytes, grad_bytes)
             z3_end = zero3_end_bytes(wrap, layer_params, emb, head_p, facts.compute_elem_bytes,
                                      grad_bytes)

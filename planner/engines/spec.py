@@ -115,6 +115,10 @@ class Validation:
                 f"{engine} runs)")
 
 
+# the groupings of the embedding and head Engine.fsdp_outer_wrap names
+FSDP_OUTER_WRAPS = ("root", "split")
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str
@@ -215,7 +219,7 @@ class Engine:
     # as soon as its backward ran (torchtitan since 83e694105, #1094, 2025-07-28); None: not
     # FSDP2's, the embedding and head counted gathered with their gradients beside every
     # layer's (no finer claim made).
-    fsdp_outer_wrap: str | None = None
+    fsdp_outer_wrap: str | None = None     # one of FSDP_OUTER_WRAPS, or None
     # Whether its per-op recompute policy ("op") recomputes the attention kernel in backward:
     # torchtitan's save list named the flash and memory-efficient SDPA kernels only until
     # b39377f9f (#2095, 2025-12-01), while from #1196 (2025-05-14) it ran cuDNN's on B200
@@ -354,6 +358,17 @@ class Engine:
     # figures measured by `python -m profiler` (planner.profile.Measured), set by
     # planner.profile.apply_profile; read through planner.cost.facts
     measured: object = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.fsdp_outer_wrap not in (None,) + FSDP_OUTER_WRAPS:
+            raise ValueError(f"engine {self.name}: fsdp_outer_wrap {self.fsdp_outer_wrap!r} "
+                             f"is none of {FSDP_OUTER_WRAPS}")
+
+    @property
+    def zero3_is_fsdp2(self) -> bool:
+        """Its ZeRO-3 is FSDP2's (fsdp_outer_wrap set): unsharded gradients in the compute
+        dtype beside the reduce-scatter input (planner.cost.dataparallel zero3_layer_bytes)."""
+        return self.fsdp_outer_wrap is not None
 
     # ---- capabilities as predicates the search and plan validation share --------------
     def zero_ok(self, zero: int, tp: int, pp: int, dp: int, cp: int = 1) -> bool:
