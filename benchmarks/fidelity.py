@@ -209,8 +209,10 @@ def _published_config(run) -> str:
     return " ".join(parts)
 
 
-def _best_over_zero_stages(model, cluster, run, zero_stages, engine):
-    """The planner's best over the ZeRO stages the run's engine offered; (Result, fits)."""
+def _best_over_zero_stages(model, cluster, run, zero_stages, engine,
+                           margin_gib: float = FIDELITY_MARGIN_GIB):
+    """The planner's best over the ZeRO stages the run's engine offered, keeping `margin_gib`
+    free; (Result, fits)."""
     f = run["fixed"]
     best, closest = None, None
     for z in zero_stages:
@@ -219,7 +221,7 @@ def _best_over_zero_stages(model, cluster, run, zero_stages, engine):
             fixed = dataclasses.replace(fixed, zero=z)
         try:
             rep = search(model, cluster, fixed, f["seq_len"], f["global_batch"], top=1,
-                         engine=engine, margin_gib=FIDELITY_MARGIN_GIB, rejected=False)
+                         engine=engine, margin_gib=margin_gib, rejected=False)
         except BadInput:          # e.g. ZeRO-1 with dp = 1: no such configuration
             continue
         if rep.best is not None:
@@ -235,7 +237,8 @@ class NotEvaluated(Exception):
     """A published row the planner cannot price: no candidate honours its published knobs."""
 
 
-def predict(run, any_zero: bool = False, engine=None) -> dict:
+def predict(run, any_zero: bool = False, engine=None,
+            margin_gib: float = FIDELITY_MARGIN_GIB) -> dict:
     """The planner's prediction for one published run (runs the search, top=1).
 
     The unpublished knobs are the planner's choice for the run's engine (`engine` overrides it,
@@ -246,7 +249,7 @@ def predict(run, any_zero: bool = False, engine=None) -> dict:
     model = model_of(run)
     cluster = cluster_of(run)
     zero_stages = [None] if any_zero else run.get("zero_stages", [None])
-    best, fits = _best_over_zero_stages(model, cluster, run, zero_stages, engine)
+    best, fits = _best_over_zero_stages(model, cluster, run, zero_stages, engine, margin_gib)
     if best is None:
         raise NotEvaluated("the planner offers no configuration with the published knobs "
                            f"for engine {engine.name}")
@@ -1204,6 +1207,11 @@ def loso_markdown(result, seconds: float) -> str:
 
 
 # ---- the memory verdict (issue 22) -------------------------------------------------------
+# The margins (fractions of the GPU's memory) the verdict is reported at, besides `plan`'s
+# default (planner.cost.stage DEFAULT_MARGIN_FRACTION).
+MARGIN_SWEEP = (0.0, 0.01, 0.02, 0.03, 0.05)
+
+
 def memory_verdicts(runs=None, rows=None) -> dict:
     """Both error directions of the "fits" verdict on published rows.
 
@@ -1211,13 +1219,22 @@ def memory_verdicts(runs=None, rows=None) -> dict:
     max_memory_reserved) plus the engine's context exceeds the GPU's memory: the plan would
     have said "fits" for a run that does not (must be 0). refused_ran: published
     configurations, all of which ran, predicted not to fit, with no margin (`fits`) and at
-    `plan`'s default margin (planner.cost.stage DEFAULT_MARGIN_FRACTION), what a user sees.
-    Memory error: predicted reserved / measured - 1 where measured."""
-    from planner.cost.stage import default_margin_gib
+    `plan`'s default margin (planner.cost.stage DEFAULT_MARGIN_FRACTION), what a user sees:
+    the search rerun with that margin, its unpublished knobs chosen again.
+    Memory error: predicted reserved / measured - 1 where measured.
+
+    sweep: for each margin (a fraction of the GPU's memory, MARGIN_SWEEP and the default),
+    the measured rows whose under-prediction the margin does not cover (measured - predicted
+    reserved > margin: at the edge of capacity such a plan says "fits" and runs out of
+    memory) and the configurations that ran refused with that margin kept free. The two pull
+    the default margin in opposite directions."""
+    from planner.cost.stage import DEFAULT_MARGIN_FRACTION
     runs = runs if runs is not None else loso_runs()
     rows = rows if rows is not None else [predict(r) for r in runs]
     by_id = {r["id"]: r for r in runs}
-    fits_then_oom, refused, refused_default, errs = [], [], [], []
+    fits_then_oom, refused, errs = [], [], []
+    fractions = sorted(set(MARGIN_SWEEP) | {DEFAULT_MARGIN_FRACTION})
+    sweep = {m: {"uncovered": [], "refused": []} for m in fractions}
     for row in rows:
         run = by_id[row["run"]]
         eng = engine_of(run)
@@ -1228,22 +1245,40 @@ def memory_verdicts(runs=None, rows=None) -> dict:
                 fits_then_oom.append(row["run"])
         if not row["fits"]:
             refused.append(row["run"])
-        margin = default_margin_gib(cluster_of(run).gpu)
-        if row["reserved_gib"] > cap - eng.context_gib - margin + 1e-9:
-            refused_default.append(row["run"])
+        for m in fractions:
+            margin = m * cap
+            if row["measured_gib"] and row["measured_gib"] - row["reserved_gib"] > margin:
+                sweep[m]["uncovered"].append(row["run"])
+            # what `plan` says with the published knobs fixed and this margin kept free: the
+            # planner picks its unpublished knobs (recompute, micro-batches) again, so only a
+            # row with nothing left to choose is refused
+            if row["reserved_gib"] > cap - eng.context_gib - margin + 1e-9 and (
+                    m == 0.0 or not predict(run, margin_gib=margin)["fits"]):
+                sweep[m]["refused"].append(row["run"])
     a = sorted(abs(e) for e in errs)
     return {"rows": len(rows), "measured": len(errs), "fits_then_oom": fits_then_oom,
-            "refused_ran": refused, "refused_ran_at_default_margin": refused_default,
+            "refused_ran": refused,
+            "refused_ran_at_default_margin": sweep[DEFAULT_MARGIN_FRACTION]["refused"],
+            "default_margin_fraction": DEFAULT_MARGIN_FRACTION, "sweep": sweep,
             "memory_median_abs_pct": statistics.median(a) if a else None,
             "memory_p90_abs_pct": _p90(a) if a else None,
             "memory_under_predicted": sum(e < 0 for e in errs)}
-
 
 
 def verdict_markdown(v) -> str:
     """The memory verdict's two error directions (`memory_verdicts`), as a section."""
     def ids(xs):
         return ", ".join(xs) if xs else "none"
+    default = v["default_margin_fraction"]
+    sweep = ["", "By margin (a fraction of the GPU's memory; `plan --memory-margin` sets it in "
+             "GiB): the measured rows whose under-prediction it does not cover, against the "
+             "configurations that ran which it refuses.", "",
+             "| margin | measured rows under-predicted by more | ran, refused |",
+             "|---:|---:|---:|"]
+    for m, s in v["sweep"].items():
+        mark = " (default)" if m == default else ""
+        sweep.append(f"| {m * 100:.0f}%{mark} | {len(s['uncovered'])} of {v['measured']} | "
+                     f"{len(s['refused'])} of {v['rows']} |")
     return "\n".join([
         "## The memory verdict (issue 22)", "",
         f"Over all {v['rows']} evaluable published rows (dense and MoE tables), every one a "
@@ -1253,12 +1288,12 @@ def verdict_markdown(v) -> str:
         f"({ids(v['fits_then_oom'])});",
         f"- said \"does not fit\" though it ran, no margin: {len(v['refused_ran'])} "
         f"({ids(v['refused_ran'])});",
-        f"- the same at `plan`'s default margin (3% of the GPU's memory): "
+        f"- the same at `plan`'s default margin ({default * 100:.0f}% of the GPU's memory, the "
+        "search rerun with it kept free): "
         f"{len(v['refused_ran_at_default_margin'])} ({ids(v['refused_ran_at_default_margin'])});",
         f"- reserved memory where measured: median |error| {v['memory_median_abs_pct']:.1f}%, "
         f"p90 {v['memory_p90_abs_pct']:.1f}%, {v['memory_under_predicted']} of {v['measured']} "
-        "predicted below the measurement.", ""])
-
+        "predicted below the measurement.", *sweep, ""])
 
 
 # ---- published runs no data file above holds, held out of every fit (issue 22 item 5) -------

@@ -64,6 +64,21 @@ def test_never_fits_then_out_of_memory(scored):
     assert v["measured"] >= 5 and v["fits_then_oom"] == []
 
 
+def test_default_margin_covers_every_measured_under_prediction(scored):
+    """`plan`'s default margin (planner.cost.stage DEFAULT_MARGIN_FRACTION) keeps free more
+    than the planner under-counts any held-out row's measured reserved memory (none is under
+    today), and with that margin kept free the search refuses only configurations that left it
+    nothing to choose: llm-foundry's A100 40GB runs without recompute at 32-128 GPUs (0.4-1.1
+    GiB free at no margin) and NeMo's GPT-3 20B (the no-margin xfail below); at most those."""
+    rows, _ = scored
+    runs = {r["id"]: r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)}
+    v = fidelity.memory_verdicts([runs[r["run"]] for r in rows], rows)
+    at_default = v["sweep"][v["default_margin_fraction"]]
+    assert v["measured"] >= 10 and at_default["uncovered"] == []
+    assert all(r.startswith(("llmfoundry-a10040gb-", "nemo-24.07-h100-gpt320b"))
+               for r in at_default["refused"]) and len(at_default["refused"]) <= 5
+
+
 MEMORY_MEDIAN_TARGET = 10.0     # issue 22: memory median |error| <= 10% where measured
 
 
