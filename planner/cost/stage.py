@@ -42,7 +42,7 @@ DP_BUCKET_BYTES = 40e6 * 4
 # margin sweep of the fidelity tables): it covers every under-count but torchtitan's 405B
 # rows' open gap (10-21% of the GPU, no margin of this size covers it; the largest other,
 # 1.7%, torchtitan's 8B on 8 H100s); 2% would too, refusing three fewer configurations that
-# ran (llm-foundry's A100 40GB runs without recompute, 0.4-1.1 GiB free at no margin): kept
+# ran (of llm-foundry's: 6 refused at 3%, 3 at 2%, of 439 rows): kept
 # at 3%, the out-of-memory side being the worse failure, on that little evidence (31 rows,
 # all torchtitan runs: its own tables and torchao's).
 DEFAULT_MARGIN_FRACTION = 0.03
