@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 
 from planner.limits import MAX_INT_ARG
@@ -300,16 +301,29 @@ def suggestion_text(s) -> str:
             f"{s.step_time_s:.2f} s, global batch {s.global_batch})")
 
 
+def closest_text(c) -> str:
+    """The closest plan that does not fit, in words: its most overflowing stage, and where that
+    overflow lies inside the margin kept free, the margin that would accept it (the margin
+    covers the planner's measured under-counts: planner.cost.stage DEFAULT_MARGIN_FRACTION)."""
+    e = c.estimate
+    over = e.overflow_gib()
+    k = max(range(len(over)), key=lambda i: over[i])
+    caps = e.stage_capacity_gib or [e.capacity_gib] * len(over)
+    margin = (e.stage_margin_gib or [e.margin_gib] * len(over))[k]
+    text = (f"closest: {describe_candidate(c.candidate)} overflows stage {k} by "
+            f"{over[k]:.1f} GiB ({e.stage_memory_gib[k]['reserved']:.1f} of {caps[k]:.1f} GiB)")
+    accepting = math.floor((margin - over[k]) * 10) / 10      # GiB, rounded down to show
+    if accepting >= 0 and not e.stage_margin_gib:
+        text += (f", inside the {margin:.1f} GiB margin kept free for what the model may "
+                 f"under-count (--memory-margin {accepting:.1f} accepts it)")
+    return text
+
+
 def _nothing_fits_message(model, cluster, fixed, report) -> str:
     from planner.suggest import suggestions
     msg = f"nothing fits {model.name} on {cluster.name} under {report.engine.name}"
-    c = report.closest
-    if c is not None:
-        over = c.estimate.overflow_gib()
-        k = max(range(len(over)), key=lambda i: over[i])
-        msg += (f"; closest: {describe_candidate(c.candidate)} overflows stage {k} by "
-                f"{over[k]:.1f} GiB ({c.estimate.stage_memory_gib[k]['reserved']:.1f} of "
-                f"{c.estimate.capacity_gib:.1f} GiB)")
+    if report.closest is not None:
+        msg += "; " + closest_text(report.closest)
     tips = suggestions(model, cluster, fixed, report.seq_len, report.global_batch,
                        report.engine, report.margin_gib)
     if tips:
@@ -388,12 +402,8 @@ def _run_mixed(a, model, cluster, engine, fixed, profile) -> int:
     if best is None:
         msg = (f"nothing fits {model.name} on {cluster.name} under {engine.name}: no pipeline "
                f"over its groups nor any group alone")
-        c = report.closest
-        if c is not None:
-            over = c.estimate.overflow_gib()
-            k = max(range(len(over)), key=lambda i: over[i])
-            msg += (f"; closest: {describe_candidate(c.candidate)} overflows stage {k} by "
-                    f"{over[k]:.1f} GiB")
+        if report.closest is not None:
+            msg += "; " + closest_text(report.closest)
         raise NothingFits(msg)
     if report.chosen == "mixed":
         plan = to_plan(model, best.cluster, best, report)
