@@ -350,8 +350,9 @@ def engine_of(run, engine=None):
     DistributedFusedAdam), its loss compiled where the row's torchtitan compiled it
     (`fixed.loss_compiled`, `loss_source`), its FSDP2 grouping of the embedding and head where the
     row's torchtitan predates the engine's (`fixed.fsdp_outer_wrap`, `wrap_source`), its per-op
-    policy recomputing the attention (`fixed.op_recomputes_attention`, `attention_source`) and its
-    FP8 primary weights."""
+    policy recomputing the attention (`fixed.op_recomputes_attention`, `attention_source`), what
+    its torch.distributed.pipelining kept to the step's end (`fixed.pipeline_returns_outputs`,
+    `fixed.pipeline_keeps_input_grads`, `pipeline_source`) and its FP8 primary weights."""
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
@@ -370,6 +371,10 @@ def engine_of(run, engine=None):
         # the row's torchtitan recomputed the attention under its per-op policy
         # (`attention_source`)
         e = dataclasses.replace(e, op_recomputes_attention=True)
+    for fact in ("pipeline_returns_outputs", "pipeline_keeps_input_grads"):
+        if recipe_fact(run, fact):
+            # the row's torch and torchtitan kept these to the step's end (`pipeline_source`)
+            e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
     return e

@@ -32,6 +32,7 @@ class HeadMemory:
     held: float         # from forward to backward: the norm's and projection's saved inputs,
     #                     the loss's saved tensors and the logits where the pipeline keeps them
     working: float      # what the loss's peak adds once beyond `held`
+    output: float = 0.0  # the logits, the stage's output (Engine.pipeline_returns_outputs)
 
 
 def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
@@ -142,7 +143,8 @@ class CatalogFacts:
                                             width)
         held = loss.held(width, kept) * logits
         return HeadMemory(norm_input=norm_in, held=norm_in + proj_in + held,
-                          working=loss.peak(width, kept) * logits - held)
+                          working=loss.peak(width, kept) * logits - held,
+                          output=width * logits)
 
     def optimizer_time(self, params):
         return optimizer_time(self.gpu, params)

@@ -95,6 +95,29 @@ def stage_rank(schedule: str, p: int, stage: int) -> int:
     return stage % p
 
 
+def stage_buffer_bytes(schedule: str, p: int, rank: int, m: int, v: int, in_flight_mb: float,
+                       boundary_bytes: float, input_grads_kept: bool = False) -> float:
+    """What torch.distributed.pipelining's stages on pipeline rank `rank` hold beside the
+    activations their layers save (planner.engines.spec pipeline_recv_buffers): for each of
+    the rank's v stages, one receive buffer per micro-batch for the stage input (but on the
+    first stage) and for the gradient of its output (but on the last), `boundary_bytes` each
+    (torch/distributed/pipelining/stage.py: args_recv_info and grad_recv_info, one entry per
+    micro-batch, each with its own buffer); and the stage outputs kept for backward (fwd_cache)
+    of the micro-batches in flight. A received input of a micro-batch in flight is its first
+    layer's saved input, counted with the activations; on a stage that both receives and sends
+    that one and the held output even out, so what remains is the first stage's outputs
+    (counted for all `in_flight_mb` micro-batches of the rank, `in_flight` units, over all v
+    of its stages: at most that) and the last stage's in-flight inputs (not taken off).
+    `input_grads_kept` (planner.engines.spec pipeline_keeps_input_grads): each received input's
+    gradient stays on its buffer to the step's end, one more per micro-batch and stage but the
+    first (their sum at the end of the step, taken with the activations' peak: at most)."""
+    if p == 1:
+        return 0.0
+    first, last = rank == 0, rank == head_rank(schedule, p)
+    buffers = (v - first) * m * (2 if input_grads_kept else 1) + (v - last) * m
+    return boundary_bytes * (buffers + (in_flight_mb * v if first else 0.0))
+
+
 def head_rank(schedule: str, p: int) -> int:
     """Pipeline rank that holds the last stage (the LM head): rank 0 under the V layouts."""
     return 0 if schedule in V_SCHEDULES and p > 1 else p - 1

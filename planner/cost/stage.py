@@ -24,7 +24,7 @@ from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
 from planner.cost.schedule import (forward_and_wgrad, head_rank, in_flight, pipeline_time,
-                                   weight_grad_time)
+                                   stage_buffer_bytes, weight_grad_time)
 from planner.engines import get_engine
 from planner.engines.spec import Engine
 from planner.precision import low_precision
@@ -589,6 +589,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # backward), and the loss's peak beyond them once, as working memory. The embedding
         # output is the first layer's input, counted with that layer's activations.
         fixed_act = head.held * head_in_flight if last else 0.0
+        if last and p > 1 and engine.pipeline_returns_outputs:
+            # the logits of every micro-batch whose backward has run, kept to the step's end
+            fixed_act += head.output * max(c.m - head_in_flight, 0)
         if last and c.recompute == "none":
             # no layer recomputed: a layer's working set (its backward's temporaries, within
             # one layer's activations) and the loss's peak are of different moments: the loss
@@ -622,6 +625,12 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         fixed = dict(fixed_parts[place])
         fixed["mem_fixed"] = dict(fixed["mem_fixed"])
         infl = in_flight(schedule, p, rank, c.m, v, c.ep_comm_overlap)
+        if engine.pipeline_recv_buffers:
+            # the stage boundary: the hidden state of a micro-batch, sequence-sharded under sp
+            fixed["mem_fixed"]["other"] = fixed["mem_fixed"].get("other", 0.0) + (
+                stage_buffer_bytes(schedule, p, rank, c.m, v, infl,
+                                   act / (t if c.sp and t > 1 else 1),
+                                   engine.pipeline_keeps_input_grads))
         coeffs.append(StageCoeffs(
             rank=rank, **layer, **fixed,
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,

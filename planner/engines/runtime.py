@@ -101,6 +101,7 @@ RUNTIME = Engine(
     # under tp; torch.distributed.pipelining under pp
     loss_memory=EAGER_LOSS, tp_loss_memory=RUNTIME_VOCAB_PARALLEL_LOSS,
     pipeline_keeps_logits=True, context_gib=CONTEXT_GIB,
+    pipeline_recv_buffers=True,
     allocator_reserve=ALLOCATOR_RESERVE,
     # runtime/data_parallel.py apply_fsdp: every layer its own group, the embedding, final norm
     # and output in the root group (gathered at every sampling point of the step:

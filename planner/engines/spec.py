@@ -339,6 +339,26 @@ class Engine:
     loss_memory: LossMemory = MEGATRON_VOCAB_PARALLEL_LOSS
     tp_loss_memory: LossMemory | None = None
     pipeline_keeps_logits: bool = False
+    # torch.distributed.pipelining's PipelineStage allocates, for every micro-batch of the step,
+    # a receive buffer for the stage's input (every stage but the first: stage.py
+    # _setup_forward_recv_info, args_recv_info[chunk]) and one for its output's gradient (every
+    # stage but the last: _setup_backward_recv_info, grad_recv_info[mb]), kept from the first
+    # step on, and keeps each micro-batch's stage output (fwd_cache) until its backward
+    # (planner.cost.schedule stage_buffer_bytes). Megatron receives into a tensor made per
+    # transfer (megatron/core/pipeline_parallel/p2p_communication.py), its stage input.
+    pipeline_recv_buffers: bool = False
+    # ... and whether its schedule keeps every micro-batch's last-stage output, the logits, to
+    # return them merged from step(): torch's schedules do unless step(return_outputs=False)
+    # (pytorch #165822; stage.py forward_one_chunk: output_chunks, detached after the
+    # micro-batch's backward, cleared at the next step), which torchtitan passes since
+    # e5ef99aab (#1922, 2025-10-22) and our runtime passes (runtime/train.py)
+    pipeline_returns_outputs: bool = False
+    # ... and whether each received input's gradient stays on its receive buffer to the step's
+    # end: torch's stage_backward left it there (val.grad) until the next step's
+    # clear_runtime_states released it, before pytorch #164329 ("Optimize memory by early
+    # releasing stage inputs' gradients", 2025-10; torch 2.13's _backward.py sets
+    # val.grad = None once read)
+    pipeline_keeps_input_grads: bool = False
     context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
     # caching-allocator reserve at peak, as a fraction of the bytes allocated: what
     # torch.cuda.max_memory_reserved shows beyond max_memory_allocated

@@ -111,6 +111,7 @@ TORCHTITAN = Engine(
     # train step: `del pred` before backward; loss_parallel under tp (torchtitan/distributed/
     # utils.py train_context); torch.distributed.pipelining under pp
     loss_memory=EAGER_LOSS, tp_loss_memory=LOSS_PARALLEL_LOSS, pipeline_keeps_logits=True,
+    pipeline_recv_buffers=True,
     context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "rowwise")), ("mxfp8", ("mxfp8",))),
