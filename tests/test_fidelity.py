@@ -114,7 +114,7 @@ def test_memory_within_target_in_both_directions(rows):
 def test_default_margin_covers_measured_under_prediction_but_at_405b(runs, rows):
     """The measured rows the planner under-counts (13 of 20 today) are within `plan`'s default
     margin (planner.cost.stage DEFAULT_MARGIN_FRACTION: the largest, torchtitan's 8B on 8 H100s
-    without compile, 1.6 GiB of 95) but torchtitan's 405B rows, whose gap (10-21% of the GPU's
+    without compile, 1.6 GiB of 95) but torchtitan's 405B pipelines, whose gap (up to 14% of the GPU's
     memory) is an open finding no margin of this size covers."""
     v = fidelity.memory_verdicts(runs, rows)
     at_default = v["sweep"][v["default_margin_fraction"]]

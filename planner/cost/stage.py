@@ -38,13 +38,13 @@ DP_BUCKET_BYTES = 40e6 * 4
 # Headroom below capacity the plan keeps free by default, a fraction of the GPU's memory
 # (`plan --memory-margin GIB` sets it): allocator behaviour the model does not see (a burst of
 # fragmentation, a larger NCCL buffer, a framework's workspace). Checked against the published
-# rows that measured their reserved memory (benchmarks/fidelity.py memory_verdicts, the
-# margin sweep of the fidelity tables): it covers every under-count but torchtitan's 405B
-# rows' open gap (10-21% of the GPU, no margin of this size covers it; the largest other,
-# 1.7%, torchtitan's 8B on 8 H100s); 2% would too, refusing three fewer configurations that
-# ran (of llm-foundry's: 6 refused at 3%, 3 at 2%, of 439 rows): kept
-# at 3%, the out-of-memory side being the worse failure, on that little evidence (31 rows,
-# all torchtitan runs: its own tables and torchao's).
+# rows that measured their reserved memory (benchmarks/fidelity.py memory_verdicts, the margin
+# sweep of the fidelity tables): it covers every under-count (the largest, 1.7%, torchtitan's
+# 8B on 8 H100s) but the open gap of five of torchtitan's 405B pipeline rows (4-14% of the GPU,
+# which no margin of this size covers); 2% would leave one more uncovered (2.3%) and refuse three
+# fewer configurations that ran (6 refused at 3%, 3 at 2%, of 439 rows, all llm-foundry's but
+# NeMo's GPT-3 20B): kept at 3%, the out-of-memory side being the worse failure, on that little
+# evidence (31 rows, all torchtitan runs: its own tables and torchao's).
 DEFAULT_MARGIN_FRACTION = 0.03
 
 
