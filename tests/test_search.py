@@ -213,12 +213,14 @@ def test_cutoff_at_the_kth_best_changes_no_ranked_plan(engine, monkeypatch):
     are those of the search without that cutoff."""
     import planner.search as S
     model = tiny_model(layers=16, hidden=4096, heads=32, kv=8)
-    cluster = cluster_with_memory(12.0, n=8)     # tight: pipelined candidates need CP-SAT
-    with_cutoff = S.search(model, cluster, seq_len=2048, global_batch=64, engine=engine)
+    # tight: pipelined candidates need CP-SAT (a small batch: torch's pipelining, the runtime's,
+    # holds receive buffers per micro-batch, which at 64 sequences leave no pipeline room)
+    cluster = cluster_with_memory(13.0, n=8)
+    with_cutoff = S.search(model, cluster, seq_len=2048, global_batch=16, engine=engine)
     assert with_cutoff.solved > 0
     orig = S.solve_candidate
     monkeypatch.setattr(S, "solve_candidate",
                         lambda *a, **k: orig(*a, **{**k, "cutoff_s": None}))
-    without = S.search(model, cluster, seq_len=2048, global_batch=64, engine=engine)
+    without = S.search(model, cluster, seq_len=2048, global_batch=16, engine=engine)
     assert [r.estimate.step_time_s for r in with_cutoff.ranked] == pytest.approx(
         [r.estimate.step_time_s for r in without.ranked], rel=1e-9)
