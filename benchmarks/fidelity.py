@@ -1230,9 +1230,9 @@ def memory_verdicts(runs=None, rows=None) -> dict:
 
     sweep: for each margin (a fraction of the GPU's memory, MARGIN_SWEEP and the default),
     the measured rows whose under-prediction the margin does not cover (measured - predicted
-    reserved > margin: at the edge of capacity such a plan says "fits" and runs out of
-    memory) and the configurations that ran refused with that margin kept free. The two pull
-    the default margin in opposite directions."""
+    reserved > margin, the no-margin plan's prediction: at the edge of capacity such a plan
+    says "fits" and runs out of memory) and the configurations that ran refused with that
+    margin kept free. The two pull the default margin in opposite directions."""
     from planner.cost.stage import DEFAULT_MARGIN_FRACTION
     runs = runs if runs is not None else loso_runs()
     rows = rows if rows is not None else [predict(r) for r in runs]
@@ -1257,8 +1257,9 @@ def memory_verdicts(runs=None, rows=None) -> dict:
             # what `plan` says with the published knobs fixed and this margin kept free: the
             # planner picks its unpublished knobs (recompute, micro-batches) again, so only a
             # row with nothing left to choose is refused
-            if row["reserved_gib"] > cap - eng.context_gib - margin + 1e-9 and (
-                    m == 0.0 or not predict(run, margin_gib=margin)["fits"]):
+            if (not row["fits"] if m == 0.0 else
+                    row["reserved_gib"] > cap - eng.context_gib - margin + 1e-9
+                    and not predict(run, margin_gib=margin)["fits"]):
                 sweep[m]["refused"].append(row["run"])
     a = sorted(abs(e) for e in errs)
     return {"rows": len(rows), "measured": len(errs), "fits_then_oom": fits_then_oom,

@@ -312,8 +312,10 @@ def closest_text(c) -> str:
     margin = (e.stage_margin_gib or [e.margin_gib] * len(over))[k]
     text = (f"closest: {describe_candidate(c.candidate)} overflows stage {k} by "
             f"{over[k]:.1f} GiB ({e.stage_memory_gib[k]['reserved']:.1f} of {caps[k]:.1f} GiB)")
-    accepting = math.floor((margin - over[k]) * 10) / 10      # GiB, rounded down to show
-    if accepting >= 0 and not e.stage_margin_gib:
+    # GiB, rounded down to show (less a hair, so that a float at the boundary still accepts)
+    accepting = math.floor((margin - over[k] - 1e-6) * 10) / 10
+    host_fits = e.host is None or e.host.fits
+    if 0 < over[k] and accepting >= 0 and host_fits and not e.stage_margin_gib:
         text += (f", inside the {margin:.1f} GiB margin kept free for what the model may "
                  f"under-count (--memory-margin {accepting:.1f} accepts it)")
     return text

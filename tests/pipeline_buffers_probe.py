@@ -1,75 +1,85 @@
-"""Measures, with torch's MemTracker on CPU over a fake process group, the peak of one
-torch.distributed.pipelining stage of a small Llama through its first 1F1B step (when the
-stage allocates its communication buffers): every tensor the step allocates, the schedule's
-own included. The fake group's receives carry nothing, which changes no byte. Prints one JSON
-object per case: {"peak_bytes", "after_step_bytes" (what the step leaves allocated: the
-gradients and the stage's buffers), "fed_bytes" (the batch or targets given to step()),
-"boundary_bytes" (the stage input, one micro-batch's hidden state)}.
-Run by tests/test_pipeline_buffers.py in its own process (the fake process group is global).
-"""
+"""Measures what torch.distributed.pipelining's stages of one pipeline rank keep after a
+training step of a small Llama on CPU over a fake process group: the bytes of every tensor
+reachable from the stages' receive infos (the receive buffers of the stage inputs and of the
+output gradients, and any gradient left on an input buffer), each storage once. The fake
+group's receives carry nothing, which changes no byte. Prints one JSON list, per case
+{"kept_bytes", "boundary_bytes"} (one micro-batch's hidden state, the stage input). Run by
+tests/test_pipeline_buffers.py in its own process (the fake process group is global).
+
+argv[1]: a JSON list of [schedule, pp, rank, micro-batches] cases, the schedule one of the
+planner's names (1f1b, interleaved, interleaved-zb, zbv, dualpipev), each rank holding one
+stage (1f1b) or two (the others: rank r and r + pp looped, r and 2 pp - 1 - r V-shaped)."""
 import dataclasses
 import json
 import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as torch_schedules
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from planner.catalog.models import MODELS
 from runtime.model import Transformer
 
-HIDDEN, FFN, HEADS, KV, VOCAB = 256, 896, 8, 2, 1024
+HIDDEN, FFN, HEADS, KV, VOCAB = 128, 384, 4, 2, 512
+MBS, SEQ = 1, 64
+CLASSES = {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+           "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+           "dualpipev": "ScheduleDualPipeV"}
+V_SHAPED = ("zbv", "dualpipev")
 
 
-def measure(pp: int, index: int, nmb: int, mbs: int, seq: int, layers: int,
-            return_outputs: bool = True) -> dict:
-    dist.init_process_group("fake", rank=index, world_size=pp, store=FakeStore())
-    spec = dataclasses.replace(MODELS["llama3-8b"], num_layers=layers, hidden=HIDDEN,
-                               ffn_hidden=FFN, num_heads=HEADS, num_kv_heads=KV,
-                               vocab_size=VOCAB, tied_embeddings=False)
-    torch.manual_seed(0)
-    model = Transformer(spec)          # this stage's layers only: no embedding, no head
-    model.tok_embeddings = model.norm = model.output = None
-    hidden = torch.empty(mbs, seq, HIDDEN, device="meta")
-    stage = PipelineStage(model, index, pp, torch.device("cpu"),
-                          input_args=(hidden.requires_grad_(),),
-                          output_args=(torch.empty_like(hidden).requires_grad_(),),
-                          output_grads=(torch.empty_like(hidden),))
-    # the warm-up vote travels through receives, which carry nothing here: every stage was
-    # given its shapes, so each would vote for static metadata
-    stage._warmup_backward_result = lambda received_result=None: torch.ones(1, dtype=torch.int32)
+def stage_indices(schedule: str, pp: int, rank: int) -> list:
+    if schedule == "1f1b":
+        return [rank]
+    return [rank, 2 * pp - 1 - rank] if schedule in V_SHAPED else [rank, rank + pp]
+
+
+def measure(schedule: str, pp: int, rank: int, nmb: int) -> dict:
+    dist.init_process_group("fake", rank=rank, world_size=pp, store=FakeStore())
+    spec = dataclasses.replace(MODELS["llama3-8b"], num_layers=1, hidden=HIDDEN, ffn_hidden=FFN,
+                               num_heads=HEADS, num_kv_heads=KV, vocab_size=VOCAB,
+                               tied_embeddings=False)
+    indices = stage_indices(schedule, pp, rank)
+    n_stages = pp * (1 if schedule == "1f1b" else 2)
+    stages = []
+    for i in indices:
+        torch.manual_seed(i)
+        model = Transformer(spec)      # one layer: no embedding, no head
+        model.tok_embeddings = model.norm = model.output = None
+        hidden = torch.empty(MBS, SEQ, HIDDEN, device="meta")
+        stage = PipelineStage(model, i, n_stages, torch.device("cpu"),
+                              input_args=(hidden.requires_grad_(),),
+                              output_args=(torch.empty_like(hidden).requires_grad_(),),
+                              output_grads=(torch.empty_like(hidden),))
+        # the warm-up vote travels through receives, which carry nothing here: every stage
+        # was given its shapes, so each would vote for static metadata
+        stage._warmup_backward_result = (
+            lambda received_result=None: torch.ones(1, dtype=torch.int32))
+        stages.append(stage)
+    cls = getattr(torch_schedules, CLASSES[schedule])
     # a loss makes the schedule run backward (only the last stage computes it)
-    schedule = Schedule1F1B(stage, nmb, loss_fn=lambda out, target: out.float().mean())
-    tracker = MemTracker()
-    # the step's peak, not each module's: a stage's modules run once per micro-batch
-    tracker._pre_fw_hook = tracker._post_fw_hook = lambda *a, **k: None
-    tracker._pre_bw_hook = tracker._post_bw_hook = lambda *a, **k: None
-    tracker.track_external(model)
-    x = torch.randn(nmb * mbs, seq, HIDDEN)
-    target = torch.zeros(nmb * mbs, seq, HIDDEN)
-    with tracker:
-        if index == 0:
-            schedule.step(x, return_outputs=return_outputs)
-        elif index == pp - 1:
-            schedule.step(target=target, return_outputs=return_outputs)
-        else:
-            schedule.step(return_outputs=return_outputs)
-        after = tracker.get_tracker_snapshot()[torch.device("cpu")]
-    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    loss = lambda out, target: out.float().mean()                      # noqa: E731
+    sched = cls(stages[0] if schedule == "1f1b" else stages, nmb, loss_fn=loss)
+    kwargs = {"return_outputs": False}                # as our runtime and torchtitan step
+    if any(s.is_last for s in stages):
+        kwargs["target"] = torch.zeros(nmb * MBS, SEQ, HIDDEN)
+    args = (torch.randn(nmb * MBS, SEQ, HIDDEN),) if any(s.is_first for s in stages) else ()
+    sched.step(*args, **kwargs)
+    kept = {}
+    for stage in stages:
+        for infos in [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]:
+            for info in infos:
+                if getattr(info, "is_root_arg", False) or info.buffer is None:
+                    continue
+                for t in (info.buffer, info.buffer.grad):
+                    if t is not None:
+                        st = t.untyped_storage()
+                        kept[st.data_ptr()] = st.nbytes()
     dist.destroy_process_group()
-    def total(snapshot):
-        return next(v for k, v in snapshot.items() if str(k) == "Total")
-    # the batch fed to the first stage or the targets to the last: the schedule's micro-batches
-    # are views of it, which the tracker counts at the whole tensor's size
-    fed = x if index == 0 else target if index == pp - 1 else None
-    return {"peak_bytes": total(peak), "after_step_bytes": total(after),
-            "fed_bytes": 0 if fed is None else fed.numel() * fed.element_size(),
-            "boundary_bytes": mbs * seq * HIDDEN * 4}
+    return {"kept_bytes": sum(kept.values()), "boundary_bytes": MBS * SEQ * HIDDEN * 4}
 
 
 if __name__ == "__main__":
-    # argv[1]: a JSON list of [pp, stage index, micro-batches, micro-batch size, tokens, layers
-    # per stage, return_outputs] cases, measured one after another
     json.dump([measure(*case) for case in json.loads(sys.argv[1])], sys.stdout)

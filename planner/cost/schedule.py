@@ -108,13 +108,17 @@ def stage_buffer_bytes(schedule: str, p: int, rank: int, m: int, v: int, in_flig
     that one and the held output even out, so what remains is the first stage's outputs
     (counted for all `in_flight_mb` micro-batches of the rank, `in_flight` units, over all v
     of its stages: at most that) and the last stage's in-flight inputs (not taken off).
-    `input_grads_kept` (planner.engines.spec pipeline_keeps_input_grads): each received input's
-    gradient stays on its buffer to the step's end, one more per micro-batch and stage but the
-    first (their sum at the end of the step, taken with the activations' peak: at most)."""
+    `input_grads_kept` (planner.engines.spec pipeline_keeps_input_grads), and always under the
+    zero-bubble schedules, whose split backward leaves each received input's gradient on its
+    buffer (torch/distributed/pipelining/_backward.py stage_backward_input sets `inp.grad`,
+    cleared by the next step's clear_runtime_states only): one more per micro-batch and stage
+    but the first (their sum at the end of the step, taken with the activations' peak: at
+    most; torch's dualpipev releases some, and zbv's two stages of its last rank share one)."""
     if p == 1:
         return 0.0
     first, last = rank == 0, rank == head_rank(schedule, p)
-    buffers = (v - first) * m * (2 if input_grads_kept else 1) + (v - last) * m
+    grads_kept = input_grads_kept or schedule in ZERO_BUBBLE_SCHEDULES
+    buffers = (v - first) * m * (2 if grads_kept else 1) + (v - last) * m
     return boundary_bytes * (buffers + (in_flight_mb * v if first else 0.0))
 
 

@@ -354,10 +354,11 @@ class Engine:
     # e5ef99aab (#1922, 2025-10-22) and our runtime passes (runtime/train.py)
     pipeline_returns_outputs: bool = False
     # ... and whether each received input's gradient stays on its receive buffer to the step's
-    # end: torch's stage_backward left it there (val.grad) until the next step's
-    # clear_runtime_states released it, before pytorch #164329 ("Optimize memory by early
-    # releasing stage inputs' gradients", 2025-10; torch 2.13's _backward.py sets
-    # val.grad = None once read)
+    # end under every schedule: torch's stage_backward left it there (val.grad) until the next
+    # step's clear_runtime_states released it, before pytorch #164329 ("Optimize memory by
+    # early releasing stage inputs' gradients", 2025-10; torch 2.13's _backward.py sets
+    # val.grad = None once read). The zero-bubble schedules' split backward
+    # (stage_backward_input) still leaves it (planner.cost.schedule stage_buffer_bytes).
     pipeline_keeps_input_grads: bool = False
     context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
     # caching-allocator reserve at peak, as a fraction of the bytes allocated: what
