@@ -57,9 +57,10 @@ def test_buffers_per_rank_as_torch_keeps_them(kept, schedule):
             assert measured <= priced < measured + 2 * M * b, (schedule, rank)
 
 
-def test_the_rank_price_carries_them():
-    """Our runtime's price of a 1F1B pipeline grows by each rank's buffers per micro-batch (the
-    micro-batches in flight, min(pp - rank, m), unchanged from 3 to 9)."""
+def test_the_rank_price_carries_them(kept):
+    """Our runtime's price of a 1F1B pipeline grows by what torch keeps per micro-batch on each
+    rank (measured above at M micro-batches; the micro-batches in flight, min(pp - rank, m),
+    unchanged from 3 to 9)."""
     from tests.pipeline_buffers_probe import FFN, HEADS, HIDDEN, KV, SEQ, VOCAB
     model = dataclasses.replace(MODELS["llama3-8b"], num_layers=PP, hidden=HIDDEN,
                                 ffn_hidden=FFN, num_heads=HEADS, num_kv_heads=KV,
@@ -72,6 +73,6 @@ def test_the_rank_price_carries_them():
                    margin_gib=0.0, rejected=False)
         return [s["total"] * 2**30 for s in (r.best or r.closest).estimate.stage_memory_gib]
 
-    b = 4 * SEQ * HIDDEN           # fp32 on CPU (the runtime engine's fp32_compute_on)
+    per_micro_batch = [kept[("1f1b", r)][0] / M for r in range(PP)]
     grown = [x - y for x, y in zip(priced(9), priced(3))]
-    assert grown == pytest.approx([6 * b, 12 * b, 6 * b], rel=1e-6)
+    assert grown == pytest.approx([6 * k for k in per_micro_batch], rel=1e-6)

@@ -32,7 +32,7 @@ class HeadMemory:
     held: float         # from forward to backward: the norm's and projection's saved inputs,
     #                     the loss's saved tensors and the logits where the pipeline keeps them
     working: float      # what the loss's peak adds once beyond `held`
-    output: float = 0.0  # the logits, the stage's output (Engine.pipeline_returns_outputs)
+    output: float       # the logits, the stage's output (Engine.pipeline_returns_outputs)
 
 
 def engine_gpu(engine: Engine, gpu: Gpu) -> Gpu:
