@@ -177,3 +177,32 @@ def test_tp_comm_overlap_prices_between_its_bounds(megatron_pair):
     assert d["parallelism"]["tp_comm_overlap"] == r.candidate.tp_comm_overlap
     del d["parallelism"]["tp_comm_overlap"]
     assert Plan.from_dict(d).parallelism.tp_comm_overlap is False
+
+
+@pytest.mark.parametrize("mode", ["none", "selective"])
+def test_te_fp8_layer_saves_what_its_modules_save(mode):
+    """One Megatron-Core Llama layer under Transformer Engine FP8 (sequence parallel, flash
+    attention), counted tensor by tensor from what each module saves for its backward
+    (transformer_engine/pytorch @v1.8): LayerNormLinear keeps the norm's bf16 input and its FP8
+    output (layernorm_linear.py ctx.save_for_backward: inputmat, ln_out); the fused attention
+    keeps q, k, v, its bf16 output and the fp32 log-sum-exp (attention.py FusedAttnFunc:
+    q, k, v, out_save); Linear keeps its FP8 input (linear.py saved_inputmat), for the out-proj
+    a copy beside the attention's output it views; SwiGLU keeps its input (gate and up).
+    Under selective recompute the attention saves nothing of its own (it runs again in
+    backward from q, k, v, which the checkpoint keeps): its output lives only as the
+    out-proj's FP8 copy."""
+    from planner.cost.facts import facts_for
+    from planner.precision import low_precision
+    m, gpu = get_model("llama70b"), get_cluster("h100x64").gpu
+    engine = get_engine("megatron")
+    t, b, s = 4, 1, 8192
+    h, f, q, kv, ao = m.hidden, m.ffn_hidden, m.q_dim, m.kv_dim, m.attn_out_dim
+    replicated = 2 * h + 1 * h + 2 * h + 1 * h       # norm inputs (bf16), their FP8 outputs
+    attention = 2 * q + 2 * kv + 2 * m.value_dim
+    if mode == "none":
+        attention += 2 * ao + 4 * m.num_heads       # bf16 output, fp32 log-sum-exp
+    sharded = attention + 1 * ao + 2 * 2 * f + 1 * f  # out-proj FP8 input, gate+up, down input
+    expected = b * s * (replicated / t + sharded / t)
+    lp = low_precision(engine, gpu, "fp8", "tensorwise")
+    got = facts_for(engine, gpu).bf16_activation_bytes(m, b, s, t, True, mode, True, lp)
+    assert got == pytest.approx(expected, rel=1e-9)

@@ -113,12 +113,12 @@ class CatalogFacts:
     def bf16_activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         """The cost model's saved bytes of one layer, computing in bf16."""
         gathered = self.engine.sp_keeps_gathered_inputs
-        out = activation_bytes(model, b, s, tp, sp, mode, self.fused_attention(model, flash),
-                               gathered,
+        fused = self.fused_attention(model, flash)
+        out = activation_bytes(model, b, s, tp, sp, mode, fused, gathered,
                                op_recomputes_attention=self.engine.op_recomputes_attention)
         if lp is not None and lp.recipe.saves_lowp_inputs:
             out -= lowp_saved_input_savings(model, b, s, tp, sp, mode, lp.element_bytes,
-                                            gathered)
+                                            gathered, attention_keeps_output=fused)
         return out
 
     @_memo

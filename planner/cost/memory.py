@@ -107,8 +107,10 @@ def saved_lse_bytes(model: Model, tokens: float, tp: int, mode: str, fused: bool
                     op_recomputes_attention: bool = False) -> float:
     """The fp32 log-sum-exp per head and token a fused (flash) attention keeps for its
     backward (Dao et al. 2022), where the attention's outputs are saved: not under full
-    recompute, nor under the "op" policy where it recomputes the attention kernel."""
-    if not fused or mode == "full" or (mode == "op" and op_recomputes_attention):
+    recompute, nor under selective recompute (the attention core runs again in backward, so
+    its kernel saves nothing: Megatron-Core's checkpointed core attention), nor under the "op"
+    policy where it recomputes the attention kernel."""
+    if not fused or mode in ("full", "selective") or (mode == "op" and op_recomputes_attention):
         return 0.0
     return 4.0 * model.num_heads * tokens / tp
 
@@ -168,15 +170,24 @@ def head_input_bytes(model: Model, b: int, s: int, tp: int, sp: bool, gathered: 
 
 
 def lowp_saved_input_savings(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
-                             element_bytes: float, gathered_inputs: bool = False) -> float:
+                             element_bytes: float, gathered_inputs: bool = False,
+                             attention_keeps_output: bool = False) -> float:
     """Bytes of one layer's saved activations that a recipe saving its linears' quantised
     inputs (Transformer Engine: the FP8 input of each linear for its weight gradient) does not
     keep in bf16: the QKV and MLP-in inputs (replicated; /t under sequence parallel), the
     out-proj and MLP-down inputs (sharded). Nothing under full recompute (only the layer input
-    is kept)."""
+    is kept).
+
+    `attention_keeps_output`: a fused attention kernel saved its bf16 output for its own
+    backward (flash-attn's and Transformer Engine's FusedAttnFunc `out_save`,
+    transformer_engine/pytorch/attention.py @v1.8), and the out-proj's input is that output
+    (a view of it): it stays, and the linear's quantised copy (`saved_inputmat`,
+    transformer_engine/pytorch/module/linear.py @v1.8) comes on top of it. Not where the
+    attention is recomputed (selective) and so saves nothing of its own."""
     if mode not in ("none", "selective"):
         return 0.0
     h, f = model.hidden, model.ffn_hidden
     d = 2.0 - element_bytes
-    return b * s * d * (2 * h / (tp if sp and not gathered_inputs else 1)
-                        + (model.attn_out_dim + f) / tp)
+    out_proj = -element_bytes if attention_keeps_output and mode == "none" else d
+    return b * s * (d * 2 * h / (tp if sp and not gathered_inputs else 1)
+                    + (out_proj * model.attn_out_dim + d * f) / tp)
