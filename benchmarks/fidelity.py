@@ -301,6 +301,19 @@ RECIPE_MEMORY_FACTS = (
      "eos-dfw_n{64,256,304,320,1024}_ngc25.01_nemo: config_common.sh FP8_PARAMS=True "
      "(conf/custom.yaml optim.fp8_params -> pretrain.py MegatronMixedPrecision fp8_params and "
      "DistributedDataParallelConfig fp8_param_gather), pretrain.py grad_reduce_in_fp32=False"),
+    # the GB200 submissions of the same round, on their own NGC 25.04 implementation
+    ("mlcommons/training_results_v5.0 NVIDIA/results/tyche_",
+     {"grad_reduce_in_fp32": False, "fp8_param_gather": True},
+     "mlcommons/training_results_v5.0 @0fdc28f0 NVIDIA/benchmarks/llama31_405b/implementations/"
+     "tyche_ngpu{256,512}_ngc25.04_nemo: config_common.sh FP8_PARAM_GATHER=True (conf/custom.yaml "
+     "optim.fp8_param_gather -> pretrain.py MegatronMixedPrecision fp8_param_gather), "
+     "pretrain.py MegatronMixedPrecision / DistributedDataParallelConfig "
+     "grad_reduce_in_fp32=False"),
+    ("mlcommons/training_results_v5.0 IBM+CoreWeave+NVIDIA/results/carina_",
+     {"grad_reduce_in_fp32": False, "fp8_param_gather": True},
+     "mlcommons/training_results_v5.0 @0fdc28f0 IBM+CoreWeave+NVIDIA/benchmarks/llama31_405b/"
+     "implementations/carina_ngpu{512,1024,1536,2048,2496}_ngc25.04_nemo: as tyche's "
+     "(config_common.sh FP8_PARAM_GATHER=True, pretrain.py grad_reduce_in_fp32=False)"),
 )
 
 
