@@ -35,7 +35,7 @@ from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.search import Fixed, search
 from planner.catalog.hf import model_from_hf_config
-from planner.specs import Cluster
+from planner.specs import GPU_FIELDS, Cluster
 
 DATA = Path(__file__).parent / "data" / "published_runs.json"
 DATA_2 = Path(__file__).parent / "data" / "published_runs_2.json"
@@ -177,14 +177,22 @@ def fixed_of(run) -> Fixed:
                  dp_shard=f.get("dp_shard", 0), zeropp=f.get("zeropp", False))
 
 
+# What a row's cluster may say of its GPU beyond the catalog's (the GPU's own figures: memory,
+# HBM bandwidth, ...), as a cluster JSON overrides them.
+GPU_OVERRIDES = tuple(k for k in GPU_FIELDS if k != "name")
+
+
 def cluster_of(run) -> Cluster:
-    """The run's cluster: a catalog name, or a catalog GPU with the run's memory."""
+    """The run's cluster: a catalog name, or a catalog GPU with the figures the run's source
+    gives of its own (`GPU_OVERRIDES`: the memory, the HBM bandwidth of the Grand Teton H100s'
+    HBM2e)."""
     c = run["cluster"]
     if isinstance(c, str):
         return get_cluster(c)
     gpu = get_gpu(c["gpu"])
-    if "memory_gib" in c:
-        gpu = dataclasses.replace(gpu, memory_gib=float(c["memory_gib"]))
+    own = {k: float(c[k]) for k in GPU_OVERRIDES if k in c}
+    if own:
+        gpu = dataclasses.replace(gpu, **own)
     return Cluster(c.get("name", f"{gpu.name}x{c['num_gpus']}"), gpu, int(c["num_gpus"]),
                    int(c.get("gpus_per_node", 8)))
 
@@ -913,7 +921,10 @@ FIGURES = (
         "the GPU's flash-attention fraction; element-wise traffic through HBM bandwidth; the "
         "per-layer host overhead through nothing (the same seconds on every GPU)",
         production=_is_eager_fit_row,
-        candidates=lambda r: r["engine"] in ("fsdp", "torchtitan") and not _lowp(r),
+        # eager runs only: a row whose model ran compiled (`compiled`, `compile_source`) ran
+        # fused kernels these figures do not describe
+        candidates=lambda r: r["engine"] in ("fsdp", "torchtitan") and not _lowp(r)
+        and not r.get("compiled"),
         procedure="least squares", bounds=((0.5, 1.2), (0.3, 1.5), (1.0, 10.0), (0.0, 5e-3)),
         prior=((1.0, 1.0, 1.0, 0.0), "Megatron's figures (the catalog's), no host overhead")),
     FittedFigure(

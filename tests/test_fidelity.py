@@ -219,8 +219,7 @@ def _cli_args(run, tmp_path) -> list:
         cluster = tmp_path / f"{run['id']}-cluster.json"
         cluster.write_text(_json.dumps({"base": c["gpu"], "num_gpus": c["num_gpus"],
                                         "gpus_per_node": c.get("gpus_per_node", 8),
-                                        **({"memory_gib": c["memory_gib"]}
-                                           if "memory_gib" in c else {})}))
+                                        **{k: c[k] for k in fidelity.GPU_OVERRIDES if k in c}}))
     else:
         cluster = c
     f = fidelity.fixed_of(run)
