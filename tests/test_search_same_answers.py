@@ -29,6 +29,12 @@ placements re-priced by planner.cost.price give exactly the recorded step times 
 with a script comparing each rank's knobs and re-pricing every changed placement); all other
 ranks of all 11 instances are identical. Only these three placement lists were edited, the
 rest of the file is as written before.
+Rewritten for the pipelined TP overlap of issue 22 (planner/cost/stage.py: the overlap runs t
+chunks, one chunk's GEMM hiding nothing, so what sticks out is measured against (t - 1) / t of
+the GEMMs): with that term reverted all 11 instances equal the previous record; with it only
+gpt-oss_h100x32_pp1 moves (its tp 4 plans, whose TP collectives now stick out by a GEMM chunk,
+fall below tp 2 ones: rank 0 is tp 2 dp 16 at 28.33 s against tp 4 dp 8 at 28.15 s before).
+Only that instance's entry was replaced, by the search's output without the later knobs.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.
