@@ -158,8 +158,7 @@ def plan_parser() -> argparse.ArgumentParser:
                         "engine's: megatron tensorwise, torchtitan tensorwise, fsdp delayed)")
     p.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
                    help="price and export the TP collectives exposed (default: overlapped with "
-                        "the GEMMs where the engine offers it: Megatron-Core --tp-comm-overlap, "
-                        "torchtitan's async TP)")
+                        "the GEMMs where the engine offers it, Megatron-Core --tp-comm-overlap)")
     p.add_argument("--moe-dispatcher", choices=DISPATCHERS,
                    help="MoE token dispatcher (default: the cheapest the engine has; Megatron: "
                         "alltoall, allgather, or flex, DeepEP's node-deduplicated dispatch)")

@@ -454,11 +454,9 @@ def tp_allowed(engine, cluster, model, tp: int) -> bool:
 
 
 def tp_comm_overlap_fits(engine, cluster, tp: int, world_size: int) -> bool:
-    """The TP overlap runs a tp group inside one NVLink domain: Megatron's --tp-comm-overlap
-    (Transformer Engine userbuffers, transformer_engine/common/comm_gemm_overlap/userbuffers/
-    userbuffers-host.cpp create_communicator_grouped2: the tensor group among a node's GPUs, or
-    an MNNVL clique) and torchtitan's async TP (symmetric memory mapped among the group's
-    GPUs); the engine's source: rule "tp_comm_overlap_in_domain"."""
+    """Megatron's --tp-comm-overlap (Transformer Engine userbuffers) runs a tp group inside one
+    NVLink domain (transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp
+    create_communicator_grouped2: the tensor group among a node's GPUs, or an MNNVL clique)."""
     return (tp <= 1 or world_size <= cluster.nvlink_domain
             or cluster.nvlink_domain % tp == 0)
 
@@ -992,7 +990,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     if p.tp_comm_overlap and not tp_comm_overlap_fits(engine, c, p.tp, p.world_size):
         add("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
             f"tp_comm_overlap with tp {p.tp} groups spanning NVLink domains of {c.nvlink_domain} "
-            f"GPUs (the overlap runs inside one)")
+            f"GPUs (Transformer Engine's userbuffers overlap runs inside one)")
     if p.sequence_parallel and p.tp > 1 and b.seq_len % (p.tp * p.cp):
         add("sp_splits_sequence", ("sequence_parallel", "seq_len"),
             f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"

@@ -844,8 +844,6 @@ TT_KEYS = {
                     "context_parallel_rotate_method"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
-# async TP's compiled model (torchtitan/config/job_config.py Compile)
-TT_COMPILE_KEYS = {"compile": {"enable", "components"}}
 # low precision: [model] converters and the converter's section (torchtitan job_config Float8, MX)
 TT_PRECISION_KEYS = {
     "model": {"converters"},
@@ -910,9 +908,8 @@ def check_torchtitan(plan, text):
     cfg = tomllib.loads(text)
     p, b, m = plan.parallelism, plan.batch, plan.model
     assert not [n for n in notes_of(text) if INEXACT.search(n)], notes_of(text)
-    assert set(TT_KEYS) <= set(cfg) <= (set(TT_KEYS) | set(TT_PRECISION_KEYS)
-                                        | set(TT_COMPILE_KEYS))
-    for section, keys in {**TT_KEYS, **TT_PRECISION_KEYS, **TT_COMPILE_KEYS}.items():
+    assert set(TT_KEYS) <= set(cfg) <= set(TT_KEYS) | set(TT_PRECISION_KEYS)
+    for section, keys in {**TT_KEYS, **TT_PRECISION_KEYS}.items():
         assert set(cfg.get(section, {})) <= keys, section
     assert titan_precision(cfg, p.zero_stage) == (plan.precision, plan.recipe)
     t, par, ac = cfg["training"], cfg["parallelism"], cfg["activation_checkpoint"]
@@ -947,12 +944,7 @@ def check_torchtitan(plan, text):
     # tensor parallel always shards the sequence
     if tp > 1:
         assert p.sequence_parallel
-        assert par.get("enable_async_tensor_parallel", False) is p.tp_comm_overlap
-    if par.get("enable_async_tensor_parallel", False):
-        # torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp refuses it otherwise
-        assert cfg["compile"]["enable"] is True and "model" in cfg["compile"]["components"]
-    else:
-        assert "compile" not in cfg     # eager, as priced
+        assert par.get("enable_async_tensor_parallel", False) is False
 
     # pipeline: schedule, model parts in model order on rank i % pp, microbatches
     if pp > 1:

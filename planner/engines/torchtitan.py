@@ -67,11 +67,7 @@ TORCHTITAN = Engine(
     # parallelize.py apply_tp) shard the vocabulary as DTensor does, unevenly where tp does
     # not divide it (placement_types.py MaskPartial; loss_parallel likewise)
     vocab_split="uneven",
-    sources=(("tp_comm_overlap_in_domain", "torch/distributed/_symmetric_memory (async TP's "
-                                           "buffers mapped among the TP group's GPUs: one "
-                                           "NVLink domain); torchtitan/distributed/"
-                                           "tensor_parallel.py maybe_enable_async_tp"),
-             ("stage_layers", "torchtitan/distributed/pipeline_parallel.py "
+    sources=(("stage_layers", "torchtitan/distributed/pipeline_parallel.py "
                               "(module_fqns_per_model_part: any contiguous split; "
                               "pipeline_parallel_layers_per_stage, "
                               "pipeline_parallel_first_stage_less_layers)"),
@@ -88,14 +84,6 @@ TORCHTITAN = Engine(
              ("hsdp", "torchtitan/distributed/parallel_dims.py (data_parallel_replicate_degree "
                       "x data_parallel_shard_degree; the shard dimension is FSDP2's)")),
     overlap_grad_reduce=True, overlap_param_gather=True,
-    # async TP ([parallelism] enable_async_tensor_parallel): torch's micro-pipelined TP
-    # (torch._inductor.config._micro_pipeline_tp, torch/_inductor/fx_passes/micro_pipeline_tp.py)
-    # splits each sequence-parallel all-gather / reduce-scatter and pipelines it with the
-    # matmul that consumes / produces it over symmetric memory, the overlap Megatron-Core's
-    # userbuffers run (planner.cost.stage prices both alike); torchtitan runs it only compiled
-    # (torchtitan/distributed/tensor_parallel.py maybe_enable_async_tp: "Async TP requires
-    # 'model' in --compile.components and --compile.enable"), which the export sets
-    tp_comm_overlap=True,
     zero2_gathers_every_microbatch=True,
     # [parallelism] expert_parallel_degree (all-to-all dispatch) and
     # expert_tensor_parallel_degree, 1 or the tp degree (torchtitan/config/job_config.py)

@@ -18,9 +18,6 @@ torchtitan builds configs in Python; the same `section.key` names still work the
 * batch: local_batch_size is the per-data-parallel-rank batch. With pp > 1 the pipeline splits
   it into local_batch_size / pipeline_parallel_microbatch_size microbatches; with pp = 1
   torchtitan accumulates gradients global / (local x dp) times.
-* async TP: enable_async_tensor_parallel = the plan's tp_comm_overlap (the TP collectives
-  pipelined with the matmuls, priced as overlapped), with a [compile] section compiling the
-  model, which torchtitan requires for it; the loss is left eager, as priced.
 * context parallel: context_parallel_degree = cp with context_parallel_rotate_method
   "allgather" (the plan's all_gather exchange) or "alltoall" (its p2p ring); FSDP2 then shards
   over data_parallel_shard_degree x cp, as priced (torchtitan/distributed/parallel_dims.py).
@@ -126,7 +123,7 @@ def torchtitan_toml(plan: Plan) -> str:
         par["fsdp_reshard_after_forward"] = RESHARD[p.zero_stage]
     par["tensor_parallel_degree"] = p.tp
     if p.tp > 1:
-        par["enable_async_tensor_parallel"] = p.tp_comm_overlap
+        par["enable_async_tensor_parallel"] = False
     par["pipeline_parallel_degree"] = p.pp
     if p.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULE[p.schedule]
@@ -150,19 +147,12 @@ def torchtitan_toml(plan: Plan) -> str:
         ac["selective_ac_option"] = "op"
 
     sections = [("training", training), ("parallelism", par), ("activation_checkpoint", ac)]
-    if p.tp > 1 and p.tp_comm_overlap:
-        # async TP runs only on a compiled model (torchtitan/distributed/tensor_parallel.py
-        # maybe_enable_async_tp); the loss stays eager, as priced
-        sections.append(("compile", {"enable": True, "components": ["model"]}))
     sections += _precision_sections(plan)
 
     lines = [f"# {h}" for h in header(plan, "torchtitan")]
     lines.append("# a job config for torchtitan releases that read TOML (--job.config_file)")
     lines.append(f"# launch on {p.world_size} GPUs; add [job], [model] (e.g. name = "
                  "\"llama3\", flavor) and [optimizer] as usual")
-    if p.tp > 1 and p.tp_comm_overlap:
-        lines.append("# async TP needs the model compiled ([compile]); the plan's kernel figures "
-                     "are eager PyTorch's, which compiled runs have beaten")
     if p.pp > 1 and p.vpp > 1:
         lines.append(f"# {SCHEDULE[p.schedule]}: {p.vpp} stages per rank "
                      f"({len(plan.stages)} parts in module_fqns_per_model_part over pp {p.pp})")
