@@ -35,7 +35,7 @@ from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.search import Fixed, search
 from planner.catalog.hf import model_from_hf_config
-from planner.specs import GPU_FIELDS, Cluster
+from planner.specs import GPU_OVERRIDES, Cluster
 
 DATA = Path(__file__).parent / "data" / "published_runs.json"
 DATA_2 = Path(__file__).parent / "data" / "published_runs_2.json"
@@ -156,9 +156,11 @@ def fixed_of(run) -> Fixed:
                  # context parallelism as published (1 where the source printed none); its
                  # K/V exchange, never printed, is the planner's choice for the engine
                  cp=f.get("cp", 1),
-                 # Megatron-Core's TP communication overlap as the run had it: on in the
-                 # Megatron-Bridge performance recipes (the rows' tp_comm_overlap_source), off
-                 # where absent (the 2021-24 Megatron runs predate or did not use it)
+                 # the TP communication overlap as the run had it: on in the Megatron-Bridge
+                 # performance recipes and torchtitan's async-TP runs (the rows'
+                 # tp_comm_overlap_source), off where absent (the 2021-24 Megatron runs predate
+                 # or did not use it); priced only where the engine offers it (torchtitan's
+                 # async TP is not an engine option yet: those rows price vanilla TP)
                  tp_comm_overlap=f.get("tp_comm_overlap", False),
                  # MoE: the dispatcher and EP overlap of the row's recipe (`moe_comm_source`);
                  # the planner's choice of dispatcher where the data names none, no overlap
@@ -177,15 +179,10 @@ def fixed_of(run) -> Fixed:
                  dp_shard=f.get("dp_shard", 0), zeropp=f.get("zeropp", False))
 
 
-# What a row's cluster may say of its GPU beyond the catalog's (the GPU's own figures: memory,
-# HBM bandwidth, ...), as a cluster JSON overrides them.
-GPU_OVERRIDES = tuple(k for k in GPU_FIELDS if k != "name")
-
-
 def cluster_of(run) -> Cluster:
     """The run's cluster: a catalog name, or a catalog GPU with the figures the run's source
-    gives of its own (`GPU_OVERRIDES`: the memory, the HBM bandwidth of the Grand Teton H100s'
-    HBM2e)."""
+    gives of its own, as a cluster JSON overrides them (planner.specs GPU_OVERRIDES: the
+    memory, the HBM bandwidth of the Grand Teton H100s' HBM2e)."""
     c = run["cluster"]
     if isinstance(c, str):
         return get_cluster(c)
