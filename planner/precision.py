@@ -93,7 +93,8 @@ TE_GEMM_SCALE = 0.85
 # mended: ~19% faster FP8 GEMMs than Transformer Engine's on the same cuBLASLt kernel. A grid
 # on torchtitan's two 70B tensorwise rows does not identify it: the vanilla-TP row wants ~0.97
 # and the async-TP one more than 1.30, their gap being the TP overlap, not the GEMM; at 0.85
-# they are +3.5% / +20.5%. torchtitan's FP8 median |error| 6.4% at 1.10, 7.9% at 0.85.)
+# they were +3.5% / +20.5%, and +7.5% / +25.1% priced on their Grand Teton HBM2e (async TP
+# unpriced). torchtitan's FP8 median |error| 6.4% at 1.10, 7.9% at 0.85; 9.5% on the HBM2e.)
 TORCHAO_GEMM_SCALE = TE_GEMM_SCALE
 # torchao's rowwise float8 GEMM (per-row scales: _scaled_mm's rowwise path is a CUTLASS kernel,
 # at::cuda::detail::f8f8bf16_rowwise in aten/src/ATen/native/cuda/RowwiseScaledMM.cu, not
