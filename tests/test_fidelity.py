@@ -47,6 +47,12 @@ def test_data_sets_are_complete(runs):
         # one set of constants per GPU type: every run names a catalog GPU, memory aside
         gpu = fidelity.cluster_of(r).gpu
         assert gpu.name in GPUS and gpu.gemm_efficiency == GPUS[gpu.name].gemm_efficiency
+        # a figure of the row's own GPU, and a TP overlap the row says it ran, cite the source
+        c = r["cluster"]
+        if isinstance(c, dict) and "hbm_gbps" in c:
+            assert r["hbm_source"], r["id"]
+        if r["fixed"].get("tp_comm_overlap"):
+            assert r["tp_comm_overlap_source"], r["id"]
 
 
 def test_every_engine_within_target(rows):
