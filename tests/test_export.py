@@ -844,13 +844,17 @@ TT_KEYS = {
                     "context_parallel_rotate_method"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
 }
-# low precision: [model] converters and the converter's section (torchtitan job_config Float8, MX)
-TT_PRECISION_KEYS = {
-    "model": {"converters"},
-    "float8": {"recipe_name", "filter_fqns", "enable_fsdp_float8_all_gather",
-               "precompute_float8_dynamic_scale_for_fsdp"},
-    "mx": {"recipe_name", "filter_fqns"},
-}
+# low precision: [model] converters and the converter's [quantize.linear.*] section, as
+# torchtitan's config at its last release that reads TOML has them (torchtitan 9810191bb's
+# parent: config/job_config.py Model.converters, Quantize.linear = QuantizedLinear(float8, mx),
+# the fields of Float8Linear and MXLinear; the converters' registered names in
+# components/quantization/float8.py and mx.py)
+TT_PRECISION_KEYS = {"model": {"converters"}, "quantize": {"linear"}}
+TT_CONVERTERS = {"quantize.linear.float8": "fp8", "quantize.linear.mx": "mxfp8"}
+TT_FLOAT8_LINEAR = {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+                    "recipe_name", "filter_fqns", "emulate"}
+TT_MX_LINEAR = {"mxfp8_dim1_cast_kernel_choice", "recipe_name", "filter_fqns"}
+TT_MX_RECIPES = {"mxfp8_cublas": "mxfp8"}     # torchao's recipe name -> the plan's recipe
 TT_SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
 TT_SINGLE_STAGE = {"1F1B", "GPipe"}     # one model part per rank
 
@@ -890,18 +894,22 @@ def titan_precision(cfg, zero):
     bf16 and FP8 all-gather is on exactly where FSDP2 gathers tensorwise weights."""
     conv = cfg.get("model", {}).get("converters", [])
     if not conv:
-        assert "float8" not in cfg and "mx" not in cfg
+        assert "quantize" not in cfg
         return "bf16", None
-    assert len(conv) == 1
-    if conv == ["float8"]:
-        f8 = cfg["float8"]
+    assert len(conv) == 1 and conv[0] in TT_CONVERTERS, conv
+    linear = cfg["quantize"]["linear"]
+    assert set(linear) == {conv[0].rsplit(".", 1)[1]}
+    if TT_CONVERTERS[conv[0]] == "fp8":
+        f8 = linear["float8"]
+        assert set(f8) <= TT_FLOAT8_LINEAR
         assert f8["filter_fqns"] == ["output"]
         gather = f8.get("enable_fsdp_float8_all_gather", False)
         assert gather == (f8["recipe_name"] == "tensorwise" and zero >= 2)
         assert f8.get("precompute_float8_dynamic_scale_for_fsdp", False) == gather
         return "fp8", f8["recipe_name"]
-    assert conv == ["mx"] and cfg["mx"]["filter_fqns"] == ["output"]
-    return "mxfp8", cfg["mx"]["recipe_name"]
+    mx = linear["mx"]
+    assert set(mx) <= TT_MX_LINEAR and mx["filter_fqns"] == ["output"]
+    return "mxfp8", TT_MX_RECIPES[mx["recipe_name"]]
 
 
 def check_torchtitan(plan, text):

@@ -144,9 +144,11 @@ def test_exports_carry_the_knob(megatron_pair):
     tt = best("torchtitan", "fp8", model="llama8b", cluster="h100x8")
     cfg = tomllib.loads(export(to_plan(get_model("llama8b"), get_cluster("h100x8"), tt.best, tt),
                                "torchtitan"))
-    assert cfg["model"]["converters"] == ["float8"]
-    assert cfg["float8"]["recipe_name"] == "tensorwise"
-    assert cfg["float8"]["filter_fqns"] == ["output"]
+    # torchtitan's registered converter and its [quantize.linear.float8] section
+    # (torchtitan/components/quantization/float8.py, config/job_config.py Float8Linear)
+    assert cfg["model"]["converters"] == ["quantize.linear.float8"]
+    assert cfg["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
+    assert cfg["quantize"]["linear"]["float8"]["filter_fqns"] == ["output"]
 
 
 def test_cli_json_has_precision(capsys):

@@ -25,9 +25,10 @@ How fast: eager PyTorch kernels (no torch.compile in the planner's figures): cuB
 SDPA flash attention, one kernel per element-wise op: the eager figures of
 planner.engines.eager, fitted on FSDP rows only; every torchtitan row is held out.
 
-Precision: float8 through torchao (`[model] converters = ["float8"]`, `[quantize.linear.float8]`
-/ `[float8]` recipe_name tensorwise (default, FP8 all-gather under FSDP2 with
-enable_fsdp_float8_all_gather) or rowwise), MXFP8 on Blackwell (converter "mx", recipe mxfp8):
+Precision: float8 through torchao (`[model] converters = ["quantize.linear.float8"]`,
+`[quantize.linear.float8]` recipe_name tensorwise (default, FP8 all-gather under FSDP2 with
+enable_fsdp_float8_all_gather) or rowwise; `[float8]` in releases before the quantize
+sections), MXFP8 on Blackwell (converter "quantize.linear.mx", recipe mxfp8_cublas):
 torchtitan docs/float8.md and docs/mxfp8.md. The `output` projection stays bf16.
 
 Memory: FSDP2 mixed precision (param bf16, reduce fp32): the sharded fp32 parameter is the

@@ -24,12 +24,13 @@ torchtitan builds configs in Python; the same `section.key` names still work the
 * recompute: mode "full" recomputes every layer; "op" is mode "selective" with torchtitan's
   per-op policy (selective_ac_option "op"), on every layer.
 
-* precision: fp8 is `[model] converters = ["float8"]` with a `[float8]` section (recipe_name
-  "tensorwise" or "rowwise"; enable_fsdp_float8_all_gather and
-  precompute_float8_dynamic_scale_for_fsdp for tensorwise under FSDP2, as priced; filter_fqns
-  ["output"] keeps the LM head bf16); mxfp8 is converters ["mx"] with `[mx]` recipe_name
-  "mxfp8" (torchtitan docs/float8.md, docs/mxfp8.md; torchtitan/config/job_config.py Float8,
-  MX).
+* precision: fp8 is `[model] converters = ["quantize.linear.float8"]` with a
+  `[quantize.linear.float8]` section (recipe_name "tensorwise" or "rowwise";
+  enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp for tensorwise
+  under FSDP2, as priced; filter_fqns ["output"] keeps the LM head bf16); mxfp8 is converters
+  ["quantize.linear.mx"] with `[quantize.linear.mx]` recipe_name "mxfp8_cublas"
+  (torchtitan/config/job_config.py Quantize, Float8Linear, MXLinear, at the last release that
+  reads TOML, 9810191bb's parent, whose keys every section here uses).
 
 * experts: expert_parallel_degree = ep and expert_tensor_parallel_degree = etp (1 or tp); the
   experts themselves (count, top-k, widths) are the model flavor's, set in [model].
@@ -80,17 +81,21 @@ def module_fqns(counts: list) -> list:
 
 
 def _precision_sections(plan: Plan) -> list:
-    """[model] converters and the converter's section for a low-precision plan."""
+    """[model] converters and the converter's [quantize.linear.*] section for a low-precision
+    plan (torchtitan/config/job_config.py Quantize; the converters' registered names,
+    torchtitan/components/quantization/float8.py and mx.py)."""
     if plan.precision == "fp8":
         fp8 = {"recipe_name": plan.recipe, "filter_fqns": ["output"]}
         if plan.recipe == "tensorwise":
             gather = plan.parallelism.zero_stage >= 2
             fp8["enable_fsdp_float8_all_gather"] = gather
             fp8["precompute_float8_dynamic_scale_for_fsdp"] = gather
-        return [("model", {"converters": ["float8"]}), ("float8", fp8)]
+        return [("model", {"converters": ["quantize.linear.float8"]}),
+                ("quantize.linear.float8", fp8)]
     if plan.precision == "mxfp8":
-        return [("model", {"converters": ["mx"]}),
-                ("mx", {"recipe_name": "mxfp8", "filter_fqns": ["output"]})]
+        # torchao's MXFP8 on cuBLAS's block-scaled GEMM (the recipe torchtitan defaults to)
+        return [("model", {"converters": ["quantize.linear.mx"]}),
+                ("quantize.linear.mx", {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]})]
     return []
 
 
