@@ -1052,11 +1052,11 @@ def refit(fig, rows, values) -> tuple:
     """`fig`'s fitting procedure on `rows`, the other figures at `values`: the grid value of
     least median |error| (ties: the first); the least-squares fit of the mean squared
     log(predicted / published), from the figure's prior (`solve_log_least_squares`); or, for
-    the MoE host stall ("least squares (simplex)": its exposure is a max(), not smooth; on its fit rows the
-    trust-region solve from the prior stops at the per-expert figure's bound of 0, at a 6%
-    higher loss than the committed figures), Nelder-Mead within the bounds, also from the
-    prior, seconds in milliseconds so that the simplex is of a size with the scales. No refit
-    starts from a value fitted with the rows it leaves out."""
+    the MoE host stall ("least squares (simplex)": its exposure is a max(), not smooth; on
+    its fit rows the trust-region solve from the prior stops at the per-expert figure's bound
+    of 0, at a 6% higher loss than the committed figures), Nelder-Mead within the bounds,
+    also from the prior, seconds in milliseconds so that the simplex is of a size with the
+    scales. No refit starts from a value fitted with the rows it leaves out."""
     if fig.procedure == "grid":
         def med(v):
             with figures_applied({**values, fig.name: (v,)}):
