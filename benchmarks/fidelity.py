@@ -753,6 +753,12 @@ def squared_log_error(rows, engine) -> float:
                                      / r["step_time_s"]) ** 2 for r in rows)
 
 
+def ms_units(names) -> list:
+    """The solvers' unit per value: milliseconds for a figure in seconds (a name ending in
+    `_s` / `_S`), else 1, so that one step is of a size with the others."""
+    return [1e-3 if name.lower().endswith("_s") else 1.0 for name in names]
+
+
 def solve_log_least_squares(residuals, prior, bounds, unit) -> tuple:
     """The bounded least-squares solve of the smooth fits: minimises the sum of squared
     `residuals(values)` (log(predicted / published) per row) by scipy's trust-region
@@ -790,9 +796,8 @@ def fit_engine(name: str, runs=None) -> dict:
                 for r in fit_rows]
 
     fig = next(f for f in FIGURES if f.name == "eager-PyTorch kernel figures")
-    e = engine_at(solve_log_least_squares(residuals, fig.prior[0], FIT_BOUNDS,
-                                          [1e-3 if k.endswith("_s") else 1.0
-                                           for k in FIT_PARAMS]))
+    e = engine_at(solve_log_least_squares(residuals, fig.prior[0], fig.bounds,
+                                          ms_units(FIT_PARAMS)))
     rows = [predict(r, engine=e) for r in runs]
     return {"figures": {k: getattr(e, k) for k in FIT_PARAMS}, "fit_rows": len(fit_rows),
             "summary": summary(rows)}
@@ -1062,8 +1067,7 @@ def refit(fig, rows, values) -> tuple:
             with figures_applied({**values, fig.name: (v,)}):
                 return statistics.median(abs(predict(r)["error_pct"]) for r in rows)
         return (min(fig.grid, key=med),)
-    unit = [1e-3 if name.endswith("_S") or name.endswith("_s") else 1.0
-            for name in fig.constants]
+    unit = ms_units(fig.constants)
     if fig.procedure == "least squares":
         def residuals(x):
             with figures_applied({**values, fig.name: x}):
