@@ -472,11 +472,11 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     if c.tp_comm_overlap and t > 1 and c.sp:
         # the overlap (Megatron-Core's userbuffers; torch's async TP pipelines alike but is no
         # engine option yet) splits each all-gather / reduce-scatter into t chunks pipelined
-        # with the GEMM that consumes / produces it (QKV, out-proj, FC1, FC2): t - 1 transfers run beside t GEMM chunks, so
-        # one chunk's GEMM (the local shard's first, or the last before its reduce-scatter) has
-        # nothing to hide; what sticks out of the other (t - 1) / t of the pass's GEMMs, plus
-        # the slowdown of the GEMMs it runs beside (the GPU's overlap_slowdown, as for every
-        # overlapped collective: StageCoeffs.exposed_comm)
+        # with the GEMM that consumes / produces it (QKV, out-proj, FC1, FC2): t - 1 transfers
+        # run beside t GEMM chunks, so one chunk's GEMM (the local shard's first, or the last
+        # before its reduce-scatter) has nothing to hide; what sticks out of the other
+        # (t - 1) / t of the pass's GEMMs, plus the slowdown of the GEMMs it runs beside (the
+        # GPU's overlap_slowdown, as for every overlapped collective: StageCoeffs.exposed_comm)
         slow = facts.gpu.overlap_slowdown
         tp_pass = tuple(max(0.0, tp_fwd - g * (t - 1) / t) + slow * tp_fwd
                         for g in (lt.gemm_fwd, GEMM_BWD_FACTOR * lt.gemm_fwd))
