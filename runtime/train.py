@@ -656,6 +656,31 @@ def _restart_safe_store(timeout):
     return dist.PrefixStore(f"runtime/attempt_{attempt}/", store)
 
 
+# how long the other ranks wait for rank 0 to say why the plan is refused (a guard: rank 0
+# refuses within the same start-up as they do, well under a second apart on 2 loaded cores)
+REFUSAL_WAIT_S = 60
+
+
+def _refuse(message: str) -> int:
+    """Every rank refuses alike (the same plan, the same world) and rank 0 says the one line.
+    torchrun ends the other workers as soon as one exits, so under torchrun the others first
+    wait, on the launcher's store, until rank 0 has said it: without the wait the line was lost
+    whenever another rank was quicker than rank 0 (a 2-rank refusal in CI, 2026-12-04)."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)
+    try:
+        store = _restart_safe_store(datetime.timedelta(seconds=REFUSAL_WAIT_S))
+        if store is not None:
+            if rank == 0:
+                store.set("refused", "said")
+            else:
+                store.wait(["refused"])
+    except Exception:            # no launcher store, or it went: nothing more to wait for
+        pass
+    return 2
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -868,12 +893,9 @@ def _append(path: Path, record: dict) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    quiet = int(os.environ.get("RANK", "0")) != 0
     try:
         args, plan, source = prepare(argv)
     except Refused as e:
-        if not quiet:
-            print(str(e), file=sys.stderr, flush=True)
-        return 2
+        return _refuse(str(e))
     warn_long_steps(args, plan)
     return run(args, plan, source)
