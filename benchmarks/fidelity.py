@@ -30,8 +30,10 @@ import numpy as np
 from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
                                today)
 from planner.catalog import get_cluster, get_gpu, get_model
+from planner.cost.compute import FUSED_KERNELS, FUSED_OP_BYTES
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
+from planner.engines.eager import RMSNORM_COMPOSITE_BYTES
 from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS
 from planner.errors import BadInput
 from planner.explain import recompute_label
@@ -397,7 +399,23 @@ def engine_of(run, engine=None):
             e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
-    return e
+    return dataclasses.replace(e, elementwise_kernels=elementwise_kernels_of(run, e))
+
+
+def elementwise_kernels_of(run, engine):
+    """The element-wise kernels the row's code ran (planner.cost.compute.ElementwiseKernels):
+    fused where its model ran under torch.compile (`compiled`, `compile_source`: Inductor fuses
+    the norms, RoPE and the activation), else the engine's eager ones with the RMSNorm its
+    code ran (`fixed.rmsnorm_kernel`, `norm_source`: "composite", torchtitan's norms.py RMSNorm
+    before nn.RMSNorm's fused kernel, or "fused", its Triton FusedRMSNorm)."""
+    if run.get("compiled"):
+        return FUSED_KERNELS
+    kernels = engine.elementwise_kernels
+    norm = recipe_fact(run, "rmsnorm_kernel")
+    if norm is not None:
+        kernels = dataclasses.replace(kernels, rmsnorm={
+            "composite": RMSNORM_COMPOSITE_BYTES, "fused": FUSED_OP_BYTES}[norm])
+    return kernels
 
 
 def model_of(run):

@@ -72,13 +72,13 @@ def _stats(rows, col):
 
 # Dense scopes held out beyond the issue-22 target (open findings, reported in the table), with
 # their regression bounds (median, p90):
-# - fsdp: leaving out llm-foundry's H100 table leaves the eager kernel figures no eager run on a
-#   full-power H100 to be refitted on (torchtitan's eager rows are A100s and power-capped
-#   Grand Teton H100s; its compiled rows ran kernels the figures do not describe), and the
-#   family is predicted 20-23% off whichever way the refit goes;
+# - fsdp: leaving out llm-foundry's H100 table, the eager figures are refitted on torchtitan's
+#   eager rows, which ran SDPA's flash attention; the table's long-sequence rows ran MPT's
+#   Triton kernel (planner.engines.eager) and are predicted 30-43% fast: median 5%, p90 36%
+#   (22.8% / 47.8% before the element-wise kernels were counted per op);
 # - torchtitan: its p90 (its rowwise rows with no rowwise row left to fit, the 8B CP 64K row,
 #   the 8B async-TP rows whose overlap is priced above what they gained).
-OPEN_DENSE_SCOPES = {"fsdp": (25.0, 50.0), "torchtitan": (10.0, 30.0)}
+OPEN_DENSE_SCOPES = {"fsdp": (10.0, 40.0), "torchtitan": (10.0, 30.0)}
 
 
 def _dense_scopes(loso_rows):

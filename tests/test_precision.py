@@ -49,8 +49,15 @@ def test_megatron_speedup_at_the_published_layout():
 
 
 def test_torchtitan_fp8_speedup():
-    # torchtitan (torchao tensorwise, eager figures): reported, held to the same range
-    t = {p: best("torchtitan", p).best.estimate.step_time_s for p in ("bf16", "fp8")}
+    # torchtitan (torchao tensorwise, eager figures): held to the same range with its
+    # element-wise kernels fused, as torchtitan's published float8 pairs ran them (compiled:
+    # benchmarks/data/published_runs_2.json `compile_source`; eager, the fixed element-wise
+    # time the GEMMs' speed-up leaves is larger)
+    import dataclasses
+
+    from planner.cost.compute import FUSED_KERNELS
+    compiled = dataclasses.replace(get_engine("torchtitan"), elementwise_kernels=FUSED_KERNELS)
+    t = {p: best(compiled, p).best.estimate.step_time_s for p in ("bf16", "fp8")}
     assert PUBLISHED_SPEEDUP[0] <= t["bf16"] / t["fp8"] <= PUBLISHED_SPEEDUP[1]
 
 

@@ -35,6 +35,11 @@ the GEMMs): with that term reverted all 11 instances equal the previous record; 
 gpt-oss_h100x32_pp1 moves (its tp 4 plans, whose TP collectives now stick out by a GEMM chunk,
 fall below tp 2 ones: rank 0 is tp 2 dp 16 at 28.33 s against tp 4 dp 8 at 28.15 s before).
 Only that instance's entry was replaced, by the search's output without the later knobs.
+Step times rewritten for the element-wise kernels of issue 22 (planner.cost.compute
+ElementwiseKernels: the runtime engine's RMSNorm, RoPE and SwiGLU priced as the eager kernels
+runtime/model.py runs): only the two tiny-moe instances (runtime engine, a Llama-style layer)
+move, each rank's knobs, layers, recompute and verdict unchanged and its step time 3.3% longer;
+only their `step_time_s` values were replaced.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

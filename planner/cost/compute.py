@@ -180,23 +180,58 @@ def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int) -> float:
     return 2 * BF16 * tokens * width / (gpu.hbm_gbps * 1e9)
 
 
+# HBM bytes per element of a fused element-wise kernel's forward: it reads its bf16 input once
+# and writes its bf16 output once (a norm, RoPE, a GELU); the gated activation reads the gate
+# and up outputs and writes one, 6 bytes per element of the MLP width.
+FUSED_OP_BYTES = 2 * BF16
+FUSED_GATED_ACT_BYTES = 3 * BF16
+
+
+@dataclass(frozen=True)
+class ElementwiseKernels:
+    """How an engine's model code runs the element-wise ops whose kernels differ between
+    engines: HBM bytes per element of each op's forward. The default is fused (Transformer
+    Engine and Megatron's fusions, or torch.compile's Inductor): one kernel per op. Eager
+    PyTorch runs an op written as several tensor expressions as one kernel per expression,
+    each reading and writing the whole tensor (planner.engines.eager: which code runs which).
+    LayerNorm, GELU and the residual adds are one kernel either way (aten's native layer_norm
+    and gelu)."""
+    rmsnorm: float = FUSED_OP_BYTES         # per element of the hidden state
+    rope: float = FUSED_OP_BYTES            # per element of the rotated queries and keys
+    gated_act: float = FUSED_GATED_ACT_BYTES  # per element of the MLP width
+
+
+FUSED_KERNELS = ElementwiseKernels()
+
+
+def mlp_activation_bytes(model: Model, tokens: float, tp: int,
+                         kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
+    """HBM bytes of one dense MLP's activation in forward on one tensor-parallel shard: the
+    gated activation (SwiGLU: silu of the gate times the up output) or the plain one."""
+    per_elem = kernels.gated_act if model.gated_mlp else FUSED_OP_BYTES
+    return tokens * per_elem * model.ffn_hidden / tp
+
+
 def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
-                      traffic: float = 1.0) -> float:
+                      traffic: float = 1.0,
+                      kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
     """HBM bytes moved by one layer's element-wise kernels in forward.
 
     Norms and residual adds see the full hidden state (sharded only under sequence parallel);
-    rotary embedding and the MLP activation see the tensor-parallel shard. `traffic` scales
-    this fused-kernel figure for engines that run element-wise ops eagerly, one kernel per op
-    each reading and writing the whole tensor (the engine's `elementwise_traffic`).
+    rotary embedding and the MLP activation see the tensor-parallel shard. `kernels`: how the
+    engine's code runs the norms, RoPE and the gated activation (ElementwiseKernels);
+    `traffic` scales the whole for what else eager code moves (the engine's fitted
+    `elementwise_traffic`).
     """
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
+    h, kv = model.hidden, model.kv_dim
     rep = 1.0 / tp if sp else 1.0
-    norms = 2 * (h + h)                                  # read + write, two norms
-    residual = 2 * (3 * h)                               # two adds: read 2, write 1
-    dropout = 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
-    rope = 2 * (model.q_dim + kv) if model.position == "rope" else 0
-    act = (3 * f) if model.gated_mlp else (2 * f)        # gated: read 2, write 1
-    return traffic * BF16 * tokens * ((norms + residual + dropout) * rep + (rope + act) / tp)
+    norm = kernels.rmsnorm if model.norm == "rmsnorm" else FUSED_OP_BYTES
+    norms = 2 * norm * h                                 # two norms
+    residual = BF16 * 2 * (3 * h)                        # two adds: read 2, write 1
+    dropout = BF16 * 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
+    rope = kernels.rope * (model.q_dim + kv) if model.position == "rope" else 0
+    return traffic * (tokens * ((norms + residual + dropout) * rep + rope / tp)
+                      + mlp_activation_bytes(model, tokens, tp, kernels))
 
 
 # Unfused attention (Megatron-LM before FlashAttention, 2022): per score element the fused
@@ -220,7 +255,8 @@ def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool 
 
 def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
                flash: bool = True, elementwise_traffic: float = 1.0,
-               overhead: float = 0.0, lp=None, cp: int = 1) -> LayerTime:
+               overhead: float = 0.0, lp=None, cp: int = 1,
+               kernels: ElementwiseKernels = FUSED_KERNELS) -> LayerTime:
     """`lp` (planner.precision.LowPrecision): the block linears run in low precision with
     their scaling casts; attention, norms and the other element-wise work stay bf16.
 
@@ -238,7 +274,8 @@ def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
     gated = model.gated_mlp
     gemm = q + k + v + out + (2 if gated else 1) * up + down
     attn = attention_time(model, gpu, b, s, tp, flash) / cp
-    elem = elementwise_bytes(model, tokens, tp, sp, elementwise_traffic) / (gpu.hbm_gbps * 1e9)
+    elem = elementwise_bytes(model, tokens, tp, sp, elementwise_traffic, kernels) \
+        / (gpu.hbm_gbps * 1e9)
     cast_fwd, cast_bwd = cast_times(model, gpu, tokens, tp, lp)
     return LayerTime(gemm, attn, elem, op_recomputed_gemms(k, out, up, down, gated), overhead,
                      cast_fwd=cast_fwd, cast_bwd=cast_bwd)

@@ -87,7 +87,7 @@ class CatalogFacts:
         """`lp`: the plan's low precision (planner.precision.LowPrecision), None for bf16;
         `cp`: the context-parallel degree (each rank's s/cp tokens)."""
         lt = layer_time(model, self.gpu, b, s, tp, sp, flash, self.engine.elementwise_traffic,
-                        self.engine.layer_overhead_s, lp, cp)
+                        self.engine.layer_overhead_s, lp, cp, self.engine.elementwise_kernels)
         if self.engine.op_recomputes_attention:
             lt = dataclasses.replace(lt, op_recomputes_attention=True)
         return lt

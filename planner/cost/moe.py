@@ -72,7 +72,8 @@ import math
 from dataclasses import dataclass
 
 from planner.cost import comm
-from planner.cost.compute import BF16, ELEMENTWISE_BWD_FACTOR, GEMM_BWD_FACTOR, gemm_time
+from planner.cost.compute import (BF16, ELEMENTWISE_BWD_FACTOR, FUSED_KERNELS,
+                                  GEMM_BWD_FACTOR, gemm_time, mlp_activation_bytes)
 from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded, zero3_layer_bytes
 from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
@@ -332,15 +333,15 @@ def flops_per_token_layer(model: Model) -> float:
 
 
 def dense_mlp_fwd(model: Model, gpu, b: int, s: int, tp: int, lp=None,
-                  elementwise_traffic: float = 1.0) -> tuple:
+                  elementwise_traffic: float = 1.0, kernels=FUSED_KERNELS) -> tuple:
     """(GEMM, element-wise) forward seconds of a dense layer's MLP: the terms of
     planner.cost.compute.layer_time and elementwise_bytes an MoE layer replaces."""
     tokens, h, f = b * s, model.hidden, model.ffn_hidden
     up = gemm_time(gpu, tokens, f / tp, h, lp=lp)
     down = gemm_time(gpu, tokens, h, f / tp, lp=lp)
     gemm = (2 if model.gated_mlp else 1) * up + down
-    act = (3 * f) if model.gated_mlp else (2 * f)
-    elem = elementwise_traffic * BF16 * tokens * act / tp / (gpu.hbm_gbps * 1e9)
+    elem = (elementwise_traffic * mlp_activation_bytes(model, tokens, tp, kernels)
+            / (gpu.hbm_gbps * 1e9))
     return gemm, elem
 
 
@@ -377,7 +378,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                    elementwise_traffic=engine.elementwise_traffic, lp=lp,
                    act_bytes=facts.compute_elem_bytes,
                    saves_expert_outputs=engine.moe_saves_expert_outputs)
-    dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic)
+    dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic,
+                                     engine.elementwise_kernels)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
     # tensor parallelism (`tp_pass`: the dense layer's forward and backward share): the
     # attention's all-gather / reduce-scatter pair stays; the MLP's pair goes unless a shared

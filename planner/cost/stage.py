@@ -407,7 +407,8 @@ def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: i
                            rope_time(model, gpu, tokens, t))
     if "mlp" not in mods:
         return mode, attn, Rerun()
-    gemm, elem = dense_mlp_fwd(model, gpu, b, s, t, lp, facts.engine.elementwise_traffic)
+    gemm, elem = dense_mlp_fwd(model, gpu, b, s, t, lp, facts.engine.elementwise_traffic,
+                               facts.engine.elementwise_kernels)
     kept = 3 if model.gated_mlp else 2    # gate, up, act out (plain: act in, act out)
     mlp_saved = tokens * (lin_b * model.hidden / (t if c.sp else 1)
                           + (eb * (kept - 1) + lin_b) * model.ffn_hidden / t)

@@ -22,7 +22,7 @@ Memory: FSDP mixed precision with fp32 sharded master parameters, as torchtitan.
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
                                   FLASH_ATTN_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
-                                    EAGER_LAYER_OVERHEAD_S)
+                                    EAGER_LAYER_OVERHEAD_S, HF_EAGER_KERNELS)
 from planner.engines.trust import validation_of
 
 
@@ -36,6 +36,7 @@ FSDP = Engine(
     zero2_gathers_every_microbatch=True,
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
+    elementwise_kernels=HF_EAGER_KERNELS,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     loss_memory=FLASH_ATTN_LOSS, context_gib=CONTEXT_GIB,
     allocator_reserve=ALLOCATOR_RESERVE,

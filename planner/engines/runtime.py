@@ -49,7 +49,7 @@ from planner.engines.spec import (ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS, PER_STAGE,
                                   RUNTIME_VOCAB_PARALLEL_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
-                                    EAGER_LAYER_OVERHEAD_S)
+                                    EAGER_LAYER_OVERHEAD_S, RUNTIME_KERNELS)
 from planner.engines.trust import validation_of
 
 RUNTIME = Engine(
@@ -93,6 +93,7 @@ RUNTIME = Engine(
                                  "(local heads and FFN columns are the model's over tp)")),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
+    elementwise_kernels=RUNTIME_KERNELS,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     autocast_copy_bytes=2.0,   # runtime/train.py: ZeRO 0/1 on CUDA, autocast's cache
     fp32_compute_on=("cpu",),   # runtime/train.py: autocast and bf16 FSDP only on CUDA

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 # what selective recompute recomputes where nothing else is asked for (planner.vocab)
+from planner.cost.compute import FUSED_KERNELS, ElementwiseKernels
 from planner.vocab import DEFAULT_RECOMPUTE_MODULES
 
 # How many layers a pipeline rank may recompute (`Engine.recompute_count`):
@@ -289,7 +290,10 @@ class Engine:
     # ---- how fast ----------------------------------------------------------------------
     gemm_scale: float = 1.0         # x the GPU's large-GEMM efficiency (planner.catalog.gpus)
     attn_scale: float = 1.0         # x the GPU's attention-kernel efficiency
-    elementwise_traffic: float = 1.0  # x the fused element-wise HBM traffic (eager: > 1)
+    elementwise_traffic: float = 1.0  # x the element-wise HBM traffic (eager: fitted)
+    # how its model code runs norms, RoPE and the gated activation (fused, or one eager
+    # kernel per tensor expression: planner.engines.eager)
+    elementwise_kernels: ElementwiseKernels = FUSED_KERNELS
     layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
     # per MoE layer and forward run (a full recompute runs it again): the sync of dropless
     # routing, whose dispatcher waits for the device-to-host copy of the token counts before

@@ -43,7 +43,7 @@ planner.engines.spec LossMemory); the pipeline's last stage keeps its logits to 
 from planner.engines.spec import (ALLOCATOR_RESERVE, ALL_OR_NONE, ANY_SPLIT, CONTEXT_GIB,
                                   EAGER_LOSS, LOSS_PARALLEL_LOSS, Engine)
 from planner.engines.eager import (EAGER_ATTN_SCALE, EAGER_ELEMENTWISE_TRAFFIC, EAGER_GEMM_SCALE,
-                                    EAGER_LAYER_OVERHEAD_S)
+                                    EAGER_LAYER_OVERHEAD_S, TORCHTITAN_EAGER_KERNELS)
 from planner.engines.trust import validation_of
 
 
@@ -96,6 +96,7 @@ TORCHTITAN = Engine(
     cp_comm_types=("all_gather", "p2p"),
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
+    elementwise_kernels=TORCHTITAN_EAGER_KERNELS,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     # [parallelism] data_parallel_shard_degree x data_parallel_replicate_degree: FSDP2 over
     # the 2-D (dp_replicate, dp_shard) mesh (torchtitan/distributed/parallel_dims.py;
