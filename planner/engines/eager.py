@@ -17,13 +17,13 @@ EAGER_LAYER_OVERHEAD_S is host time (hooks, launches), the same seconds on every
 
 Which element-wise kernels: counted per op, not fitted (ElementwiseKernels below). MPT, the
 fit's model, runs LayerNorm and GELU, one kernel each in eager PyTorch as in fused code; a
-Llama in eager PyTorch runs RMSNorm (before torch 2.8), RoPE and SwiGLU as several kernels
-each. Counted so, torchtitan's eager 8B rows of 2024-12 (Table 1 and 3, 8 and 128 H100s) went
-from -14.9% / -16.4% to -2.6% / -4.4%, beside their torch.compile twins at -1.5% / -2.9% that
-the count prices fused; and without llm-foundry's rows the refit on torchtitan's lands near
-the committed figures (attention 0.93 and element-wise 1.85, where the uniform traffic figure
-took 1.5 and 6.3), so llm-foundry's H100 rows held out went from 22.8% / 47.8% median / p90
-|error| to 5.1% / 36.2% (benchmarks/results/fidelity_loso_2026-12-04.md).
+Llama in eager PyTorch runs RMSNorm (before torch's fused kernel), RoPE and SwiGLU as several
+kernels each. Counted so, torchtitan's eager 8B rows of 2024-12 (Table 1 and 3, 8 and 128
+H100s) went from -14.9% / -16.4% to -2.6% / -4.4%, beside their torch.compile twins at -1.5% /
+-2.9% that the count prices fused; and without llm-foundry's rows the refit on torchtitan's
+lands at attention 0.93 and element-wise 1.85 (with the traffic counted as fused it took 1.5
+and 6.3), so llm-foundry's H100 rows held out went from 22.8% / 47.8% median / p90 |error| to
+5.1% / 36.2% (benchmarks/results/fidelity_loso_2026-12-04.md).
 
 Which attention kernel the figure describes: every kernel these engines run. llm-foundry's 8-64
 GPU H100 table (llm-foundry #543, 2023-10) and its A100 tables ran MPT's Triton flash attention
@@ -60,9 +60,10 @@ CUBLAS_GEMM_FRACTION = {"a100": 0.80, "a100-40g": 0.80}
 # ElementwiseKernels: HBM bytes per element of one op's forward; fused: 4, gated activation 6)
 # RMSNorm written as tensor expressions, x.float() -> pow(2) -> mean -> x * rsqrt(.) ->
 # type_as(x) -> * weight: 6 + 8 + 4 + 8 + 6 + 4 bytes (torchtitan's norms.py RMSNorm until it
-# took nn.RMSNorm, HF transformers' LlamaRMSNorm, runtime/model.py _RMSNormFn; torch's own
-# nn.RMSNorm ran the same ops until the fused CUDA kernel of PyTorch #153666, torch 2.8, whose
-# author measured it ~9x faster than the unfused ops, as 36 / 4 bytes says).
+# took nn.RMSNorm, HF transformers' LlamaRMSNorm, runtime/model.py _RMSNormFn). torch's own
+# nn.RMSNorm ran the same ops until its fused CUDA kernel, aten::_fused_rms_norm (PyTorch
+# #153666, 2025-05; the torch 2.13 here has it), which its author measured ~9x faster than
+# the unfused ops, as 36 / 4 bytes says.
 RMSNORM_COMPOSITE_BYTES = 36.0
 # RoPE on complex pairs (torchtitan's apply_rotary_emb: view_as_complex(x.float()) *
 # freqs_cis, view_as_real, type_as): 6 + 8 + 6 bytes; HF's rotate_half in bf16 (x * cos,
@@ -80,8 +81,8 @@ SWIGLU_EAGER_BYTES = 10.0
 HF_EAGER_KERNELS = ElementwiseKernels(rmsnorm=RMSNORM_COMPOSITE_BYTES, rope=ROPE_EAGER_BYTES,
                                       gated_act=SWIGLU_EAGER_BYTES)
 # torchtitan without torch.compile today: nn.RMSNorm (torchtitan/models/common/nn_modules.py)
-# runs torch's fused kernel (torch >= 2.8); RoPE and SwiGLU eager (models/common/rope.py,
-# feed_forward.py)
+# runs torch's fused kernel (aten::_fused_rms_norm); RoPE and SwiGLU eager
+# (models/common/rope.py, feed_forward.py)
 TORCHTITAN_EAGER_KERNELS = ElementwiseKernels(rope=ROPE_EAGER_BYTES,
                                               gated_act=SWIGLU_EAGER_BYTES)
 # our runtime (runtime/model.py)
