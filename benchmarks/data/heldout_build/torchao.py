@@ -101,6 +101,12 @@ def rows():
             # 2025-02-21..03-12 (torchao's script then names train_configs/llama3_8b.toml, a path from
             # torchtitan 82afc842e, 2025-02-21; the table's torchao commit 8c81863ba is of 2025-03-12): eager
             row["fixed"]["loss_compiled"] = gpu != "h100"
+            # the model compiled too: Inductor's fused element-wise kernels (benchmarks.fidelity
+            # elementwise_kernels_of)
+            row["compiled"] = True
+            row["compile_source"] = (
+                "the table's setup line names `torch.compile`: torchao benchmarks/float8/training/"
+                "llama3.sh runs torchtitan with --compile.enable")
             row["loss_source"] = (
                 "torchtitan bbb1b616e (2025-04-02, #1033) compiles the loss when training.compile is set "
                 "(torchtitan/components/loss.py build_cross_entropy_loss); the table's torchtitan "
