@@ -1,0 +1,125 @@
+"""The element-wise byte counts (planner.engines.eager, planner.cost.compute.ElementwiseKernels)
+against what the code dispatches: every aten op an op's forward runs, counted as it reads its
+inputs and writes its outputs (views move nothing), on CPU tensors of the shapes it trains on.
+
+Measured: our runtime's own RMSNorm, RoPE and gated activation (runtime/model.py), and the
+expressions of torchtitan's Llama as its 2024-12 commit wrote them (9dec370:
+torchtitan/models/norms.py RMSNorm, torchtitan/models/llama/model.py apply_rotary_emb and
+FeedForward), which the published eager rows ran.
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from planner.cost.compute import (FUSED_GATED_ACT_BYTES, FUSED_OP_BYTES,  # noqa: E402
+                                  ElementwiseKernels, elementwise_bytes)
+from planner.engines.eager import (RMSNORM_COMPOSITE_BYTES, ROPE_EAGER_BYTES,  # noqa: E402
+                                   ROPE_RUNTIME_BYTES, SWIGLU_EAGER_BYTES)
+from planner.specs import Model  # noqa: E402
+
+B, S, HEADS, HEAD_DIM = 2, 256, 16, 64
+HIDDEN = HEADS * HEAD_DIM
+
+
+class _Traffic(TorchDispatchMode):
+    """Bytes every non-view aten op reads (its tensor inputs) and writes (its outputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs, out))
+                       if isinstance(a, torch.Tensor)]
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return out
+
+
+def _bytes_per_element(fn, *inputs, elements):
+    with torch.no_grad(), _Traffic() as t:
+        fn(*inputs)
+    return t.bytes / elements
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def _torchtitan_rmsnorm(x, weight, eps=1e-6):
+    # torchtitan 9dec370 torchtitan/models/norms.py RMSNorm.forward / _norm
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+    return out * weight
+
+
+def _torchtitan_rope(xq, freqs_cis):
+    # torchtitan 9dec370 torchtitan/models/llama/model.py apply_rotary_emb (one of xq, xk)
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    freqs = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    return torch.view_as_real(xq_ * freqs).flatten(3).type_as(xq)
+
+
+def _swiglu(a, b):
+    # torchtitan 9dec370 FeedForward: F.silu(w1(x)) * w3(x), after the two linears
+    return torch.nn.functional.silu(a) * b
+
+
+def test_rmsnorm_as_tensor_expressions():
+    from runtime.model import _RMSNormFn
+    x, w = _bf16(B, S, HIDDEN), torch.ones(HIDDEN)
+    n = x.numel()
+    titan = _bytes_per_element(_torchtitan_rmsnorm, x, w.to(torch.bfloat16), elements=n)
+    ours = _bytes_per_element(lambda a, b: _RMSNormFn.apply(a, b, 1e-6), x, w, elements=n)
+    for got in (titan, ours):
+        assert got == pytest.approx(RMSNORM_COMPOSITE_BYTES, rel=0.05), got
+    # a fused kernel reads and writes the tensor once
+    fused = _bytes_per_element(torch.nn.functional.layer_norm, x, (HIDDEN,), elements=n)
+    assert fused == pytest.approx(FUSED_OP_BYTES, rel=0.05)
+
+
+def test_rope_eager():
+    from runtime.model import apply_rope, rope_cos_sin
+    x = _bf16(B, S, HEADS, HEAD_DIM)
+    n = x.numel()
+    freqs = torch.polar(torch.ones(S, HEAD_DIM // 2), torch.rand(S, HEAD_DIM // 2))
+    titan = _bytes_per_element(_torchtitan_rope, x, freqs, elements=n)
+    assert titan == pytest.approx(ROPE_EAGER_BYTES, rel=0.05), titan
+    cos, sin = rope_cos_sin(S, HEAD_DIM, 10000.0, "cpu")
+    ours = _bytes_per_element(apply_rope, x, cos, sin, elements=n)
+    assert ours == pytest.approx(ROPE_RUNTIME_BYTES, rel=0.05), ours
+
+
+def test_gated_activation_eager():
+    from runtime.model import _GatedActFn
+    a, b = _bf16(B, S, 4 * HIDDEN), _bf16(B, S, 4 * HIDDEN)
+    n = a.numel()
+    silu = torch.nn.functional.silu
+    for fn in (_swiglu, lambda p, q: _GatedActFn.apply(p, q, silu)):
+        got = _bytes_per_element(fn, a, b, elements=n)
+        assert got == pytest.approx(SWIGLU_EAGER_BYTES, rel=0.05), got
+    assert SWIGLU_EAGER_BYTES > FUSED_GATED_ACT_BYTES
+
+
+def test_layer_bytes_follow_the_kernels():
+    """The layer's element-wise bytes move by exactly each op's difference, and only where the
+    model has the op: LayerNorm/GELU models are priced the same by every engine."""
+    llama = Model(name="l", hidden=HIDDEN, num_layers=1, num_heads=HEADS, num_kv_heads=4,
+                  max_seq_len=S, ffn_hidden=4 * HIDDEN, vocab_size=1000)
+    eager = ElementwiseKernels(rmsnorm=RMSNORM_COMPOSITE_BYTES, rope=ROPE_EAGER_BYTES,
+                               gated_act=SWIGLU_EAGER_BYTES)
+    tokens = B * S
+    d = elementwise_bytes(llama, tokens, 1, False, kernels=eager) - elementwise_bytes(
+        llama, tokens, 1, False)
+    want = tokens * (2 * (RMSNORM_COMPOSITE_BYTES - FUSED_OP_BYTES) * HIDDEN
+                     + (ROPE_EAGER_BYTES - FUSED_OP_BYTES) * (llama.q_dim + llama.kv_dim)
+                     + (SWIGLU_EAGER_BYTES - FUSED_GATED_ACT_BYTES) * llama.ffn_hidden)
+    assert d == pytest.approx(want)
+    gpt = Model(name="g", hidden=HIDDEN, num_layers=1, num_heads=HEADS, num_kv_heads=HEADS,
+                max_seq_len=S, ffn_hidden=4 * HIDDEN, vocab_size=1000, norm="layernorm",
+                position="learned", gated_mlp=False)
+    assert elementwise_bytes(gpt, tokens, 2, True, kernels=eager) == elementwise_bytes(
+        gpt, tokens, 2, True)
