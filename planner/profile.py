@@ -402,17 +402,22 @@ class Measured:
         return _interp(xy, b, fit["slope"])
 
     # -- compute ------------------------------------------------------------------------------
-    def layer_time(self, lt, b, s, tp, sp, flash, tp_comm_fwd=0.0):
+    def layer_time(self, lt, b, s, tp, sp, flash, tp_comm_fwd=0.0, kernels=None):
         """LayerTime with measured forward, backward and recompute seconds.
 
+        `lt` is the modelled layer at the asked shape with the element-wise `kernels` of the
+        profiled code (planner.cost.compute.ElementwiseKernels); the profiled shape is modelled
+        with the same kernels, so that the ratio carries only the shapes.
         With tp > 1 the shard's compute is what the planner adds its modelled collectives to;
         where the profile also timed the layer under the runtime's own tensor parallelism
         (DTensor, collectives included), whatever that costs beyond shard compute + the
         modelled collectives (`tp_comm_fwd` per pass) is added to the compute, as a factor."""
-        from planner.cost.compute import layer_time
+        from planner.cost.compute import FUSED_KERNELS, layer_time
+        kernels = FUSED_KERNELS if kernels is None else kernels
 
         def modelled(spec, bb, ss, t, which, sp_=False):
-            return getattr(layer_time(spec, self.gpu, bb, ss, t, sp_, flash), which)
+            return getattr(layer_time(spec, self.gpu, bb, ss, t, sp_, flash, kernels=kernels),
+                           which)
 
         fwd = self._calibrate(lt.fwd, lambda t, bb: self._layer_value(t, bb, "fwd_s"),
                               lambda spec, bb, ss, t: modelled(spec, bb, ss, t, "fwd"), b, s, tp,

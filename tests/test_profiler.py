@@ -273,3 +273,20 @@ def test_profiler_writes_only_what_the_planner_reads(tmp_path):
     with pytest.raises(BadInput, match="rejected"):
         _write_profile({"format": "nonsense"}, out)
     assert not out.exists() and (tmp_path / "p.json.rejected").exists()
+
+
+@pytest.mark.slow
+def test_calibration_models_both_shapes_with_the_profiled_kernels(prof, monkeypatch):
+    """Calibrating a measured shape against itself gives the measurement back: the asked and
+    the profiled shape are modelled with the same element-wise kernels (the runtime's eager
+    RMSNorm, RoPE and SwiGLU), so the ratio carries no kernel difference."""
+    from planner import profile as profile_mod
+    p = load_profile(prof["path"])
+    model = get_model(prof["model"])
+    cluster, engine, _ = apply_profile(p, get_cluster("cpux2"), model)
+    direct = stage_coefficients(model, cluster, _cand(), engine)[0].compute_layer
+    cls = next(c for c in vars(profile_mod).values()
+               if isinstance(c, type) and "_direct" in vars(c))
+    monkeypatch.setattr(cls, "_direct", lambda self, *a, **k: False)
+    calibrated = stage_coefficients(model, cluster, _cand(), engine)[0].compute_layer
+    assert calibrated == pytest.approx(direct, rel=1e-9)

@@ -162,7 +162,8 @@ class MeasuredFacts(CatalogFacts):
     def layer_time(self, model, b, s, tp, sp, flash, tp_comm_fwd=0.0, lp=None, cp=1):
         # profiles measure our runtime, which has no context parallelism (cp is always 1 here)
         lt = super().layer_time(model, b, s, tp, sp, flash, lp=lp, cp=cp)
-        return self.measured.layer_time(lt, b, s, tp, sp, flash, tp_comm_fwd)
+        return self.measured.layer_time(lt, b, s, tp, sp, flash, tp_comm_fwd,
+                                        self.engine.elementwise_kernels)
 
     def activation_bytes(self, model, b, s, tp, sp, mode, flash, lp=None):
         # the profile measured what runs (its dtype included), relative to the bf16 formula
