@@ -665,9 +665,12 @@ def _refuse(message: str) -> int:
     """Every rank refuses alike (the same plan, the same world) and rank 0 says the one line.
     torchrun ends the other workers as soon as one exits, so under torchrun the others first
     wait, on the launcher's store, until rank 0 has said it: without the wait the line was lost
-    whenever another rank was quicker than rank 0 (a 2-rank refusal in CI, 2026-12-04)."""
+    whenever another rank was quicker than rank 0 (a 2-rank refusal in CI, 2026-12-04). A rank
+    that cannot learn that rank 0 said it (rank 0 did not refuse: a path only this node lacks;
+    no launcher store) says its own line, with its rank."""
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
+    said = rank == 0
+    if said:
         print(message, file=sys.stderr, flush=True)
     try:
         store = _restart_safe_store(datetime.timedelta(seconds=REFUSAL_WAIT_S))
@@ -676,8 +679,12 @@ def _refuse(message: str) -> int:
                 store.set("refused", "said")
             else:
                 store.wait(["refused"])
-    except Exception:            # no launcher store, or it went: nothing more to wait for
+                said = True
+    except Exception:            # no launcher store, it went, or rank 0 never refused
         pass
+    if not said:
+        print(message.replace("runtime: ", f"runtime: rank {rank}: ", 1), file=sys.stderr,
+              flush=True)
     return 2
 
 

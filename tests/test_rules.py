@@ -222,3 +222,31 @@ def test_the_runtime_refuses_a_runtime_plan_edited_to_fp8(tmp_path, capsys):
         preflight(plan, 8, 8, on_gpu=True, visible_gpus=8)
     assert str(e.value) == ("runtime: engine runtime does not run precision fp8 (it runs: "
                             "bf16); plan it with --engine runtime --precision bf16")
+
+
+def test_a_refusal_is_said_once_and_never_lost(monkeypatch, capsys):
+    """Under torchrun (the launcher's store): rank 0 says the line and the others, having
+    waited for it, say nothing; a rank that rank 0 never answers says its own, with its rank."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from runtime import train
+    from runtime.train import _free_port
+    port = _free_port()
+    server = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(train, "REFUSAL_WAIT_S", 2)
+    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+               TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    line = "runtime: the plan was priced for megatron, not runtime"
+    monkeypatch.setenv("RANK", "1")                      # rank 0 has not said it: its own
+    assert train._refuse(line) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "runtime: rank 1: the plan was priced for megatron, not runtime"]
+    monkeypatch.setenv("RANK", "0")                      # rank 0 says it ...
+    assert train._refuse(line) == 2
+    monkeypatch.setenv("RANK", "1")                      # ... and rank 1, told, says nothing
+    assert train._refuse(line) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    del server

@@ -39,7 +39,14 @@ Step times rewritten for the element-wise kernels of issue 22 (planner.cost.comp
 ElementwiseKernels: the runtime engine's RMSNorm, RoPE and SwiGLU priced as the eager kernels
 runtime/model.py runs): only the two tiny-moe instances (runtime engine, a Llama-style layer)
 move, each rank's knobs, layers, recompute and verdict unchanged and its step time 3.3% longer;
-only their `step_time_s` values were replaced.
+only their `step_time_s` values were replaced. Then for two fixes the review of that change
+found (the experts' and shared experts' activation priced with the engine's kernels; MLA's
+RoPE element-wise bytes over its rotated width, qk_rope_head_dim per head and the shared
+key, not the whole q and k width): the tiny-moe step times move 0.15%, deepseek-v3_h100x256
+_fixed's -0.9% (its closest too), deepseek-v3_h100x2048_tp8pp1's -0.2..-0.6% with ranks 0-3
+unchanged in knobs and rank 4 now a selective-recompute (moe_act, layernorm, mla_up_proj)
+ZeRO-2 ep 256 plan at 2.957 s in place of a full-recompute ZeRO-3 ep 128 one at 2.966 s;
+those step times and that entry (without the later knobs) were replaced, nothing else.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

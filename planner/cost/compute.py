@@ -167,19 +167,6 @@ def mla_up_projection_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp=N
     return q, kv
 
 
-def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int) -> float:
-    """Forward seconds of RoPE on this rank's queries and keys (read and write each, bf16):
-    the rope part of the heads (MLA: qk_rope_head_dim of every query head and the one shared
-    key; else the whole head of the q and k heads)."""
-    if model.position != "rope":
-        return 0.0
-    if model.is_mla:
-        width = (model.num_heads / tp + 1) * model.qk_rope_head_dim
-    else:
-        width = (model.q_dim + model.kv_dim) / tp
-    return 2 * BF16 * tokens * width / (gpu.hbm_gbps * 1e9)
-
-
 # HBM bytes per element of a fused element-wise kernel's forward: it reads its bf16 input once
 # and writes its bf16 output once (a norm, RoPE, a GELU); the gated activation reads the gate
 # and up outputs and writes one, 6 bytes per element of the MLP width.
@@ -204,12 +191,35 @@ class ElementwiseKernels:
 FUSED_KERNELS = ElementwiseKernels()
 
 
+def rope_width(model: Model, tp: int) -> float:
+    """Elements per token RoPE rotates on one tensor-parallel rank: the rope part of the heads
+    (MLA: qk_rope_head_dim of every query head and the one shared key; else the whole head of
+    the q and k heads); 0 without RoPE."""
+    if model.position != "rope":
+        return 0.0
+    if model.is_mla:
+        return (model.num_heads / tp + 1) * model.qk_rope_head_dim
+    return (model.q_dim + model.kv_dim) / tp
+
+
+def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int) -> float:
+    """Forward seconds of RoPE on this rank's queries and keys, fused (read and write each,
+    bf16): what Megatron's selective recompute of MLA's up projections runs again."""
+    return FUSED_OP_BYTES * tokens * rope_width(model, tp) / (gpu.hbm_gbps * 1e9)
+
+
 def mlp_activation_bytes(model: Model, tokens: float, tp: int,
                          kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
     """HBM bytes of one dense MLP's activation in forward on one tensor-parallel shard: the
     gated activation (SwiGLU: silu of the gate times the up output) or the plain one."""
-    per_elem = kernels.gated_act if model.gated_mlp else FUSED_OP_BYTES
-    return tokens * per_elem * model.ffn_hidden / tp
+    return tokens * activation_bytes_per_element(model, kernels) * model.ffn_hidden / tp
+
+
+def activation_bytes_per_element(model: Model,
+                                 kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
+    """HBM bytes of an MLP activation's forward per element of its width (a dense MLP's, an
+    expert's, a shared expert's): the gated one as the engine runs it, a plain one a kernel."""
+    return kernels.gated_act if model.gated_mlp else FUSED_OP_BYTES
 
 
 def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
@@ -223,14 +233,14 @@ def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
     `traffic` scales the whole for what else eager code moves (the engine's fitted
     `elementwise_traffic`).
     """
-    h, kv = model.hidden, model.kv_dim
+    h = model.hidden
     rep = 1.0 / tp if sp else 1.0
     norm = kernels.rmsnorm if model.norm == "rmsnorm" else FUSED_OP_BYTES
     norms = 2 * norm * h                                 # two norms
     residual = BF16 * 2 * (3 * h)                        # two adds: read 2, write 1
     dropout = BF16 * 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
-    rope = kernels.rope * (model.q_dim + kv) if model.position == "rope" else 0
-    return traffic * (tokens * ((norms + residual + dropout) * rep + rope / tp)
+    rope = kernels.rope * rope_width(model, tp)
+    return traffic * (tokens * ((norms + residual + dropout) * rep + rope)
                       + mlp_activation_bytes(model, tokens, tp, kernels))
 
 

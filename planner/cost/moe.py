@@ -73,7 +73,8 @@ from dataclasses import dataclass
 
 from planner.cost import comm
 from planner.cost.compute import (BF16, ELEMENTWISE_BWD_FACTOR, FUSED_KERNELS,
-                                  GEMM_BWD_FACTOR, gemm_time, mlp_activation_bytes)
+                                  GEMM_BWD_FACTOR, activation_bytes_per_element, gemm_time,
+                                  mlp_activation_bytes)
 from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded, zero3_layer_bytes
 from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
@@ -263,8 +264,11 @@ def unpaired_pass_share(m: int, pp: int, vpp: int) -> float:
 def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: int, etp: int,
               allowed=DISPATCHERS, imbalance: float = BALANCED,
               capacity_factor: float | None = None, elementwise_traffic: float = 1.0,
-              lp=None, act_bytes: float = BF16, saves_expert_outputs: bool = True) -> MoeLayer:
+              lp=None, act_bytes: float = BF16, saves_expert_outputs: bool = True,
+              kernels=FUSED_KERNELS) -> MoeLayer:
     """`gpu`: the GPU as the engine drives it (planner.cost.facts.engine_gpu);
+    `kernels`: how the engine runs the experts' activation (planner.cost.compute
+    ElementwiseKernels);
     `act_bytes`: the width of a saved activation element (the engine facts'
     compute_elem_bytes: fp32 where the engine computes in fp32, as our runtime on CPUs);
     `saves_expert_outputs`: the combine weighs the experts' outputs by the routing
@@ -294,11 +298,10 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     router = (gemm_time(gpu, T, E, h) * FP32 / BF16
               + ROUTER_SCORE_BYTES * T * E / (gpu.hbm_gbps * 1e9))
     rows = per_expert * local_experts               # token copies this GPU's experts compute
-    act_elems = (3 if model.gated_mlp else 2) * rows * f / etp
+    act_b = activation_bytes_per_element(model, kernels)
     perm_elems = 2 * PERMUTE_PASSES * T * k * h
-    shared_elems = (3 if model.gated_mlp else 2) * b * s * sf / tp
-    elem = elementwise_traffic * BF16 * (act_elems + perm_elems + shared_elems) \
-        / (gpu.hbm_gbps * 1e9)
+    elem = elementwise_traffic * (act_b * (rows * f / etp + b * s * sf / tp)
+                                  + BF16 * perm_elems) / (gpu.hbm_gbps * 1e9)
     disp = dispatcher(model, cluster, b, s, tp, ep, etp, allowed, imbalance)
     comm_fwd = _dispatch_comm(model, cluster, T, tp, ep, etp, load, disp)
     # each expert's FFN split over etp; its down-projection bias (gpt-oss) is not split
@@ -376,6 +379,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     ml = moe_layer(model, cluster, gpu, b, s, t, c.ep, c.etp, allowed_dispatchers(c, engine),
                    imbalance=c.moe_imbalance, capacity_factor=c.moe_capacity_factor,
                    elementwise_traffic=engine.elementwise_traffic, lp=lp,
+                   kernels=engine.elementwise_kernels,
                    act_bytes=facts.compute_elem_bytes,
                    saves_expert_outputs=engine.moe_saves_expert_outputs)
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic,
@@ -557,15 +561,15 @@ def _moe_rerun(model: Model, c, facts, ml: MoeLayer, layer_fwd_s: float, b: int,
     # input) and writes the output
     rows = ml.tokens_per_expert * (model.num_experts // c.ep)
     f = model.moe_ffn_hidden / c.etp
-    act_elems = (3 if model.gated_mlp else 2) * rows * f
+    act_b = activation_bytes_per_element(model, facts.engine.elementwise_kernels)
     sf = model.shared_expert_ffn_hidden / t
     shared_elems = (3 if model.gated_mlp else 2) * b * s * sf
     return moe_mlp_rerun(
         model, mods, norm_rerun(model, b * s, t, c.sp, hbm, eb),
         layer_saved_bytes=ml.activation_bytes, layer_fwd_s=layer_fwd_s,
-        act_out_bytes=eb * rows * f, act_fwd_s=traffic * BF16 * act_elems / hbm,
+        act_out_bytes=eb * rows * f, act_fwd_s=traffic * act_b * rows * f / hbm,
         shared_saved_bytes=eb * shared_elems,
-        shared_fwd_s=ml.shared_fwd + traffic * BF16 * shared_elems / hbm)
+        shared_fwd_s=ml.shared_fwd + traffic * act_b * b * s * sf / hbm)
 
 
 def replace_coeffs(k, **changes):

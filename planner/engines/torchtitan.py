@@ -22,7 +22,8 @@ What it runs (torchtitan/config/job_config.py, torchtitan/distributed/parallel_d
   (torchtitan/distributed/parallel_dims.py, the dp_shard_cp mesh). No Ulysses.
 
 How fast: eager PyTorch kernels (no torch.compile in the planner's figures): cuBLAS GEMMs,
-SDPA flash attention, one kernel per element-wise op: the eager figures of
+SDPA flash attention, torch's fused RMSNorm and RoPE and SwiGLU as their eager tensor
+expressions (planner.engines.eager TORCHTITAN_EAGER_KERNELS); the eager figures of
 planner.engines.eager, fitted on FSDP rows only; every torchtitan row is held out.
 
 Precision: float8 through torchao (`[model] converters = ["quantize.linear.float8"]`,
