@@ -30,11 +30,11 @@ import numpy as np
 from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
                                today)
 from planner.catalog import get_cluster, get_gpu, get_model
-from planner.cost.compute import FUSED_KERNELS, FUSED_OP_BYTES
+from planner.cost.compute import FUSED_OP_BYTES
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
 from planner.engines.eager import RMSNORM_COMPOSITE_BYTES
-from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS
+from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS, with_compile
 from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.search import Fixed, search
@@ -409,7 +409,7 @@ def elementwise_kernels_of(run, engine):
     code ran (`fixed.rmsnorm_kernel`, `norm_source`: "composite", torchtitan's norms.py RMSNorm
     before nn.RMSNorm's fused kernel, or "fused", its Triton FusedRMSNorm)."""
     if run.get("compiled"):
-        return FUSED_KERNELS
+        return with_compile(engine).elementwise_kernels
     kernels = engine.elementwise_kernels
     norm = recipe_fact(run, "rmsnorm_kernel")
     if norm is not None:

@@ -156,6 +156,9 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", choices=RECIPES,
                    help="the engine's scaling recipe for a low --precision (default: the "
                         "engine's: megatron tensorwise, torchtitan tensorwise, fsdp delayed)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the model and loss under torch.compile (torchtitan [compile]): "
+                        "priced with fused element-wise kernels (default: eager)")
     p.add_argument("--no-tp-comm-overlap", dest="tp_comm_overlap", action="store_false",
                    help="price and export the TP collectives exposed (default: overlapped with "
                         "the GEMMs where the engine offers it, Megatron-Core --tp-comm-overlap)")
@@ -221,7 +224,7 @@ def _fixed(a, engine=None) -> Fixed:
                  ep_comm_overlap=a.ep_comm_overlap, moe_capacity_factor=a.moe_capacity_factor,
                  moe_imbalance=a.moe_imbalance, stage_layers=a.stage_layers,
                  offload_optimizer=a.offload_optimizer, offload_params=a.offload_params,
-                 dp_shard=a.dp_shard, zeropp=a.zeropp)
+                 dp_shard=a.dp_shard, zeropp=a.zeropp, compile=a.compile)
 
 
 def _engine_of(a):

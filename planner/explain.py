@@ -388,13 +388,13 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
              else f"{c.num_gpus} x {gpu_label(c.gpu)}, {c.gpus_per_node} per node")
     con.print(f"Plan for {m.name} ({count_label(m.num_params())} params, {m.num_layers} "
               f"layers) on {c.name} ({where})")
-    from planner.engines import get_engine
     engine = get_engine(plan.engine)
     trust = trust_label(engine, c.gpu, plan.model.is_moe)
     if groups:   # no published run over mixed GPUs validates the pipeline over groups
         trust = f"not validated on mixed clusters (on {c.gpu.name} alone: {trust})"
+    compiled = ", torch.compile" if plan.compile else ""
     con.print(f"  engine {engine.name} ({engine.title}), {precision_label(plan)}, "
-              f"{attention_label(plan)}; predictions {trust}")
+              f"{attention_label(plan)}{compiled}; predictions {trust}")
     con.print(f"  {summary_line(plan)}")
     con.print(f"  seq_len={plan.batch.seq_len} global_batch={plan.batch.global_batch_size} "
               f"sequences")

@@ -35,6 +35,9 @@ Layout of `schema_version` 1:
                 what the block linears run in (planner.precision)
     recipe      the engine's scaling recipe for a low precision ("tensorwise", "delayed",
                 "rowwise", "mxfp8", "nvfp4"); null for bf16
+    compile     true: the model and loss run under torch.compile, priced with fused
+                element-wise kernels (planner.engines.spec with_compile; torchtitan's
+                [compile] enable); false when absent
     run         {steps, lr, weight_decay, warmup_steps, lr_decay, min_lr_ratio,
                  max_grad_norm, lr_schedule_steps}: how `python -m runtime` trains the
                  plan (RunOptions; each key takes its default when absent, the runtime's
@@ -196,6 +199,7 @@ class Plan:
     attention: str = "flash"
     precision: str = DEFAULT_PRECISION
     recipe: str | None = None
+    compile: bool = False
     run: RunOptions = field(default_factory=RunOptions)
     schema_version: int = SCHEMA_VERSION
 
@@ -243,6 +247,7 @@ class Plan:
             "attention": self.attention,
             "precision": self.precision,
             "recipe": self.recipe,
+            **({"compile": True} if self.compile else {}),
             "run": self.run.to_dict(),
         }
 
@@ -289,7 +294,7 @@ class Plan:
                    stages=stages, estimate=d.get("estimate", {}), search=d.get("search", {}),
                    engine=d.get("engine", DEFAULT_ENGINE), attention=d.get("attention", "flash"),
                    precision=d.get("precision", DEFAULT_PRECISION), recipe=d.get("recipe"),
-                   run=RunOptions(**d.get("run", {})))
+                   compile=d.get("compile", False), run=RunOptions(**d.get("run", {})))
         plan.validate(whole_cluster=whole_cluster)
         return plan
 
@@ -453,5 +458,6 @@ PLAN_SCHEMA = S.Obj({
     "attention": (S.Enum("flash", "eager"), "flash"),
     "precision": (S.Enum(*PRECISIONS), DEFAULT_PRECISION),
     "recipe": (S.Nullable(S.Enum(*RECIPES)), None),
+    "compile": (S.Bool(), False),
     "run": (RUN, {})})
 

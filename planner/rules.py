@@ -179,7 +179,7 @@ ENGINE_RULES = frozenset((
     "engine_tp", "engine_pp", "engine_sp", "engine_schedule", "engine_recompute",
     "engine_recompute_modules", "engine_dispatcher", "engine_moe", "engine_capacity_factor",
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
-    "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
+    "engine_precision", "engine_recipe", "engine_compile", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
     "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
     "zeropp_zero3", "offload_together", "offload_zero",
@@ -762,6 +762,17 @@ def priced_for_problem(plan, engine) -> Problem | None:
                    f"the plan was priced for {plan.engine}, not {engine.name}", fix=fix)
 
 
+def compile_problem(engine, compile_: bool):
+    """torch.compile asked of an engine the planner cannot compile for: its code is already
+    fused (Megatron, DeepSpeed: Transformer Engine and their fused kernels, priced so), or it
+    has no compile step the plan or its export can set (plain FSDP, our runtime)."""
+    if compile_ and not engine.compile_option:
+        return Problem("engine_compile", ("compile",),
+                       f"{engine.name} has no torch.compile option the plan can set",
+                       fix="plan it without --compile, or with --engine torchtitan")
+    return None
+
+
 def engine_problems(plan, engine) -> list:
     """What of `plan` the engine cannot run as priced, as Problems (empty: it runs it exactly),
     from the engine spec's data. The plan's own engine is not compared here
@@ -780,6 +791,9 @@ def engine_problems(plan, engine) -> list:
     precision = precision_problem(engine, plan.cluster.gpu, plan.precision, plan.recipe)
     if precision:
         out.append(precision)
+    problem = compile_problem(engine, plan.compile)
+    if problem:
+        out.append(problem)
     if m.is_moe and not engine.moe_dispatchers:
         out.append(Problem("engine_moe", ("model",),
                            f"{e} runs no mixture-of-experts layers as the planner prices them",

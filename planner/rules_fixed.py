@@ -176,6 +176,9 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
     problem = precision_problem(eng, cluster.gpu, f.precision, f.recipe, flags=True)
     if problem:
         yield problem
+    problem = V.compile_problem(eng, f.compile)
+    if problem:
+        yield V.cited(problem, eng)
     problem = V.model_part_problem(eng, model)
     if problem:
         mtp = model.mtp_layers and "mtp" in eng.model_lacks

@@ -843,6 +843,8 @@ TT_KEYS = {
                     "module_fqns_per_model_part", "context_parallel_degree",
                     "context_parallel_rotate_method"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
+    # torchtitan/config/job_config.py Compile (9810191bb's parent)
+    "compile": {"enable", "components", "backend"},
 }
 # low precision: [model] converters and the converter's [quantize.linear.*] section, as
 # torchtitan's config at its last release that reads TOML has them (torchtitan 9810191bb's
@@ -921,6 +923,10 @@ def check_torchtitan(plan, text):
         assert set(cfg.get(section, {})) <= keys, section
     assert titan_precision(cfg, p.zero_stage) == (plan.precision, plan.recipe)
     t, par, ac = cfg["training"], cfg["parallelism"], cfg["activation_checkpoint"]
+    # torch.compile as priced: the model and its loss, or nothing
+    comp = cfg["compile"]
+    assert comp["enable"] is plan.compile
+    assert not plan.compile or {"model", "loss"} <= set(comp.get("components", ["model", "loss"]))
 
     assert t["seq_len"] == b.seq_len
     assert t["global_batch_size"] == b.global_batch_size

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from planner.cost.moe import moe_counts, plan_dispatcher
 from planner.cost.groups import mixed_coefficients
 from planner.cost.stage import Candidate, Estimate, evaluate, stage_coefficients
+from planner.engines import plan_engine
 from planner.specs import MixedCluster
 
 
@@ -109,5 +110,5 @@ def price_plan(plan, margin_gib: float | None = None) -> Price:
     if margin_gib is None:   # a mixed plan's ranks each with their own GPU's margin
         margin_gib = (plan.estimate.get("stage_margin_gib")
                       or plan.estimate.get("memory_margin_gib"))
-    return price(plan.model, plan.cluster, c, plan.layer_counts(), rec, engine=plan.engine,
-                 margin_gib=margin_gib)
+    return price(plan.model, plan.cluster, c, plan.layer_counts(), rec,
+                 engine=plan_engine(plan), margin_gib=margin_gib)

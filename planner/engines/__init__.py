@@ -12,7 +12,7 @@ from planner.engines.deepspeed import DEEPSPEED
 from planner.engines.fsdp import FSDP
 from planner.engines.megatron import MEGATRON
 from planner.engines.runtime import RUNTIME
-from planner.engines.spec import Engine
+from planner.engines.spec import Engine, with_compile
 from planner.engines.torchtitan import TORCHTITAN
 from planner.errors import BadInput
 
@@ -31,4 +31,11 @@ def get_engine(name: str | Engine | None) -> Engine:
     return ENGINES[key]
 
 
-__all__ = ["ENGINES", "DEFAULT_ENGINE", "Engine", "get_engine"]
+def plan_engine(plan) -> Engine:
+    """The engine a saved plan (planner.plan.Plan) was priced for, as priced: its `engine`,
+    under torch.compile where the plan says `compile`."""
+    engine = get_engine(plan.engine)
+    return with_compile(engine) if plan.compile and engine.compile_option else engine
+
+
+__all__ = ["ENGINES", "DEFAULT_ENGINE", "Engine", "get_engine", "plan_engine"]

@@ -294,6 +294,10 @@ class Engine:
     # how its model code runs norms, RoPE and the gated activation (fused, or one eager
     # kernel per tensor expression: planner.engines.eager)
     elementwise_kernels: ElementwiseKernels = FUSED_KERNELS
+    # the engine can run its model (and loss) under torch.compile (`plan --compile`, the
+    # plan's `compile`; priced by with_compile), and whether this spec is that variant
+    compile_option: bool = False
+    compiled: bool = False
     layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
     # per MoE layer and forward run (a full recompute runs it again): the sync of dropless
     # routing, whose dispatcher waits for the device-to-host copy of the token counts before
@@ -504,3 +508,14 @@ class Engine:
 
     def trust(self) -> str:
         return self.validation.describe(self.name) if self.validation else "not validated"
+
+
+def with_compile(engine: Engine) -> Engine:
+    """`engine` with its model and loss under torch.compile: Inductor fuses the element-wise
+    ops into a few kernels (planner.cost.compute FUSED_KERNELS: torchtitan's eager 8B rows ran
+    15.7% / 16.2% slower than their compiled twins, the element-wise kernels counted so 14.5% /
+    14.4%, benchmarks/results/fidelity_2026-12-04.md) and its eager loss becomes COMPILED_LOSS
+    (torchtitan compiles the loss with the model, compile.components ["model", "loss"]; a
+    vocabulary-parallel loss keeps its own figure)."""
+    loss = COMPILED_LOSS if engine.loss_memory == EAGER_LOSS else engine.loss_memory
+    return replace(engine, compiled=True, elementwise_kernels=FUSED_KERNELS, loss_memory=loss)

@@ -98,6 +98,9 @@ TORCHTITAN = Engine(
     gemm_scale=EAGER_GEMM_SCALE, attn_scale=EAGER_ATTN_SCALE,
     elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, layer_overhead_s=EAGER_LAYER_OVERHEAD_S,
     elementwise_kernels=TORCHTITAN_EAGER_KERNELS,
+    # [compile] enable with components ["model", "loss"] (torchtitan/config/job_config.py
+    # Compile; planner.engines.spec with_compile)
+    compile_option=True,
     weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0, compute_copy_bytes=2.0,
     # [parallelism] data_parallel_shard_degree x data_parallel_replicate_degree: FSDP2 over
     # the 2-D (dp_replicate, dp_shard) mesh (torchtitan/distributed/parallel_dims.py;

@@ -1,5 +1,5 @@
-"""torchtitan: the plan as the [training], [parallelism] and [activation_checkpoint] sections of a
-torchtitan job config (TOML, read with --job.config_file).
+"""torchtitan: the plan as the [training], [parallelism], [activation_checkpoint] and [compile]
+sections of a torchtitan job config (TOML, read with --job.config_file).
 
 Keys are those of torchtitan/config/job_config.py in the releases that read TOML. (Later
 torchtitan builds configs in Python; the same `section.key` names still work there as
@@ -34,6 +34,8 @@ torchtitan builds configs in Python; the same `section.key` names still work the
 
 * experts: expert_parallel_degree = ep and expert_tensor_parallel_degree = etp (1 or tp); the
   experts themselves (count, top-k, widths) are the model flavor's, set in [model].
+* compile: `[compile] enable` is the plan's `compile` (components "model" and "loss",
+  torchtitan/config/job_config.py Compile), priced with fused element-wise kernels when true.
 
 Only plans priced for the torchtitan engine are exported (planner.engines.runnable).
 """
@@ -153,6 +155,9 @@ def torchtitan_toml(plan: Plan) -> str:
 
     sections = [("training", training), ("parallelism", par), ("activation_checkpoint", ac)]
     sections += _precision_sections(plan)
+    # the model and loss under torch.compile, as priced (planner.engines.spec with_compile);
+    # without it torchtitan runs eager, Compile.enable's default
+    sections.append(("compile", {"enable": plan.compile, "components": ["model", "loss"]}))
 
     lines = [f"# {h}" for h in header(plan, "torchtitan")]
     lines.append("# a job config for torchtitan releases that read TOML (--job.config_file)")

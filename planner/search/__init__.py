@@ -38,7 +38,7 @@ from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_c
 from planner.cost.price import price   # the one price of a placement
 from planner import rules as V
 from planner.engines import get_engine
-from planner.engines.spec import Engine
+from planner.engines.spec import Engine, with_compile
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, make_stages
 from planner.vocab import V_SCHEDULES
@@ -160,6 +160,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     seq_len = seq_len or default_seq_len(model)
     gbs = global_batch or default_global_batch(seq_len, cluster.num_gpus)
     check_fixed(model, cluster, f, seq_len, gbs, engine)
+    if f.compile:
+        engine = with_compile(engine)
     cands = enumerate_candidates(model, cluster, f, seq_len, gbs, engine)
     if not cands:
         raise BadInput(offload_overflow(model, cluster, f, seq_len, gbs, engine)
@@ -593,5 +595,5 @@ def to_plan(model: Model, cluster: Cluster, r: Result, report: SearchReport | No
     return Plan(model=model, cluster=cluster, parallelism=par, batch=batch, stages=stages,
                 estimate=est, search=search, engine=engine.name,
                 attention="flash" if c.flash else "eager", precision=c.precision,
-                recipe=c.recipe or default_recipe(engine, c.precision))
+                recipe=c.recipe or default_recipe(engine, c.precision), compile=engine.compiled)
 

@@ -41,6 +41,9 @@ class Fixed:
     sp: bool | None = None
     schedule: str | None = None
     flash: bool = True        # software assumption, not searched
+    # the model and loss under torch.compile (planner.engines.spec with_compile), where the
+    # engine has the option; the user's choice, never searched
+    compile: bool = False
     # fixed by the user, never searched (planner.precision): the block linears' precision
     # and the engine's scaling recipe for it (None: the engine's default)
     precision: str = "bf16"

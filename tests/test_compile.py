@@ -1,0 +1,91 @@
+"""`plan --compile`: torchtitan's model and loss under torch.compile, priced with fused
+element-wise kernels, carried by the plan, re-priced as emitted, exported as torchtitan's
+[compile] section, and refused where the engine has no such option."""
+import json
+import tomllib
+
+import pytest
+
+from cli_helpers import one_line, refused, run
+from benchmarks import fidelity
+from planner.cost.price import price_plan
+from planner.export import export
+from planner.plan import Plan
+
+# torchtitan's 2024-12 8B table (benchmarks/data/published_runs_2.json): FSDP on 8 Grand Teton
+# H100s, local batch 2, selective (per-op) recompute, eager then compiled
+EAGER, COMPILED = ("torchtitan-202412-table1-8b-8gpu-fsdp",
+                   "torchtitan-202412-table1-8b-8gpu-fsdp+torch.compile")
+
+
+def _row_args(run_, tmp_path):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(run_["model"]))
+    c = run_["cluster"]
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"base": c["gpu"], "num_gpus": c["num_gpus"],
+                                   "gpus_per_node": c["gpus_per_node"],
+                                   "memory_gib": c["memory_gib"], "hbm_gbps": c["hbm_gbps"]}))
+    f = run_["fixed"]
+    return ["--model", model, "--cluster", cluster, "--engine", "torchtitan",
+            "--seq-len", f["seq_len"], "--global-batch", f["global_batch"], "--tp", f["tp"],
+            "--pp", f["pp"], "--dp", f["dp"], "--micro-batch", f["micro_batch"], "--zero",
+            f["zero"], "--recompute", f["recompute"], "--memory-margin", 0, "--json"]
+
+
+def test_the_compiled_row_reproduces_from_the_command_line(capsys, tmp_path):
+    """torchtitan's compiled 8B row planned with its knobs and --compile: the benchmark's
+    prediction for the row (which prices it fused from its data, `compiled`). Planned eager,
+    the same layout is slower, by less than the table's eager run was (15.7% of the compiled
+    step): that run's RMSNorm was tensor expressions, which today's torch fuses."""
+    runs = fidelity.load_runs()
+    i = next(k for k, r in enumerate(runs) if r["id"] == COMPILED)
+    row = fidelity.table(runs)[i]
+    args = _row_args(runs[i], tmp_path)
+    times = {}
+    for flag in ((), ("--compile",)):
+        code, out, err = run(capsys, *args, *flag, limit_s=60)
+        assert code == 0, err
+        plan = json.loads(out)
+        plan = plan[0] if isinstance(plan, list) else plan
+        assert plan.get("compile", False) is bool(flag)
+        times[bool(flag)] = plan["estimate"]["step_time_s"]
+    assert times[True] == pytest.approx(row["predicted_s"], rel=1e-6)
+    eager = next(r for r in runs if r["id"] == EAGER)
+    assert 1.0 < times[False] / times[True] < eager["step_time_s"] / runs[i]["step_time_s"]
+
+
+def test_compiled_plan_reprices_and_exports_as_priced(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, _, err = run(capsys, "--model", "llama3-8b", "--cluster", "h100x8", "--engine",
+                       "torchtitan", "--compile", "--out", out, limit_s=60)
+    assert code == 0, err
+    plan = Plan.load(out)
+    assert plan.compile
+    assert price_plan(plan).estimate.step_time_s == pytest.approx(
+        plan.estimate["step_time_s"], rel=1e-9)
+    cfg = tomllib.loads(export(plan, "torchtitan"))
+    assert cfg["compile"]["enable"] is True
+    assert {"model", "loss"} <= set(cfg["compile"]["components"])
+    # the same plan said eager re-prices slower: the flag is what was priced
+    eager = json.loads(out.read_text())
+    del eager["compile"]
+    assert price_plan(Plan.from_dict(eager)).estimate.step_time_s > plan.estimate["step_time_s"]
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "fsdp", "runtime"])
+def test_compile_is_refused_where_the_engine_has_no_such_option(capsys, engine):
+    refused(capsys, "--model", "llama3-8b", "--cluster", "h100x8", "--engine", engine,
+            "--compile", needle=f"{engine} has no torch.compile option")
+
+
+def test_a_compiled_plan_for_another_engine_is_refused_on_export(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, _, err = run(capsys, "--model", "llama3-8b", "--cluster", "h100x8", "--out", out,
+                       limit_s=60)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    d["compile"] = True              # a megatron plan said compiled: no engine runs it so
+    out.write_text(json.dumps(d))
+    code, _, err = run(capsys, "show", out, "--export", "megatron")
+    one_line(code, err, needle="no torch.compile option")
