@@ -399,6 +399,10 @@ def engine_of(run, engine=None):
             e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
+    if run.get("compiled") and e.compile_option:
+        # compiled as the row ran (`compile_source`): planner.engines.spec with_compile, the
+        # loss as the row's torchtitan ran it (above)
+        return dataclasses.replace(with_compile(e), loss_memory=e.loss_memory)
     return dataclasses.replace(e, elementwise_kernels=elementwise_kernels_of(run, e))
 
 

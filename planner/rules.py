@@ -58,7 +58,7 @@ depends on how the runtime was launched. Pure Python: no torch, no numpy.
 from __future__ import annotations
 
 from planner.engines import ENGINES, get_engine
-from planner.engines.spec import ALL_OR_NONE, BALANCED_SPLIT, PER_CHUNK
+from planner.engines.spec import ALL_OR_NONE, BALANCED_SPLIT, PER_CHUNK, with_compile
 from planner.precision import gpu_precision_problem, platform_of, precision_problem
 from planner.problem import Problem
 from planner.cost.schedule import schedule_problem, stage_rank
@@ -179,8 +179,8 @@ ENGINE_RULES = frozenset((
     "engine_tp", "engine_pp", "engine_sp", "engine_schedule", "engine_recompute",
     "engine_recompute_modules", "engine_dispatcher", "engine_moe", "engine_capacity_factor",
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
-    "engine_precision", "engine_recipe", "engine_compile", "zero_stage", "zero_under_pp", "zero0_without_tp_pp",
-    "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
+    "engine_precision", "engine_recipe", "engine_compile", "zero_stage", "zero_under_pp",
+    "zero0_without_tp_pp", "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
     "zeropp_zero3", "offload_together", "offload_zero",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
@@ -855,6 +855,9 @@ def engine_problems(plan, engine) -> list:
                            f"with --no-ep-comm-overlap)"))
     if p.tp_comm_overlap and not engine.tp_comm_overlap:
         out.append(Problem("engine_tp_comm_overlap", ("tp_comm_overlap",),
+                           f"{e} overlaps TP communication with the GEMMs (async TP) only under "
+                           f"torch.compile (plan with --compile, or --no-tp-comm-overlap)"
+                           if engine.compiled_tp_comm_overlap else
                            f"{e} does not overlap TP communication with the GEMMs (plan with "
                            f"--no-tp-comm-overlap)"))
     if p.cp > 1:
@@ -930,6 +933,8 @@ def runner_problems(plan, engine) -> list:
     """Everything that stops `engine` from running `plan` as priced: the engine it was priced
     for first, then what the engine cannot run (exports, `plan launch`, the runtime)."""
     engine = get_engine(engine)
+    if plan.compile and engine.compile_option:     # as priced (planner.engines.plan_engine)
+        engine = with_compile(engine)
     first = priced_for_problem(plan, engine)
     return ([cited(first, engine)] if first else []) + engine_problems(plan, engine)
 

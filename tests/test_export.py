@@ -958,7 +958,9 @@ def check_torchtitan(plan, text):
     # tensor parallel always shards the sequence
     if tp > 1:
         assert p.sequence_parallel
-        assert par.get("enable_async_tensor_parallel", False) is False
+        # async TP as priced, which torchtitan runs only compiled
+        assert par.get("enable_async_tensor_parallel", False) is p.tp_comm_overlap
+        assert not p.tp_comm_overlap or comp["enable"]
 
     # pipeline: schedule, model parts in model order on rank i % pp, microbatches
     if pp > 1:

@@ -471,16 +471,20 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     linear_params = (model.attn_matmul_params() + model.mlp_matmul_params()) / t
     lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp, cp=cp)
     if c.tp_comm_overlap and t > 1 and c.sp:
-        # the overlap (Megatron-Core's userbuffers; torch's async TP pipelines alike but is no
-        # engine option yet) splits each all-gather / reduce-scatter into t chunks pipelined
+        # the overlap (Megatron-Core's userbuffers; torchtitan's async TP, torch's symmetric-
+        # memory fused ops, alike) splits each all-gather / reduce-scatter into t chunks pipelined
         # with the GEMM that consumes / produces it (QKV, out-proj, FC1, FC2): t - 1 transfers
         # run beside t GEMM chunks, so one chunk's GEMM (the local shard's first, or the last
         # before its reduce-scatter) has nothing to hide; what sticks out of the other
         # (t - 1) / t of the pass's GEMMs, plus the slowdown of the GEMMs it runs beside (the
         # GPU's overlap_slowdown, as for every overlapped collective: StageCoeffs.exposed_comm)
+        # in the passes the engine overlaps (Engine.tp_comm_overlap_passes)
         slow = facts.gpu.overlap_slowdown
+        passes = facts.engine.tp_comm_overlap_passes
         tp_pass = tuple(max(0.0, tp_fwd - g * (t - 1) / t) + slow * tp_fwd
-                        for g in (lt.gemm_fwd, GEMM_BWD_FACTOR * lt.gemm_fwd))
+                        if name in passes else tp_fwd
+                        for name, g in (("fwd", lt.gemm_fwd),
+                                        ("bwd", GEMM_BWD_FACTOR * lt.gemm_fwd)))
     tp_layer = tp_pass[0] + tp_pass[1]
     # selective recompute of modules (planner.cost.recompute): the attention core as the
     # "selective" formulas price it, the other modules what they free and run again

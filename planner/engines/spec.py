@@ -298,6 +298,12 @@ class Engine:
     # plan's `compile`; priced by with_compile), and whether this spec is that variant
     compile_option: bool = False
     compiled: bool = False
+    # the TP overlap it runs only under torch.compile (torchtitan's async TP: Inductor's
+    # micro-pipeline pass); with_compile turns it on as tp_comm_overlap
+    compiled_tp_comm_overlap: bool = False
+    # the passes whose TP collectives the overlap hides ("fwd", "bwd": Megatron-Core's
+    # userbuffers overlap both, planner.cost.stage)
+    tp_comm_overlap_passes: tuple = ("fwd", "bwd")
     layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
     # per MoE layer and forward run (a full recompute runs it again): the sync of dropless
     # routing, whose dispatcher waits for the device-to-host copy of the token counts before
@@ -516,6 +522,8 @@ def with_compile(engine: Engine) -> Engine:
     15.7% / 16.2% slower than their compiled twins, the element-wise kernels counted so 14.5% /
     14.4%, benchmarks/results/fidelity_2026-12-04.md) and its eager loss becomes COMPILED_LOSS
     (torchtitan compiles the loss with the model, compile.components ["model", "loss"]; a
-    vocabulary-parallel loss keeps its own figure)."""
+    vocabulary-parallel loss keeps its own figure); the TP overlap it runs only compiled is
+    offered (Engine.compiled_tp_comm_overlap)."""
     loss = COMPILED_LOSS if engine.loss_memory == EAGER_LOSS else engine.loss_memory
-    return replace(engine, compiled=True, elementwise_kernels=FUSED_KERNELS, loss_memory=loss)
+    return replace(engine, compiled=True, elementwise_kernels=FUSED_KERNELS, loss_memory=loss,
+                   tp_comm_overlap=engine.tp_comm_overlap or engine.compiled_tp_comm_overlap)

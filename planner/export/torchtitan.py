@@ -35,7 +35,9 @@ torchtitan builds configs in Python; the same `section.key` names still work the
 * experts: expert_parallel_degree = ep and expert_tensor_parallel_degree = etp (1 or tp); the
   experts themselves (count, top-k, widths) are the model flavor's, set in [model].
 * compile: `[compile] enable` is the plan's `compile` (components "model" and "loss",
-  torchtitan/config/job_config.py Compile), priced with fused element-wise kernels when true.
+  torchtitan/config/job_config.py Compile), priced with fused element-wise kernels when true;
+  [parallelism] enable_async_tensor_parallel is the plan's tp_comm_overlap (async TP, which
+  torchtitan runs only compiled: the planner offers it only with `compile`).
 
 Only plans priced for the torchtitan engine are exported (planner.engines.runnable).
 """
@@ -129,8 +131,8 @@ def torchtitan_toml(plan: Plan) -> str:
         par["data_parallel_shard_degree"] = shard
         par["fsdp_reshard_after_forward"] = RESHARD[p.zero_stage]
     par["tensor_parallel_degree"] = p.tp
-    if p.tp > 1:
-        par["enable_async_tensor_parallel"] = False
+    if p.tp > 1:    # async TP, as priced (it runs only compiled: [compile] below)
+        par["enable_async_tensor_parallel"] = p.tp_comm_overlap
     par["pipeline_parallel_degree"] = p.pp
     if p.pp > 1:
         par["pipeline_parallel_schedule"] = SCHEDULE[p.schedule]
