@@ -164,7 +164,7 @@ def fixed_of(run) -> Fixed:
                  # performance recipes and torchtitan's async-TP runs (the rows'
                  # tp_comm_overlap_source), off where absent (the 2021-24 Megatron runs predate
                  # or did not use it); priced only where the engine offers it (torchtitan's
-                 # async TP is not an engine option yet: those rows price vanilla TP)
+                 # async TP under torch.compile: its rows ran compiled, engine_of)
                  tp_comm_overlap=f.get("tp_comm_overlap", False),
                  # MoE: the dispatcher and EP overlap of the row's recipe (`moe_comm_source`);
                  # the planner's choice of dispatcher where the data names none, no overlap
