@@ -180,7 +180,8 @@ ENGINE_RULES = frozenset((
     "engine_recompute_modules", "engine_dispatcher", "engine_moe", "engine_capacity_factor",
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
     "engine_precision", "engine_recipe", "engine_compile", "zero_stage", "zero_under_pp",
-    "zero0_without_tp_pp", "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp", "model_parts", "moe_tp_needs_sp",
+    "zero0_without_tp_pp", "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp",
+    "model_parts", "moe_tp_needs_sp",
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
     "zeropp_zero3", "offload_together", "offload_zero",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
@@ -1009,7 +1010,7 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
     if p.tp_comm_overlap and not tp_comm_overlap_fits(engine, c, p.tp, p.world_size):
         add("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
             f"tp_comm_overlap with tp {p.tp} groups spanning NVLink domains of {c.nvlink_domain} "
-            f"GPUs (Transformer Engine's userbuffers overlap runs inside one)")
+            f"GPUs (the TP overlap runs inside one)")
     if p.sequence_parallel and p.tp > 1 and b.seq_len % (p.tp * p.cp):
         add("sp_splits_sequence", ("sequence_parallel", "seq_len"),
             f"sequence parallel needs seq_len {b.seq_len} divisible by tp {p.tp}"

@@ -229,7 +229,7 @@ def _fixed_problems(model, cluster, f, seq_len: int, gbs: int, eng):
         yield _p("tp_comm_overlap_in_domain", ("tp_comm_overlap", "tp"),
                  f"--tp {f.tp} groups span NVLink domains of {cluster.nvlink_domain} GPUs: "
                  f"{eng.name} runs them, but not with its TP communication overlap "
-                 f"(Transformer Engine's userbuffers run inside one domain)",
+                 f"(it runs inside one domain)",
                  fix="plan with --no-tp-comm-overlap")
     if f.tp is not None and not eng.tp_runs(cluster, f.tp):
         yield _p("tp_in_domain", ("tp", "cluster"),

@@ -13,7 +13,7 @@ from planner.limits import MAX_GPUS
 from planner.catalog.systems import SYSTEMS
 from planner.errors import BadInput, PlannerError
 from planner.cost.stage import capacity_bytes
-from planner.engines import get_engine
+from planner.engines import engine_for, get_engine
 from planner.search import (Fixed, Result, check_fixed, default_global_batch, default_seq_len,
                             enumerate_candidates, offload_overflow, search,
                             states_per_gpu_bound)
@@ -213,6 +213,7 @@ def diagnose_no_configuration(model, cluster: Cluster, fixed: Fixed, seq_len, gl
     """no_configuration when the fixed choices pass the search's own checks
     (planner.search.check_fixed, whose messages are precise) but match no configuration;
     else None. Default sequence length and global batch as the search takes them."""
+    engine = engine_for(engine, fixed.compile)       # as the search prices it
     s = seq_len or default_seq_len(model)
     g = global_batch or default_global_batch(s, cluster.num_gpus)
     try:

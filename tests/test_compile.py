@@ -136,3 +136,39 @@ def test_async_tp_hides_forward_collectives_only():
         rep = search(m, c, Fixed(**f, tp_comm_overlap=overlap), engine=eng)
         t[name] = rep.best.estimate.step_time_s
     assert t["both"] < t["fwd"] < t["none"]
+
+
+def test_an_async_tp_plan_reprices_as_saved(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, _, err = run(capsys, "--model", "llama70b", "--cluster", "h100x64", "--engine",
+                       "torchtitan", "--tp", 8, "--compile", "--out", out, limit_s=60)
+    assert code == 0, err
+    plan = Plan.load(out)
+    assert plan.parallelism.tp_comm_overlap
+    assert price_plan(plan).estimate.step_time_s == pytest.approx(
+        plan.estimate["step_time_s"], rel=1e-9)
+    assert "torch.compile" in export(plan, "torchtitan").splitlines()[1]   # the header says so
+
+
+def test_fixed_knobs_are_checked_against_the_compiled_engine(capsys):
+    """--tp 16 spans two 8-GPU nodes: with async TP offered (compiled), torchtitan refuses the
+    overlap there as Megatron does, rather than quietly planning without it."""
+    for engine, extra in (("megatron", ()), ("torchtitan", ("--compile",))):
+        refused(capsys, "--model", "gpt3-175b", "--cluster", "h100x256", "--engine", engine,
+                "--tp", 16, *extra, needle="not with its TP communication overlap")
+
+
+def test_mixed_clusters_plan_compiled(capsys):
+    """On a mixed cluster the pipeline over the groups is priced compiled too, as the single
+    groups it is compared with are."""
+    args = ("--model", "llama70b", "--cluster", "examples/mixed.json", "--global-batch", 256,
+            "--engine", "torchtitan", "--json")
+    got = {}
+    for flag in ((), ("--compile",)):
+        code, out, err = run(capsys, *args, *flag, limit_s=120)
+        assert code == 0, err
+        plan = json.loads(out)
+        plan = plan[0] if isinstance(plan, list) else plan
+        assert plan.get("compile", False) is bool(flag)
+        got[bool(flag)] = plan["estimate"]["step_time_s"]
+    assert got[True] < got[False]

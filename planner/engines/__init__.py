@@ -31,11 +31,17 @@ def get_engine(name: str | Engine | None) -> Engine:
     return ENGINES[key]
 
 
+def engine_for(name: str | Engine | None, compile_: bool = False) -> Engine:
+    """The engine as a plan prices it: under torch.compile where `compile_` and the engine has
+    the option (planner.engines.spec with_compile; one without it is refused by
+    planner.rules.compile_problem, not silently run eager)."""
+    engine = get_engine(name)
+    return with_compile(engine) if compile_ and engine.compile_option else engine
+
+
 def plan_engine(plan) -> Engine:
-    """The engine a saved plan (planner.plan.Plan) was priced for, as priced: its `engine`,
-    under torch.compile where the plan says `compile`."""
-    engine = get_engine(plan.engine)
-    return with_compile(engine) if plan.compile and engine.compile_option else engine
+    """The engine a saved plan (planner.plan.Plan) was priced for, as priced."""
+    return engine_for(plan.engine, plan.compile)
 
 
-__all__ = ["ENGINES", "DEFAULT_ENGINE", "Engine", "get_engine", "plan_engine"]
+__all__ = ["ENGINES", "DEFAULT_ENGINE", "Engine", "engine_for", "get_engine", "plan_engine"]

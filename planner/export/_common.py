@@ -31,7 +31,8 @@ def header(plan: Plan, engine: str) -> list:
         f"recompute={recompute_label(p.recompute, p.recompute_modules)}; "
         f"seq_len={b.seq_len} global_batch={b.global_batch_size} "
         f"micro_batch={b.micro_batch_size} microbatches={b.num_microbatches}; "
-        f"precision={plan.precision}" + (f" recipe={plan.recipe}" if plan.recipe else ""),
+        f"precision={plan.precision}" + (f" recipe={plan.recipe}" if plan.recipe else "")
+        + ("; torch.compile" if plan.compile else ""),
     ] + mixed_launch_note(plan)
 
 

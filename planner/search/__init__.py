@@ -37,8 +37,8 @@ from planner.cost.recompute import DEFAULT_MODULES
 from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
 from planner.cost.price import price   # the one price of a placement
 from planner import rules as V
-from planner.engines import get_engine
-from planner.engines.spec import Engine, with_compile
+from planner.engines import engine_for, get_engine
+from planner.engines.spec import Engine
 from planner.errors import BadInput
 from planner.plan import Batch, Parallelism, Plan, make_stages
 from planner.vocab import V_SCHEDULES
@@ -155,13 +155,11 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     `rejected=False`: the report's rejected list need only hold the candidates the search
     itself found out of memory (not every one planner.explain could show)."""
     t0 = time.perf_counter()
-    engine = get_engine(engine)
     f = fixed or Fixed()
+    engine = engine_for(engine, f.compile)
     seq_len = seq_len or default_seq_len(model)
     gbs = global_batch or default_global_batch(seq_len, cluster.num_gpus)
     check_fixed(model, cluster, f, seq_len, gbs, engine)
-    if f.compile:
-        engine = with_compile(engine)
     cands = enumerate_candidates(model, cluster, f, seq_len, gbs, engine)
     if not cands:
         raise BadInput(offload_overflow(model, cluster, f, seq_len, gbs, engine)

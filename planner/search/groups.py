@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.groups import mixed_coefficients
 from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_coefficients
-from planner.engines import ENGINES, get_engine
+from planner.engines import ENGINES, engine_for
 from planner import rules as V
 from planner.errors import BadInput
 from planner.rules_fixed import check_fixed
@@ -202,8 +202,8 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                  engine=None, margin_gib: float | None = None) -> MixedReport:
     """The best plans for `model` over the groups of `mixed` (see the module docstring)."""
     t0 = time.perf_counter()
-    engine = get_engine(engine)
     f = fixed or Fixed()
+    engine = engine_for(engine, f.compile)
     why = _unsupported(model, mixed, f, engine)
     if why:
         raise BadInput(why)
