@@ -19,6 +19,8 @@ from pathlib import Path
 
 from planner.limits import MAX_INT_ARG, MAX_SWEEP_POINTS
 from planner.catalog import get_cluster, get_model
+from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
+from planner.rules import compile_problem
 from planner.errors import BadInput, PlannerError
 from planner.explain import describe_candidate, describe_result, no_configuration_message
 from planner.vocab import OFFLOAD_DEVICES
@@ -75,14 +77,20 @@ def sweep_parser(parser_class):
     p.add_argument("--offload-optimizer", choices=OFFLOAD_DEVICES,
                    help="the optimizer states on the GPUs (none), in host memory (cpu) or on "
                         "NVMe (default: as plan: searched where nothing fits without)")
+    p.add_argument("--engine", choices=tuple(ENGINES), default=DEFAULT_ENGINE,
+                   help=f"the training stack, as for plan (default: {DEFAULT_ENGINE})")
+    p.add_argument("--compile", action="store_true",
+                   help="torchtitan under torch.compile, as for plan")
     p.add_argument("--csv", help="write the table as CSV to this file ('-' for stdout)")
     p.add_argument("--plot", help="write throughput and MFU per point (PNG)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON records")
     return p
 
 
-def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progress=None):
-    """A pandas DataFrame, one row (COLUMNS) per (cluster, seq_len, global_batch) point."""
+def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progress=None,
+          engine=None):
+    """A pandas DataFrame, one row (COLUMNS) per (cluster, seq_len, global_batch) point, each
+    the best plan for `engine` (planner.engines; default Megatron)."""
     import pandas as pd
 
     fixed = fixed or Fixed()
@@ -101,12 +109,14 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
         mixed = isinstance(cluster, MixedCluster)
         try:
             if mixed:   # GPU groups of different kinds (planner.search.groups)
-                report = search_mixed(model, cluster, fixed, s_, g_, top=1)
+                report = search_mixed(model, cluster, fixed, s_, g_, top=1, engine=engine)
             else:
                 # no alternatives are shown: the rejected layouts need not be found
-                report = search(model, cluster, fixed, s_, g_, top=1, rejected=False)
+                report = search(model, cluster, fixed, s_, g_, top=1, rejected=False,
+                                engine=engine)
         except PlannerError as e:       # e.g. a batch these GPUs cannot split
-            nc = None if mixed else diagnose_no_configuration(model, cluster, fixed, s_, g_)
+            nc = None if mixed else diagnose_no_configuration(model, cluster, fixed, s_, g_,
+                                                              engine)
             row["note"] = no_configuration_message(model, nc) if nc is not None else str(e)
             rows.append(row)
             continue
@@ -323,6 +333,9 @@ def run_sweep_cli(argv, parser_class) -> int:
                        f"sequence length(s) x {len(batches or [0])} global batch(es) = {points} "
                        f"points, more than {MAX_SWEEP_POINTS}; sweep fewer at a time")
     clusters = [get_cluster(n) for n in cluster_names]   # unknown names fail before searching
+    problem = compile_problem(get_engine(a.engine), a.compile)
+    if problem:                                           # said once, not on every point
+        raise BadInput(problem.line)
     if a.plot:
         from planner.plot import check_path
         check_path(a.plot)                # bad paths fail before the (long) sweep
@@ -330,9 +343,10 @@ def run_sweep_cli(argv, parser_class) -> int:
         raise BadInput(f"--csv {a.csv}: no such directory {str(Path(a.csv).parent)!r}")
     progress = _SweepProgress()
     try:
-        df = sweep(model, clusters, seq_lens, batches, Fixed(zero=a.zero, recompute=a.recompute,
-                                                             offload_optimizer=a.offload_optimizer),
-                   progress=progress)
+        engine = get_engine(a.engine)
+        fixed = Fixed(zero=a.zero, recompute=engine.native_recompute(a.recompute),
+                      offload_optimizer=a.offload_optimizer, compile=a.compile)
+        df = sweep(model, clusters, seq_lens, batches, fixed, progress=progress, engine=engine)
     finally:
         progress.close()
     if a.csv:

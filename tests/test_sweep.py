@@ -133,6 +133,8 @@ def test_nothing_fits_anywhere_exits_3(capsys, tmp_path):
     (["--model", "llama8b", "--clusters", "h100x8", "--csv", "/no/such/dir/x.csv"],
      "no such directory"),
     (["--model", "llama8b", "--clusters", "h100x8", "--zero", "7"], "invalid choice"),
+    (["--model", "llama8b", "--clusters", "h100x8", "--compile"],
+     "megatron has no torch.compile option"),
 ])
 def test_sweep_errors_are_one_line_exit_2(capsys, args, needle):
     code, out, err = run(capsys, *args)
@@ -163,3 +165,16 @@ def test_sweep_figure_lines_follow_the_swept_axes():
     assert [t.get_text() for t in tps.figure.axes[1].get_xticklabels()] == ["h100x8", "a100x8"]
     assert sorted(t.get_text() for t in tps.get_legend().get_texts()) == [
         "global batch 16", "global batch 32"]
+
+
+def test_sweep_rows_are_the_plans_plan_picks_for_the_engine(capsys):
+    """--engine and --compile reach every point: each row is `plan`'s answer for them."""
+    common = ["--model", "llama8b", "--seq-len", "4096", "--global-batch", "32", "--engine",
+              "torchtitan", "--compile"]
+    code, out, _ = run(capsys, "--clusters", "h100x8", *common, "--json")
+    assert code == 0
+    row = json.loads(out)[0]
+    assert main(["--cluster", "h100x8", *common, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["engine"] == "torchtitan" and d["compile"] is True
+    assert row["step_time_s"] == pytest.approx(d["estimate"]["step_time_s"], rel=1e-9)
