@@ -33,6 +33,20 @@ def _row_args(run_, tmp_path):
             f["zero"], "--recompute", f["recompute"], "--memory-margin", 0, "--json"]
 
 
+def _eager_and_compiled(capsys, args, limit_s=60) -> dict:
+    """{False: step time planned eager, True: with --compile} of `plan ARGS --json`, each
+    plan saying which it is."""
+    times = {}
+    for flag in ((), ("--compile",)):
+        code, out, err = run(capsys, *args, *flag, limit_s=limit_s)
+        assert code == 0, err
+        plan = json.loads(out)
+        plan = plan[0] if isinstance(plan, list) else plan
+        assert plan.get("compile", False) is bool(flag)
+        times[bool(flag)] = plan["estimate"]["step_time_s"]
+    return times
+
+
 def test_the_compiled_row_reproduces_from_the_command_line(capsys, tmp_path):
     """torchtitan's compiled 8B row planned with its knobs and --compile: the benchmark's
     prediction for the row (which prices it fused from its data, `compiled`). Planned eager,
@@ -41,15 +55,7 @@ def test_the_compiled_row_reproduces_from_the_command_line(capsys, tmp_path):
     runs = fidelity.load_runs()
     i = next(k for k, r in enumerate(runs) if r["id"] == COMPILED)
     row = fidelity.table(runs)[i]
-    args = _row_args(runs[i], tmp_path)
-    times = {}
-    for flag in ((), ("--compile",)):
-        code, out, err = run(capsys, *args, *flag, limit_s=60)
-        assert code == 0, err
-        plan = json.loads(out)
-        plan = plan[0] if isinstance(plan, list) else plan
-        assert plan.get("compile", False) is bool(flag)
-        times[bool(flag)] = plan["estimate"]["step_time_s"]
+    times = _eager_and_compiled(capsys, _row_args(runs[i], tmp_path))
     assert times[True] == pytest.approx(row["predicted_s"], rel=1e-6)
     eager = next(r for r in runs if r["id"] == EAGER)
     assert 1.0 < times[False] / times[True] < eager["step_time_s"] / runs[i]["step_time_s"]
@@ -163,12 +169,5 @@ def test_mixed_clusters_plan_compiled(capsys):
     groups it is compared with are."""
     args = ("--model", "llama70b", "--cluster", "examples/mixed.json", "--global-batch", 256,
             "--engine", "torchtitan", "--json")
-    got = {}
-    for flag in ((), ("--compile",)):
-        code, out, err = run(capsys, *args, *flag, limit_s=120)
-        assert code == 0, err
-        plan = json.loads(out)
-        plan = plan[0] if isinstance(plan, list) else plan
-        assert plan.get("compile", False) is bool(flag)
-        got[bool(flag)] = plan["estimate"]["step_time_s"]
+    got = _eager_and_compiled(capsys, args, limit_s=120)
     assert got[True] < got[False]
