@@ -399,27 +399,18 @@ def engine_of(run, engine=None):
             e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
-    if run.get("compiled") and e.compile_option:
+    if run.get("compiled"):
         # compiled as the row ran (`compile_source`): planner.engines.spec with_compile, the
         # loss as the row's torchtitan ran it (above)
         return dataclasses.replace(with_compile(e), loss_memory=e.loss_memory)
-    return dataclasses.replace(e, elementwise_kernels=elementwise_kernels_of(run, e))
-
-
-def elementwise_kernels_of(run, engine):
-    """The element-wise kernels the row's code ran (planner.cost.compute.ElementwiseKernels):
-    fused where its model ran under torch.compile (`compiled`, `compile_source`: Inductor fuses
-    the norms, RoPE and the activation), else the engine's eager ones with the RMSNorm its
-    code ran (`fixed.rmsnorm_kernel`, `norm_source`: "composite", torchtitan's norms.py RMSNorm
-    before nn.RMSNorm's fused kernel, or "fused", its Triton FusedRMSNorm)."""
-    if run.get("compiled"):
-        return with_compile(engine).elementwise_kernels
-    kernels = engine.elementwise_kernels
     norm = recipe_fact(run, "rmsnorm_kernel")
     if norm is not None:
-        kernels = dataclasses.replace(kernels, rmsnorm={
-            "composite": RMSNORM_COMPOSITE_BYTES, "fused": FUSED_OP_BYTES}[norm])
-    return kernels
+        # eager, with the RMSNorm the row's code ran (`norm_source`): "composite", torchtitan's
+        # norms.py RMSNorm before nn.RMSNorm's fused kernel, or "fused", its Triton one
+        e = dataclasses.replace(e, elementwise_kernels=dataclasses.replace(
+            e.elementwise_kernels,
+            rmsnorm={"composite": RMSNORM_COMPOSITE_BYTES, "fused": FUSED_OP_BYTES}[norm]))
+    return e
 
 
 def model_of(run):

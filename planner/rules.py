@@ -57,8 +57,8 @@ depends on how the runtime was launched. Pure Python: no torch, no numpy.
 """
 from __future__ import annotations
 
-from planner.engines import ENGINES, get_engine
-from planner.engines.spec import ALL_OR_NONE, BALANCED_SPLIT, PER_CHUNK, with_compile
+from planner.engines import ENGINES, engine_for, get_engine
+from planner.engines.spec import ALL_OR_NONE, BALANCED_SPLIT, PER_CHUNK
 from planner.precision import gpu_precision_problem, platform_of, precision_problem
 from planner.problem import Problem
 from planner.cost.schedule import schedule_problem, stage_rank
@@ -161,6 +161,10 @@ RULE_SOURCES = {
                           "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
                           "host_memory_gbps, nvme_gbps, nvme_tib)",
     "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
+    "engine_compile": "planner/engines/spec.py with_compile (compiled pricing, the engines "
+                      "whose compile_option is set) and planner/export/torchtitan.py "
+                      "([compile] enable): the planner prices and exports torch.compile for "
+                      "torchtitan only",
     "dp_shard_divides": "torchtitan/distributed/parallel_dims.py _validate (dp_replicate x "
                         "dp_shard = dp); megatron/core/parallel_state.py (data-parallel size "
                         "divisible by num_distributed_optimizer_instances)",
@@ -179,7 +183,7 @@ ENGINE_RULES = frozenset((
     "engine_tp", "engine_pp", "engine_sp", "engine_schedule", "engine_recompute",
     "engine_recompute_modules", "engine_dispatcher", "engine_moe", "engine_capacity_factor",
     "engine_ep_comm_overlap", "engine_tp_comm_overlap", "engine_cp", "engine_cp_comm",
-    "engine_precision", "engine_recipe", "engine_compile", "zero_stage", "zero_under_pp",
+    "engine_precision", "engine_recipe", "zero_stage", "zero_under_pp",
     "zero0_without_tp_pp", "etp", "ep_needs_sharded_dp", "moe_with_tp", "mla_with_tp",
     "model_parts", "moe_tp_needs_sp",
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
@@ -764,12 +768,14 @@ def priced_for_problem(plan, engine) -> Problem | None:
 
 
 def compile_problem(engine, compile_: bool):
-    """torch.compile asked of an engine the planner cannot compile for: its code is already
-    fused (Megatron, DeepSpeed: Transformer Engine and their fused kernels, priced so), or it
-    has no compile step the plan or its export can set (plain FSDP, our runtime)."""
+    """torch.compile asked for an engine the planner neither prices nor exports compiled: a
+    limit of the planner (RULE_SOURCES "engine_compile"), not of the engine -- Megatron is
+    priced with its fused kernels already, and the planner's DeepSpeed, FSDP and runtime
+    exports set no compile step."""
     if compile_ and not engine.compile_option:
         return Problem("engine_compile", ("compile",),
-                       f"{engine.name} has no torch.compile option the plan can set",
+                       f"the planner prices and exports torch.compile for torchtitan only, "
+                       f"not {engine.name}",
                        fix="plan it without --compile, or with --engine torchtitan")
     return None
 
@@ -933,9 +939,7 @@ def recompute_problem(plan, engine) -> Problem | None:
 def runner_problems(plan, engine) -> list:
     """Everything that stops `engine` from running `plan` as priced: the engine it was priced
     for first, then what the engine cannot run (exports, `plan launch`, the runtime)."""
-    engine = get_engine(engine)
-    if plan.compile and engine.compile_option:     # as priced (planner.engines.plan_engine)
-        engine = with_compile(engine)
+    engine = engine_for(engine, plan.compile)      # as priced (planner.engines.plan_engine)
     first = priced_for_problem(plan, engine)
     return ([cited(first, engine)] if first else []) + engine_problems(plan, engine)
 

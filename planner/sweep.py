@@ -333,7 +333,8 @@ def run_sweep_cli(argv, parser_class) -> int:
                        f"sequence length(s) x {len(batches or [0])} global batch(es) = {points} "
                        f"points, more than {MAX_SWEEP_POINTS}; sweep fewer at a time")
     clusters = [get_cluster(n) for n in cluster_names]   # unknown names fail before searching
-    problem = compile_problem(get_engine(a.engine), a.compile)
+    engine = get_engine(a.engine)
+    problem = compile_problem(engine, a.compile)
     if problem:                                           # said once, not on every point
         raise BadInput(problem.line)
     if a.plot:
@@ -343,7 +344,6 @@ def run_sweep_cli(argv, parser_class) -> int:
         raise BadInput(f"--csv {a.csv}: no such directory {str(Path(a.csv).parent)!r}")
     progress = _SweepProgress()
     try:
-        engine = get_engine(a.engine)
         fixed = Fixed(zero=a.zero, recompute=engine.native_recompute(a.recompute),
                       offload_optimizer=a.offload_optimizer, compile=a.compile)
         df = sweep(model, clusters, seq_lens, batches, fixed, progress=progress, engine=engine)

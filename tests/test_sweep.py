@@ -134,7 +134,7 @@ def test_nothing_fits_anywhere_exits_3(capsys, tmp_path):
      "no such directory"),
     (["--model", "llama8b", "--clusters", "h100x8", "--zero", "7"], "invalid choice"),
     (["--model", "llama8b", "--clusters", "h100x8", "--compile"],
-     "megatron has no torch.compile option"),
+     "torch.compile for torchtitan only, not megatron"),
 ])
 def test_sweep_errors_are_one_line_exit_2(capsys, args, needle):
     code, out, err = run(capsys, *args)

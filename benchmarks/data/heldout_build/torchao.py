@@ -102,7 +102,7 @@ def rows():
             # torchtitan 82afc842e, 2025-02-21; the table's torchao commit 8c81863ba is of 2025-03-12): eager
             row["fixed"]["loss_compiled"] = gpu != "h100"
             # the model compiled too: Inductor's fused element-wise kernels (benchmarks.fidelity
-            # elementwise_kernels_of)
+            # engine_of)
             row["compiled"] = True
             row["compile_source"] = (
                 "the table's setup line names `torch.compile`: torchao benchmarks/float8/training/"
