@@ -87,7 +87,10 @@ TORCHTITAN = Engine(
                       "x data_parallel_shard_degree; the shard dimension is FSDP2's)"),
              ("engine_tp_comm_overlap", "torchtitan/config/job_config.py [parallelism] "
                                         "enable_async_tensor_parallel (\"only effective when "
-                                        "compile is enabled\")"),
+                                        "compile is enabled\"); later torchtitan/config/"
+                                        "configs.py CompileConfig raises \"Async TP requires "
+                                        "'model' in --compile.components and "
+                                        "--compile.enable\""),
              ("tp_comm_overlap_in_domain", "torch/distributed/_symmetric_memory (async TP's "
                                            "buffers are mapped between the tp group's GPUs "
                                            "over NVLink: one node)")),
