@@ -186,16 +186,18 @@ def fixed_of(run) -> Fixed:
 def cluster_of(run) -> Cluster:
     """The run's cluster: a catalog name, or a catalog GPU with the figures the run's source
     gives of its own, as a cluster JSON overrides them (planner.specs GPU_OVERRIDES: the
-    memory, the HBM bandwidth of the Grand Teton H100s' HBM2e)."""
+    memory, the HBM bandwidth of the Grand Teton H100s' HBM2e), at the power limit the source
+    says its GPUs ran under (`power_limit_w`: torchao's B200 rows)."""
     c = run["cluster"]
-    if isinstance(c, str):
-        return get_cluster(c)
-    gpu = get_gpu(c["gpu"])
-    own = {k: float(c[k]) for k in GPU_OVERRIDES if k in c}
+    cluster = (get_cluster(c) if isinstance(c, str) else
+               Cluster(c.get("name", f"{c['gpu']}x{c['num_gpus']}"), get_gpu(c["gpu"]),
+                       int(c["num_gpus"]), int(c.get("gpus_per_node", 8))))
+    own = {k: float(c[k]) for k in GPU_OVERRIDES if isinstance(c, dict) and k in c}
+    if run.get("power_limit_w"):
+        own["power_limit_w"] = float(run["power_limit_w"])
     if own:
-        gpu = dataclasses.replace(gpu, **own)
-    return Cluster(c.get("name", f"{gpu.name}x{c['num_gpus']}"), gpu, int(c["num_gpus"]),
-                   int(c.get("gpus_per_node", 8)))
+        cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, **own))
+    return cluster
 
 
 def _published_config(run) -> str:

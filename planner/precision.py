@@ -212,8 +212,10 @@ def platform_of(gpu) -> str | None:
 
 
 def low_precision_peak(gpu, precision: str) -> float | None:
-    """Dense TFLOP/s of `precision` on `gpu` (None where the catalog has no figure)."""
-    return LOW_PRECISION_PEAK_TFLOPS.get(gpu.name, {}).get(precision)
+    """Dense TFLOP/s of `precision` on `gpu` (None where the catalog has no figure), at its
+    power limit as its bf16 peak is (planner.specs.Gpu tensor_peak_tflops)."""
+    peak = LOW_PRECISION_PEAK_TFLOPS.get(gpu.name, {}).get(precision)
+    return None if peak is None else peak * gpu.tensor_peak_tflops / gpu.peak_tflops
 
 
 def gpu_precision_problem(gpu, precision: str, recipe: str | None = None,

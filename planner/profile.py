@@ -566,10 +566,12 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     # an efficiency is a fraction of the peak: a measured rate above the catalog's peak (a CPU
     # whose vector units the rough catalog figure undercounts) raises the peak to it; times,
     # which depend on peak x efficiency = the measured rate, are unchanged
-    peak = gpu.peak_tflops
+    # (at the GPU's power limit, where it has one: its efficiencies are of that peak)
+    peak = gpu.tensor_peak_tflops
     top = max([r for r in (gemm_rate, attn_rate) if r is not None], default=0.0)
     if top > peak:
-        changes["peak_tflops"] = peak = top
+        changes["peak_tflops"] = top * gpu.peak_tflops / peak
+        peak = top
         notes.append(f"peak {top * 1e3:.3g} GFLOP/s: the measured rate, above the catalog's "
                      f"{gpu.peak_tflops * 1e3:.3g}")
     if gemm_rate is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from planner import limits as B
 from planner import filecheck as S
 from planner.errors import BadInput
+from planner.power import power_scale
 
 ACTIVATIONS = ("silu", "gelu", "relu2")
 NORMS = ("rmsnorm", "layernorm")
@@ -414,6 +415,8 @@ GPU_FIELDS = {
     "host_memory_gbps": S.Num(ge=0.0, le=1e8),
     "nvme_gbps": S.Num(ge=0.0, le=1e8),
     "nvme_tib": S.Num(ge=0.0, le=1e7),
+    # the board power limit the GPUs run under (nvidia-smi -pl), W; 0: the part's rated power
+    "power_limit_w": S.Num(ge=0.0, le=1e5),
 }
 
 
@@ -442,6 +445,8 @@ class Gpu:
     host_memory_gbps: float = 0.0  # the node's CPU memory bandwidth, GB/s (CPU Adam is bound by it)
     nvme_gbps: float = 0.0         # the node's local NVMe, GB/s, the slower of read and write
     nvme_tib: float = 0.0          # the node's local NVMe capacity, TiB
+    # the board power limit it runs under, W (nvidia-smi -pl); 0: its rated power
+    power_limit_w: float = 0.0
 
     def __post_init__(self):
         who = _who("gpu", self.name)
@@ -450,6 +455,17 @@ class Gpu:
                 checker(getattr(self, f), f)
             except S.Invalid as e:
                 raise BadInput(f"{who}: {e}") from None
+        if self.power_limit_w:
+            self.tensor_peak_tflops     # a limit no datasheet prices is refused here
+
+    @property
+    def tensor_peak_tflops(self) -> float:
+        """The dense bf16 tensor-core peak at the board's power limit: `peak_tflops` (the rated
+        part's) in the ratio its silicon's datasheet ratings give at that power
+        (planner.power power_scale); every precision's peak scales alike."""
+        if not self.power_limit_w:
+            return self.peak_tflops
+        return self.peak_tflops * power_scale(self.name, self.power_limit_w)
 
 
 GPU_SCHEMA = _schema_of(Gpu, GPU_FIELDS)
@@ -562,7 +578,7 @@ class MixedCluster:
         """The slowest group's GPU (least peak; of equal peaks, the least memory bandwidth,
         then memory: H100 before H200): what a reader that needs one GPU assumes."""
         return min((g.gpu for g in self.groups),
-                   key=lambda x: (x.peak_tflops, x.hbm_gbps, x.memory_gib))
+                   key=lambda x: (x.tensor_peak_tflops, x.hbm_gbps, x.memory_gib))
 
     @property
     def gpus_per_node(self) -> int:

@@ -112,7 +112,8 @@ def test_cluster_file(tmp_path):
 BASE_IMPORTS = {
     "planner/vocab.py": set(),
     "planner/layout.py": {"planner.errors"},
-    "planner/specs.py": {"planner.limits", "planner.filecheck", "planner.errors"},
+    "planner/power.py": {"planner.errors"},
+    "planner/specs.py": {"planner.limits", "planner.filecheck", "planner.errors", "planner.power"},
     "planner/cost/__init__.py": set(),
 }
 
@@ -143,7 +144,8 @@ def test_a_cost_module_loads_without_the_stage_model():
             "print(' '.join(m for m in sys.modules if m.startswith('planner.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert set(out.stdout.split()) == {"planner.cost", "planner.cost.comm", "planner.specs",
-                                       "planner.filecheck", "planner.limits", "planner.errors"}
+                                       "planner.filecheck", "planner.limits", "planner.errors",
+                                       "planner.power"}
 
 
 def test_every_hf_model_type_has_one_family_reader():

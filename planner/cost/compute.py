@@ -47,7 +47,7 @@ def gemm_time(gpu: Gpu, m: float, n: float, k: float, count: float = 1.0, lp=Non
     d = min(m, n, k)
     shape = d / (d + GEMM_HALF_DIM)
     if lp is None:
-        t_compute = flops / (gpu.peak_tflops * 1e12 * gpu.gemm_efficiency * shape)
+        t_compute = flops / (gpu.tensor_peak_tflops * 1e12 * gpu.gemm_efficiency * shape)
         t_memory = BF16 * (m * k + k * n + m * n) * count / (gpu.hbm_gbps * 1e9)
     else:
         eff = gpu.gemm_efficiency * lp.recipe.gemm_scale * shape
@@ -254,7 +254,8 @@ def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool 
     """Forward seconds of the attention core (QK^T, softmax, PV) on one GPU."""
     heads = model.num_heads / tp
     if flash:
-        return attention_flops(model, b, s) / tp / (gpu.peak_tflops * 1e12 * gpu.attn_efficiency)
+        return attention_flops(model, b, s) / tp / (gpu.tensor_peak_tflops * 1e12
+                                                     * gpu.attn_efficiency)
     d = model.head_dim
     # two batched GEMMs over the full (unmasked) s x s scores, k = head_dim for QK^T
     gemms = gemm_time(gpu, s, s, d, b * heads) + gemm_time(gpu, s, d, s, b * heads)

@@ -64,8 +64,9 @@ def rows():
             if gpu == "h100":
                 uncertain.append("H100 variant (SXM 80 GB or Meta's 96 GB HBM2e, power limit) not printed: catalog h100 assumed")
             if gpu == "b200":
-                uncertain.append("B200 'power limited' at 750 W (`power_limit_w`): the catalog's b200 figures are the "
-                                 "1000 W part's; no published B200 throughput at 750 W, so the planner prices the full-power part")
+                uncertain.append("B200 'power limited' at 750 W (`power_limit_w`): priced at that limit by the Blackwell silicon's datasheet "
+                                 "ratings (HGX B100 700 W, HGX B200 1000 W) interpolated (planner.power power_scale), an "
+                                 "estimate: no published B200 throughput at 750 W")
                 uncertain.append("peak memory: this table prints 33.4-33.9 GB for the configuration whose H100 table prints 47.7-47.8 GB "
                                  "(other pytorch / torchao / torchtitan versions); which memory-saving change explains it is not known")
             if scaling == "mxfp8_cublas_rceil":
