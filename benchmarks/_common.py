@@ -5,8 +5,10 @@ import datetime
 import math
 import os
 import platform
+import sys
 from pathlib import Path
 
+from planner.errors import BadInput
 from planner.explain import recompute_label
 
 # The committed tables (`--out benchmarks/results` regenerates them); a run without --out
@@ -91,3 +93,13 @@ def describe(c, layers=None, recompute=None) -> str:
     if not c.flash:
         s += " eager-attn"
     return s
+
+
+def run_cli(main, prog: str) -> int:
+    """A benchmark script's exit status: bad input (a model, a profile, a data file) said in one
+    line on stderr with exit 2, as `plan` says it, never a traceback."""
+    try:
+        return main()
+    except BadInput as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import OUT_HELP, SCRATCH
+from benchmarks._common import OUT_HELP, SCRATCH, run_cli
 from planner.catalog import get_cluster, get_model
 from planner.cost.price import candidate_of, price
 from planner.profile import apply_profile, load_profile
@@ -359,4 +359,4 @@ GAPS = """## What the prediction does not capture (CPU runtime)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, "closed_loop"))

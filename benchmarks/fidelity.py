@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
-                               today)
+                                run_cli, today)
 from planner.catalog import get_cluster, get_gpu, get_model
 from planner.cost.compute import FUSED_OP_BYTES
 from planner.cost.recompute import DEFAULT_MODULES
@@ -1578,4 +1578,4 @@ def failed_targets(rows, summ) -> list:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main, "fidelity"))

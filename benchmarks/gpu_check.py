@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._common import SCRATCH
+from benchmarks._common import SCRATCH, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,4 +227,4 @@ def report(rows, hw, date, model_path, cluster, cfg, seconds) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, "gpu_check"))

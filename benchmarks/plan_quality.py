@@ -5,7 +5,9 @@ sequence length, global batch, attention kernels):
 
 - planner: `search` with nothing fixed;
 - published: the published configuration, unpublished knobs chosen by the planner, ZeRO among
-  the stages the engine offered (as in benchmarks.fidelity) -- published runs only;
+  the stages the engine offered, the engine as the row ran it (benchmarks.fidelity engine_of:
+  torch.compile, gradient dtype, ...) -- published runs only, every plan of the row priced on
+  that engine;
 - FSDP: ZeRO-3 data parallel, tp=1, pp=1, dp=N, the fewest recomputed layers that fit, the
   fastest micro-batch;
 - Megatron: TP = GPUs per node with sequence parallel, the smallest PP that fits, 1F1B, full
@@ -24,9 +26,9 @@ import dataclasses
 import time
 
 from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
-                               today)
+                                run_cli, today)
 from benchmarks.fidelity import (FIDELITY_MARGIN_GIB, _best_over_zero_stages, cluster_of,
-                                 fixed_of, load_runs, model_of)
+                                 engine_of, fixed_of, load_runs, model_of)
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
 from planner.limits import divisors
@@ -172,7 +174,7 @@ def published_rows(limit=None) -> list:
     rows = []
     for run in load_runs()[:limit]:
         model, cluster = model_of(run), cluster_of(run)
-        engine = get_engine(run["engine"])
+        engine = engine_of(run)     # as the row ran: compiled, its gradient dtype, ... (fidelity)
         f = run["fixed"]
         fixed = fixed_of(run)
         res, fits = _best_over_zero_stages(model, cluster, run, run.get("zero_stages", [None]),
@@ -284,4 +286,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main, "plan_quality"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks._common import RESULTS, machine, markdown_table, out_path, today
+from benchmarks._common import RESULTS, machine, markdown_table, out_path, run_cli, today
 
 # the published formulas (DualPipe README table), per chunk: f forward, b full backward, w
 # its weight part, p devices (the table's PP stages: p for 1F1B / ZB1P, 2p for DualPipeV)
@@ -160,4 +160,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, "schedule_ratios"))

@@ -40,7 +40,7 @@ from collections import Counter
 import numpy as np
 
 from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
-                               today)
+                                run_cli, today)
 from planner.catalog import get_cluster, get_model
 from planner.cost.stage import capacity_bytes, evaluate, stage_coefficients
 import planner.search as S
@@ -473,4 +473,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main, "search_speed"))

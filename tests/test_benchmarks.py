@@ -199,3 +199,16 @@ def test_gpu_check_cpu_dry_run_end_to_end(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert (tmp_path / "gpu_check.md").exists()
+
+
+def test_a_benchmark_script_says_bad_input_in_one_line(tmp_path):
+    """A bad file given to a benchmark script is one line on stderr and exit 2, as for `plan`
+    (benchmarks._common run_cli; a non-JSON profile printed a traceback)."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.closed_loop", "--profile", str(bad),
+                        "--steps", "1"], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("closed_loop: error: profile ") and r.stderr.count("\n") == 1
+    assert "not valid JSON" in r.stderr and "Traceback" not in r.stderr
