@@ -290,6 +290,8 @@ def gpu_label(gpu) -> str:
         return gpu.name
     if gpu.name not in GPUS:
         return f"custom GPU {gpu.name!r}"
+    if changed == ("power_limit_w",):
+        return f"{gpu.name} at {gpu.power_limit_w:g} W"
     return f"custom GPU (catalog {gpu.name} with {', '.join(changed)} changed)"
 
 
@@ -300,9 +302,15 @@ def trust_label(engine, gpu, moe: bool = False) -> str:
     from planner.engines.trust import VALIDATED_GPUS, trust_on, validated_on
     if engine.validation is None:
         return "not validated"
-    if custom_gpu_changes(gpu) is None and validated_on(engine.name, gpu.name):
+    changed = custom_gpu_changes(gpu)
+    if changed is None and validated_on(engine.name, gpu.name):
         return trust_on(engine, gpu.name, moe)
-    where = "a custom GPU" if custom_gpu_changes(gpu) is not None else gpu.name
+    if changed == ("power_limit_w",):
+        # the catalog GPU under a power limit: validated by published runs at that limit only
+        band = trust_on(engine, gpu.name, moe, gpu.power_limit_w)
+        if band != "not validated":
+            return band
+    where = "a custom GPU" if changed is not None else gpu.name
     v = engine.validation
     return (f"not validated on {where} (its {v.runs} published runs, median +/-"
             f"{v.median_abs_error_pct:.0f}%, ran on {', '.join(VALIDATED_GPUS[engine.name])})")

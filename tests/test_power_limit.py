@@ -6,6 +6,7 @@ The datasheet figures below are typed from NVIDIA's tables, not read from the ca
 (1200 W) 2.5 / 5.0 per GPU."""
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,20 @@ def test_a_bad_power_limit_in_a_cluster_file_is_one_line_exit_2(capsys, tmp_path
     cf = write(tmp_path, "c.json", {"base": "b200", "num_gpus": 8, "power_limit_w": watts})
     code, _, err = run(capsys, "--model", "llama8b", "--cluster", cf)
     one_line(code, err, needle=needle)
+
+
+def test_the_trust_band_under_a_power_limit_is_that_of_runs_at_that_limit():
+    """On a catalog GPU under a power limit, `plan` quotes the held-out error of the published
+    runs at that limit (torchao's B200 rows at 750 W), and no band at a limit no run had."""
+    from planner.engines import get_engine
+    from planner.explain import gpu_label, trust_label
+    rows = json.loads((Path(__file__).parent.parent / "benchmarks" / "data"
+                       / "published_runs_heldout.json").read_text())
+    rows = rows["runs"] if isinstance(rows, dict) else rows
+    at_750 = [r for r in rows if r.get("power_limit_w") == 750 and r["engine"] == "torchtitan"]
+    tt = get_engine("torchtitan")
+    band = trust_label(tt, limited("b200", 750))
+    assert f"{len(at_750)} published torchtitan runs on Blackwell GPUs at 750 W" in band
+    assert trust_label(tt, limited("b200", 800)).startswith("not validated on a custom GPU")
+    assert trust_label(get_engine("megatron"), limited("b200", 750)).startswith("not validated")
+    assert gpu_label(limited("b200", 750)) == "b200 at 750 W"

@@ -60,24 +60,35 @@ def scope_of(engine: str, moe: bool = False) -> str:
     return f"{engine} moe" if moe and f"{engine} moe" in TRUST else engine
 
 
-def validation_of(engine: str, gpu: str | None = None,
-                  moe: bool = False) -> HeldOutValidation | None:
+def validation_of(engine: str, gpu: str | None = None, moe: bool = False,
+                  power_limit_w: float = 0.0) -> HeldOutValidation | None:
     """The held-out figures of `engine` (MoE models apart where it has MoE rows), on `gpu`'s
-    generation where it has published runs there, else over all its runs."""
+    generation where it has published runs there, else over all its runs. Under a power limit
+    only runs at that limit count (the scope "<generation> at <W> W"); None where there are
+    none."""
     scopes = TRUST.get(scope_of(engine, moe))
     if not scopes:
         return None
     gen = ARCH.get(gpu) if gpu else None
-    key = gen if gen in scopes else "all"
+    if power_limit_w:
+        key = f"{gen} at {power_limit_w:g} W"
+        if key not in scopes:
+            return None
+        label = f" on {gen.title()} GPUs at {power_limit_w:g} W"
+    else:
+        key = gen if gen in scopes else "all"
+        label = f" on {gen.title()} GPUs" if key != "all" else ""
     v = scopes[key]
     return HeldOutValidation(runs=v["runs"], median_abs_error_pct=v["held_out_median_abs_pct"],
                              table=TABLE, p90_abs_error_pct=v["held_out_p90_abs_pct"],
                              in_sample_median_abs_error_pct=v["in_sample_median_abs_pct"],
-                             scope=f" on {gen.title()} GPUs" if key != "all" else "")
+                             scope=label)
 
 
-def trust_on(engine, gpu: str | None = None, moe: bool = False) -> str:
-    """What `plan` prints as its trust band for `engine` on `gpu` (a catalog GPU name)."""
-    v = validation_of(engine.name, gpu, moe)
+def trust_on(engine, gpu: str | None = None, moe: bool = False,
+             power_limit_w: float = 0.0) -> str:
+    """What `plan` prints as its trust band for `engine` on `gpu` (a catalog GPU name, under
+    `power_limit_w` where it runs under one)."""
+    v = validation_of(engine.name, gpu, moe, power_limit_w)
     scope = scope_of(engine.name, moe)
     return v.describe(scope.replace(" moe", " MoE")) if v else "not validated"
