@@ -7,6 +7,8 @@ expressions of torchtitan's Llama as its 2024-12 commit wrote them (9dec370:
 torchtitan/models/norms.py RMSNorm, torchtitan/models/llama/model.py apply_rotary_emb and
 FeedForward), which the published eager rows ran.
 """
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,8 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from planner.cost.compute import (FUSED_GATED_ACT_BYTES, FUSED_OP_BYTES,  # noqa: E402
                                   ElementwiseKernels, elementwise_bytes)
-from planner.engines.eager import (RMSNORM_COMPOSITE_BYTES, ROPE_EAGER_BYTES,  # noqa: E402
-                                   ROPE_RUNTIME_BYTES, SWIGLU_EAGER_BYTES)
+from planner.engines.eager import (RELU2_EAGER_BYTES, RMSNORM_COMPOSITE_BYTES,  # noqa: E402
+                                   ROPE_EAGER_BYTES, ROPE_RUNTIME_BYTES, SWIGLU_EAGER_BYTES)
 from planner.specs import Model  # noqa: E402
 
 B, S, HEADS, HEAD_DIM = 2, 256, 16, 64
@@ -102,6 +104,33 @@ def test_gated_activation_eager():
         got = _bytes_per_element(fn, a, b, elements=n)
         assert got == pytest.approx(SWIGLU_EAGER_BYTES, rel=0.05), got
     assert SWIGLU_EAGER_BYTES > FUSED_GATED_ACT_BYTES
+
+
+def test_squared_relu_eager():
+    """Squared ReLU as the runtime, HF transformers and Megatron-Core write it runs two kernels;
+    the engines that run it so price it at what they dispatch, GELU stays one kernel."""
+    from planner.cost.compute import activation_bytes_per_element
+    from planner.engines import get_engine
+    from runtime.model import _activation
+    x = _bf16(B, S, 4 * HIDDEN)
+    n = x.numel()
+    relu = torch.nn.functional.relu
+    for fn in (_activation("relu2"),                       # runtime/model.py
+               lambda t: torch.square(relu(t)),             # HF ReLUSquaredActivation
+               lambda t: torch.pow(relu(t), 2)):            # megatron/core/activations.py
+        got = _bytes_per_element(fn, x, elements=n)
+        assert got == pytest.approx(RELU2_EAGER_BYTES, rel=0.05), got
+    gelu = _bytes_per_element(_activation("gelu"), x, elements=n)
+    assert gelu == pytest.approx(FUSED_OP_BYTES, rel=0.05), gelu
+    relu2 = Model(name="r2", num_layers=2, hidden=HIDDEN, ffn_hidden=4 * HIDDEN, num_heads=HEADS,
+                  num_kv_heads=HEADS, vocab_size=1024, max_seq_len=S, activation="relu2",
+                  gated_mlp=False)
+    for name in ("megatron", "runtime", "fsdp"):
+        kernels = get_engine(name).elementwise_kernels
+        assert activation_bytes_per_element(relu2, kernels) == RELU2_EAGER_BYTES, name
+    gelu_model = dataclasses.replace(relu2, activation="gelu")
+    assert activation_bytes_per_element(gelu_model, get_engine("megatron").elementwise_kernels) \
+        == FUSED_OP_BYTES
 
 
 def test_layer_bytes_are_what_the_eager_layer_dispatches():

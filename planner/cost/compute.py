@@ -186,6 +186,7 @@ class ElementwiseKernels:
     rmsnorm: float = FUSED_OP_BYTES         # per element of the hidden state
     rope: float = FUSED_OP_BYTES            # per element of the rotated queries and keys
     gated_act: float = FUSED_GATED_ACT_BYTES  # per element of the MLP width
+    relu2: float = FUSED_OP_BYTES           # per element of the MLP width: squared ReLU
 
 
 FUSED_KERNELS = ElementwiseKernels()
@@ -218,8 +219,11 @@ def mlp_activation_bytes(model: Model, tokens: float, tp: int,
 def activation_bytes_per_element(model: Model,
                                  kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
     """HBM bytes of an MLP activation's forward per element of its width (a dense MLP's, an
-    expert's, a shared expert's): the gated one as the engine runs it, a plain one a kernel."""
-    return kernels.gated_act if model.gated_mlp else FUSED_OP_BYTES
+    expert's, a shared expert's): the gated one and squared ReLU as the engine runs them, any
+    other plain one a kernel (GELU: aten's own)."""
+    if model.gated_mlp:
+        return kernels.gated_act
+    return kernels.relu2 if model.activation == "relu2" else FUSED_OP_BYTES
 
 
 def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,

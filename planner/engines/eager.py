@@ -75,11 +75,18 @@ ROPE_RUNTIME_BYTES = 48.0
 # SwiGLU as w2(silu(w1 x) * w3 x): silu reads and writes one (4), the product reads two and
 # writes one (6).
 SWIGLU_EAGER_BYTES = 10.0
+# Squared ReLU as relu then the square, each reading and writing the MLP width: 4 + 4 bytes
+# (runtime/model.py torch.square(F.relu(x)); HF transformers' ReLUSquaredActivation, relu then
+# torch.square; Megatron-Core's squared_relu, torch.pow(F.relu(x), 2) in
+# megatron/core/activations.py, not under its jit_fuser, which its MLP calls as it is: its
+# bias-activation fusions cover GELU, SiLU and quick-GELU only, megatron/core/transformer/mlp.py
+# @d98e8a64dd).
+RELU2_EAGER_BYTES = 8.0
 
 # HF transformers / accelerate / llm-foundry's Llama under plain FSDP (LayerNorm and GELU
 # models, MPT's included, run one kernel per op either way)
 HF_EAGER_KERNELS = ElementwiseKernels(rmsnorm=RMSNORM_COMPOSITE_BYTES, rope=ROPE_EAGER_BYTES,
-                                      gated_act=SWIGLU_EAGER_BYTES)
+                                      gated_act=SWIGLU_EAGER_BYTES, relu2=RELU2_EAGER_BYTES)
 # torchtitan without torch.compile today: nn.RMSNorm (torchtitan/models/common/nn_modules.py)
 # runs torch's fused kernel (aten::_fused_rms_norm); RoPE and SwiGLU eager
 # (models/common/rope.py, feed_forward.py)
@@ -87,4 +94,4 @@ TORCHTITAN_EAGER_KERNELS = ElementwiseKernels(rope=ROPE_EAGER_BYTES,
                                               gated_act=SWIGLU_EAGER_BYTES)
 # our runtime (runtime/model.py)
 RUNTIME_KERNELS = ElementwiseKernels(rmsnorm=RMSNORM_COMPOSITE_BYTES, rope=ROPE_RUNTIME_BYTES,
-                                     gated_act=SWIGLU_EAGER_BYTES)
+                                     gated_act=SWIGLU_EAGER_BYTES, relu2=RELU2_EAGER_BYTES)

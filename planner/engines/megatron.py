@@ -43,6 +43,8 @@ Memory: bf16 weights, fp32 gradient accumulation and reduction (accumulate_allre
 is set for --bf16), 12 B of Adam state with the fp32 master: 18 B per parameter, 6 + 12/d with
 the distributed optimizer (Megatron-LM docs, distributed optimizer).
 """
+from planner.cost.compute import ElementwiseKernels
+from planner.engines.eager import RELU2_EAGER_BYTES
 from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   PER_CHUNK, Engine)
 from planner.engines.trust import validation_of
@@ -135,6 +137,9 @@ MEGATRON = Engine(
     cp_comm_types=("p2p", "all_gather", "a2a"),
     weight_bytes=2.0, grad_bytes=4.0, optimizer_bytes=12.0,
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
+    # fused norms, RoPE and GELU / SwiGLU (Transformer Engine, --apply-rope-fusion,
+    # --bias-activation-fusion); squared ReLU runs eager (planner.engines.eager RELU2_EAGER_BYTES)
+    elementwise_kernels=ElementwiseKernels(relu2=RELU2_EAGER_BYTES),
     # --optimizer-cpu-offload --optimizer-offload-fraction 1.0 (with
     # --use-precision-aware-optimizer, which megatron/training/arguments.py requires of it):
     # the HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
