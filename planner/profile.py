@@ -566,9 +566,12 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     # an efficiency is a fraction of the peak: a measured rate above the catalog's peak (a CPU
     # whose vector units the rough catalog figure undercounts) raises the peak to it; times,
     # which depend on peak x efficiency = the measured rate, are unchanged
-    # (at the GPU's power limit, where it has one: its efficiencies are of that peak)
+    # (at the GPU's power limit, where it has one: its efficiencies are of that peak); the
+    # measured layers' model-FLOP rate counts too, or a plan's MFU over this peak passes 1
+    entry = _pick_entry(d["models"], model)
     peak = gpu.tensor_peak_tflops
-    top = max([r for r in (gemm_rate, attn_rate) if r is not None], default=0.0)
+    top = max([r for r in (gemm_rate, attn_rate, _layer_rate(entry, stat)) if r is not None],
+              default=0.0)
     if top > peak:
         changes["peak_tflops"] = top * gpu.peak_tflops / peak
         peak = top
@@ -619,7 +622,6 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
         notes.append(f"overlap slowdown {overlap['overlap_slowdown']:.2f} of a collective's time "
                      f"(catalog {gpu.overlap_slowdown:.2f}; compute x"
                      f"{overlap['compute_slowdown']:.2f} beside an all-reduce)")
-    entry = _pick_entry(d["models"], model)
     measured = Measured(entry, model, gpu2, stat)
     tps = ",".join(map(str, measured.tps))
     mbs = ",".join(map(str, entry.get("micro_batches", [])))
@@ -639,6 +641,19 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
                                  elementwise_traffic=1.0, layer_overhead_s=0.0,
                                  overlap_slowdown=None, measured=measured)
     return dataclasses.replace(cluster, gpu=gpu2), engine, notes
+
+
+def _layer_rate(entry: dict, stat: str) -> float | None:
+    """The highest model-FLOP rate, TFLOP/s, of the entry's measured layers (forward and
+    backward, counted as a plan's MFU counts them: planner.cost.stage dense_layer_flops); None
+    for a mixture-of-experts model, whose layers that count does not describe."""
+    from planner.cost.stage import dense_layer_flops
+    spec = Model.from_dict(entry["profiled_spec"])
+    if spec.is_moe:
+        return None
+    return max((dense_layer_flops(spec, p["seq_len"], p["mbs"]) / p["tp"]
+                / (p["fwd_s"][stat] + p["bwd_s"][stat]) / 1e12
+                for p in entry["layer"]["points"]), default=None)
 
 
 def _pick_entry(entries: list, model: Model) -> dict:

@@ -15,6 +15,7 @@ from planner.cli import main as plan_main
 from planner.cost.stage import Candidate, evaluate, stage_coefficients
 from planner.catalog import get_cluster, get_model
 from planner.errors import BadInput
+from planner.plan import Plan
 from planner.profile import (FORMAT, VERSION, Profile, apply_profile, load_profile,
                              merge_profiles)
 
@@ -149,6 +150,25 @@ def test_plan_cli_uses_the_profile(prof, tmp_path, capsys):
     assert used and any("measured" in u for u in used)
     printed = json.loads(capsys.readouterr().out)
     assert printed["search"]["profile_used"] == used and printed["search"]["profile"]
+
+
+def test_layers_faster_than_the_peak_raise_it_so_the_plan_stays_valid(tmp_path, capsys):
+    """On a machine whose measured layers run at a higher model-FLOP rate than its GEMM probe
+    and the catalog's peak (the committed CPU profile, measured on a quiet machine on
+    2026-12-04: 72.6 GFLOP/s of layer against the catalog's 50), that rate is the peak: the
+    plan's MFU stays at most 1 and the plan loads. Before, the closed loop's best plan said MFU
+    1.28 and the runtime refused it ("estimate.mfu must be at most 1")."""
+    path = ROOT / "benchmarks" / "profiles" / "cpux2-tiny-llama.json"
+    d = json.loads(path.read_text())
+    model = _write(tmp_path, "tiny-llama.json", d["models"][0]["model"])
+    out = tmp_path / "plan.json"
+    rc = plan_main(["--model", str(model), "--cluster", "cpux2", "--seq-len",
+                    str(d["models"][0]["seq_len"]), "--global-batch", "8", "--profile", str(path),
+                    "--out", str(out)])
+    capsys.readouterr()
+    assert rc == 0
+    plan = Plan.load(str(out), whole_cluster=True)
+    assert 0 < plan.estimate["mfu"] <= 1.0
 
 
 # ---- errors -------------------------------------------------------------------------------

@@ -758,15 +758,23 @@ def model_flops_per_step(model: Model, seq_len: int, global_batch: int) -> float
     tokens = seq_len * global_batch
     dense = model.attn_matmul_params() + model.mlp_matmul_params()
     mtp = model.mtp_layers
-    matmul = model.num_layers * dense + model.vocab_size * model.hidden * (1 + mtp)
+    other = model.vocab_size * model.hidden * (1 + mtp)
     if model.is_moe:   # an MoE layer's token runs its router, shared and top-k experts
         from planner.cost.moe import flops_per_token_layer
         q = model.num_moe_layers + (mtp if model.moe_layer(model.num_layers - 1) else 0)
-        matmul += q * (flops_per_token_layer(model) - dense)
-    matmul += mtp * (dense + 3 * model.hidden + 2 * model.hidden * model.hidden)
-    attn = ((model.num_layers + mtp) * 12.0 * global_batch * seq_len
-            * mean_attended_keys(model, seq_len, causal=False) * attention_width(model))
-    return 6.0 * matmul * tokens + attn
+        other += q * (flops_per_token_layer(model) - dense)
+    other += mtp * (3 * model.hidden + 2 * model.hidden * model.hidden)
+    return ((model.num_layers + mtp) * dense_layer_flops(model, seq_len, global_batch)
+            + 6.0 * other * tokens)
+
+
+def dense_layer_flops(model: Model, seq_len: int, batch: int) -> float:
+    """Model FLOPs of one dense layer's forward and backward over `batch` sequences, counted as
+    model_flops_per_step counts them: 6 x its matmul parameters x tokens + non-causal
+    attention 12*B*s*keys*width."""
+    return (6.0 * (model.attn_matmul_params() + model.mlp_matmul_params()) * seq_len * batch
+            + 12.0 * batch * seq_len * mean_attended_keys(model, seq_len, causal=False)
+            * attention_width(model))
 
 
 @dataclass
