@@ -275,11 +275,15 @@ def custom_gpu_changes(gpu) -> tuple | None:
     catalog GPU of its name (a cluster file's "base"), all of them when the name is not in
     the catalog."""
     from planner.catalog.gpus import GPUS
+    from planner.power import at_rated_power
     base = GPUS.get(gpu.name)
     if base is None:
         return tuple(f.name for f in dataclasses.fields(gpu) if f.name != "name")
+    # a power limit at the part's own rated power leaves it as the catalog has it
     return tuple(f.name for f in dataclasses.fields(gpu)
-                 if getattr(gpu, f.name) != getattr(base, f.name)) or None
+                 if getattr(gpu, f.name) != getattr(base, f.name)
+                 and not (f.name == "power_limit_w"
+                          and at_rated_power(gpu.name, gpu.power_limit_w))) or None
 
 
 def gpu_label(gpu) -> str:
@@ -305,7 +309,7 @@ def trust_label(engine, gpu, moe: bool = False) -> str:
     changed = custom_gpu_changes(gpu)
     if changed is None and validated_on(engine.name, gpu.name):
         return trust_on(engine, gpu.name, moe)
-    if changed == ("power_limit_w",):
+    if changed == ("power_limit_w",) and validated_on(engine.name, gpu.name):
         # the catalog GPU under a power limit: validated by published runs at that limit only
         band = trust_on(engine, gpu.name, moe, gpu.power_limit_w)
         if band != "not validated":

@@ -31,11 +31,18 @@ def power_scale(name: str, watts: float) -> float:
         rated = ", ".join(POWER_RATINGS)
         raise BadInput(f"gpu {name!r}: no datasheet rates its silicon at another power, so a "
                        f"power limit ({watts:g} W) cannot be priced; give its peak_tflops at "
-                       f"that limit instead (power limits are priced for {rated})")
+                       f"that limit instead, without power_limit_w (power limits are priced "
+                       f"for {rated})")
     ratings, rated_w = POWER_RATINGS[name]
     low = ratings[0][0]
     if not low <= watts <= rated_w:
         raise BadInput(f"gpu {name!r}: power limit {watts:g} W is outside {low:g}-{rated_w:g} W "
                        f"(the lowest rating of its silicon to the part's own); give its "
-                       f"peak_tflops at that limit instead")
+                       f"peak_tflops at that limit instead, without power_limit_w")
     return _rated_peak(ratings, watts) / _rated_peak(ratings, rated_w)
+
+
+def at_rated_power(name: str, watts: float) -> bool:
+    """Whether a limit of `watts` leaves catalog GPU `name` as rated: none (0), or its own
+    rated power."""
+    return not watts or (name in POWER_RATINGS and watts == POWER_RATINGS[name][1])

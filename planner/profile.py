@@ -576,7 +576,7 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
         changes["peak_tflops"] = top * gpu.peak_tflops / peak
         peak = top
         notes.append(f"peak {top * 1e3:.3g} GFLOP/s: the measured rate, above the catalog's "
-                     f"{gpu.peak_tflops * 1e3:.3g}")
+                     f"{gpu.tensor_peak_tflops * 1e3:.3g}")
     if gemm_rate is not None:
         eff = gemm_rate / peak
         changes["gemm_efficiency"] = eff
@@ -651,7 +651,7 @@ def _layer_rate(entry: dict, stat: str) -> float | None:
     spec = Model.from_dict(entry["profiled_spec"])
     if spec.is_moe:
         return None
-    return max((dense_layer_flops(spec, p["seq_len"], p["mbs"]) / p["tp"]
+    return max((dense_layer_flops(spec, p.get("seq_len", entry["seq_len"]), p["mbs"]) / p["tp"]
                 / (p["fwd_s"][stat] + p["bwd_s"][stat]) / 1e12
                 for p in entry["layer"]["points"]), default=None)
 

@@ -104,3 +104,17 @@ def test_the_trust_band_under_a_power_limit_is_that_of_runs_at_that_limit():
     assert trust_label(tt, limited("b200", 800)).startswith("not validated on a custom GPU")
     assert trust_label(get_engine("megatron"), limited("b200", 750)).startswith("not validated")
     assert gpu_label(limited("b200", 750)) == "b200 at 750 W"
+
+
+def test_a_power_limit_lends_no_band_where_the_engine_never_ran_and_rated_is_the_catalog():
+    """gb200 at 750 W under torchtitan, which has no gb200 run, is not validated by torchao's
+    b200 rows; a limit at the part's own rated power is the catalog part, its band and name."""
+    from planner.engines import get_engine
+    from planner.explain import gpu_label, trust_label
+    tt, mg = get_engine("torchtitan"), get_engine("megatron")
+    assert trust_label(tt, limited("gb200", 750)).startswith("not validated")
+    for name, rated in (("b200", 1000), ("gb200", 1200)):
+        assert gpu_label(limited(name, rated)) == name
+        for engine in (tt, mg):
+            assert trust_label(engine, limited(name, rated)) == trust_label(engine,
+                                                                            get_gpu(name))

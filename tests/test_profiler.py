@@ -169,6 +169,15 @@ def test_layers_faster_than_the_peak_raise_it_so_the_plan_stays_valid(tmp_path, 
     assert rc == 0
     plan = Plan.load(str(out), whole_cluster=True)
     assert 0 < plan.estimate["mfu"] <= 1.0
+    # a layer point without its own seq_len (the schema does not require one) is at the
+    # entry's: the profile still plans
+    for p in d["models"][0]["layer"]["points"]:
+        p.pop("seq_len", None)
+    rc = plan_main(["--model", str(model), "--cluster", "cpux2", "--seq-len",
+                    str(d["models"][0]["seq_len"]), "--global-batch", "8", "--profile",
+                    str(_write(tmp_path, "no-seq.json", d))])
+    capsys.readouterr()
+    assert rc == 0
 
 
 # ---- errors -------------------------------------------------------------------------------
