@@ -1,6 +1,8 @@
 """The tensor-core peak of a GPU under a board power limit (planner.specs Gpu.power_limit_w,
 `nvidia-smi -pl`), from the datasheet ratings of its silicon. A base module: it imports only
 planner.errors, so planner.specs may use it."""
+import functools
+
 from planner.errors import BadInput
 
 # NVIDIA rates one silicon at several board powers: the Blackwell B200 die as HGX B100 at 700 W
@@ -24,6 +26,7 @@ def _rated_peak(ratings, watts: float) -> float:
     raise AssertionError(watts)
 
 
+@functools.lru_cache(maxsize=None)   # every GEMM the search prices reads it
 def power_scale(name: str, watts: float) -> float:
     """The tensor-core peak of catalog GPU `name` at a board power limit of `watts`, as a
     fraction of the rated part's (POWER_RATINGS); a limit no datasheet rates is bad input."""

@@ -199,4 +199,3 @@ def get_gpu(name: str) -> Gpu:
     if key not in GPUS:
         raise BadInput(f"unknown GPU {name[:60]!r}; known: {', '.join(GPUS)}")
     return GPUS[key]
-
