@@ -886,7 +886,7 @@ def generation_of(run, gpu: str) -> str:
     generation at that limit, a device the catalog does not describe (the band `plan` prints
     for the generation is not taken from it; the engine's "all" still counts it)."""
     gen = GENERATIONS.get(gpu, gpu)
-    return f"{gen} at {run['power_limit_w']} W" if run.get("power_limit_w") else gen
+    return f"{gen} at {run['power_limit_w']:g} W" if run.get("power_limit_w") else gen
 
 
 def family_of(run) -> str:

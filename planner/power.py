@@ -49,3 +49,9 @@ def at_rated_power(name: str, watts: float) -> bool:
     """Whether a limit of `watts` leaves catalog GPU `name` as rated: none (0), or its own
     rated power."""
     return not watts or (name in POWER_RATINGS and watts == POWER_RATINGS[name][1])
+
+
+def limit_suffix(name: str, watts: float) -> str:
+    """What names a GPU's power limit after its name: " at 750 W" under a limit below the
+    part's rating, "" at its rated power."""
+    return "" if at_rated_power(name, watts) else f" at {watts:g} W"

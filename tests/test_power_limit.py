@@ -118,3 +118,28 @@ def test_a_power_limit_lends_no_band_where_the_engine_never_ran_and_rated_is_the
         for engine in (tt, mg):
             assert trust_label(engine, limited(name, rated)) == trust_label(engine,
                                                                             get_gpu(name))
+
+
+def test_a_mixed_clusters_all_as_the_slowest_baseline_names_its_power_limit(tmp_path):
+    """Two B200 groups, one capped at 750 W: the capped one is the slowest (its peak 1833 of
+    2250), and the baseline "all as the slowest" is priced and named at its limit (it was
+    named plain "b200x16", which reads as 16 uncapped B200s)."""
+    from planner.search.groups import slowest_cluster
+    path = write(tmp_path, "mx.json", {"name": "mx", "groups": [
+        {"name": "full", "gpu": "b200", "num_gpus": 8},
+        {"name": "capped", "gpu": {"base": "b200", "power_limit_w": 750}, "num_gpus": 8}]})
+    slow = slowest_cluster(get_cluster(str(path)))
+    assert slow.gpu.power_limit_w == 750
+    assert slow.gpu.tensor_peak_tflops == pytest.approx(1750 + 500 * 50 / 300)
+    assert slow.name == "b200x16 at 750 W"
+
+
+def test_a_rows_generation_at_a_limit_written_as_a_float_is_the_trust_key():
+    """fidelity.generation_of names a power-limited row's generation as the trust band's key
+    ("blackwell at 750 W"), whether the data writes the limit 750 or 750.0."""
+    from benchmarks.fidelity import generation_of
+    trust = json.loads((Path(__file__).parent.parent / "planner" / "engines"
+                        / "trust.json").read_text())
+    for watts in (750, 750.0):
+        gen = generation_of({"power_limit_w": watts}, "b200")
+        assert gen in trust["engines"]["torchtitan"]

@@ -29,6 +29,7 @@ from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_co
 from planner.engines import ENGINES, engine_for
 from planner import rules as V
 from planner.errors import BadInput
+from planner.power import limit_suffix
 from planner.rules_fixed import check_fixed
 from planner.search import default_global_batch, default_seq_len, search
 from planner.search.bounds import SharedCoefficients, lower_bound, max_layers, rules_for
@@ -99,7 +100,9 @@ def slowest_cluster(mixed: MixedCluster) -> Cluster:
     smallest group's size."""
     gpn = mixed.gpus_per_node
     n = mixed.num_gpus
-    return Cluster(name=f"{mixed.gpu.name}x{n}", gpu=mixed.gpu, num_gpus=n, gpus_per_node=gpn)
+    gpu = mixed.gpu
+    return Cluster(name=f"{gpu.name}x{n}{limit_suffix(gpu.name, gpu.power_limit_w)}", gpu=gpu,
+                   num_gpus=n, gpus_per_node=gpn)
 
 
 def _unsupported(model: Model, mixed: MixedCluster, f: Fixed, engine) -> str | None:
