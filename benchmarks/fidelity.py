@@ -523,7 +523,14 @@ What is still missing (evidence from the per-row table):
    DeepSeek-V3 rows 23-25%. No static model of the configuration sees kernel versions; the
    held-out rows' misses are mostly these. (An earlier trial, a fixed host floor per MoE
    layer, was not constrained by the fit rows and was not adopted; the per-local-expert
-   issue time that the layer's GPU work hides is constrained by them.)
+   issue time that the layer's GPU work hides is constrained by them. Pricing that issue time
+   under drop-and-pad too, without the sync, took the 25.09 B200 Qwen3-30B token-drop row
+   from -48.7% to +1.6% and the 235B ones from -37% to -25%, but was not adopted: that row's
+   recipe ran a full-iteration CUDA graph (Megatron-Bridge scripts/performance/configs/qwen3/
+   qwen3_30b_a3b_llm_pretrain.py @4054233a, B200 FP8: cuda_graph_impl "local",
+   cuda_graph_scope "full_iteration"), which replays the grouped GEMMs' launches without the
+   host, so what it misses is GPU work, not host time: the planner's 7.4 s of GPU work
+   against 14.5 s measured, at 2048 tokens per expert of Qwen3-30B's 768-wide experts.)
 2. Megatron's fine-grained recompute is priced from the tensors each module saves, not
    measured. The three ep8 GPT-OSS B200 gbs1280 rows run their recipe's layernorm + moe_act
    (GPT_OSS_120B_PRETRAIN_CONFIG_B200_BF16_V2 inherits them from V1, `recompute_source`;
