@@ -306,6 +306,18 @@ BF16_GRAD_LAUNCHER_CONFIGS = {
 # What a source's recipe set of the memory knobs the rows do not carry, read from the recipe
 # itself: (source prefix, the knobs, where).
 RECIPE_MEMORY_FACTS = (
+    # NVIDIA's MLPerf GPT-3 175B submissions (NeMo 1.x with Apex's DistributedFusedAdam, the
+    # optimizer config_common.sh USE_DIST_OPTIMIZER=True selects): gradients reduced in bf16
+    ("mlcommons/training_results_v4.0 NVIDIA/results/",
+     {"grad_reduce_in_fp32": False},
+     "mlcommons/training_results_v4.0 @62f111b7 NVIDIA/benchmarks/gpt3/implementations/nemo/"
+     "conf/optim/distributed_fused_adam.yaml: grad_sync_dtype: bf16 (contiguous grad and param "
+     "buffers)"),
+    ("mlcommons/training_results_v4.1 NVIDIA/results/",
+     {"grad_reduce_in_fp32": False},
+     "mlcommons/training_results_v4.1 @b87b9e39 NVIDIA/benchmarks/gpt3/implementations/"
+     "{eos_n32_ngc24.09_nemo,eos_n64_ngc24.09_nemo,b200_n8_preview_nemo}/conf/optim/"
+     "distributed_fused_adam.yaml: grad_sync_dtype: bf16"),
     ("mlcommons/training_results_v5.0 NVIDIA/results/eos-dfw_",
      {"grad_reduce_in_fp32": False, "fp8_param_gather": True},
      "mlcommons/training_results_v5.0 @0fdc28f0 NVIDIA/benchmarks/llama31_405b/implementations/"

@@ -130,3 +130,15 @@ def test_nemo_rows_fit_as_their_launcher_ran_them(scored):
 def test_no_published_configuration_predicted_not_to_fit(scored):
     rows, _ = scored
     assert all(r["fits"] for r in rows)
+
+
+def test_nvidia_mlperf_gpt3_runs_reduce_bf16_gradients():
+    """NVIDIA's MLPerf GPT-3 175B submissions (v4.0, v4.1) run Apex's DistributedFusedAdam with
+    grad_sync_dtype: bf16 (their conf/optim/distributed_fused_adam.yaml), so their data-parallel
+    reduce-scatter moves 2 B a gradient, not Megatron's default fp32 4 B; Oracle's v4.1 rows,
+    whose submission does not carry that file, keep the default."""
+    runs = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT) if "gpt3-175b" in r["id"]]
+    nvidia = [r for r in runs if r["id"].startswith(("mlperf-v4.0-nvidia", "mlperf-v4.1-nvidia"))]
+    assert len(nvidia) == 6
+    assert all(fidelity.engine_of(r).grad_bytes == 2.0 for r in nvidia)
+    assert all(fidelity.engine_of(r).grad_bytes == 4.0 for r in runs if r not in nvidia)
