@@ -489,7 +489,8 @@ MOE_NOTES = """Notes.
 - Host stall: the two fitted figures, the Megatron engine's host time exposed by dropless
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
-  4.78 ms; 4.33 before the rows were mended for issue 22), and the host's issuing of the
+  4.80 ms; 4.33 before the rows were mended for issue 22, 4.78 before the collectives'
+  latency counted a ring's hops inside a node at the NVLink latency), and the host's issuing of the
   grouped GEMMs, per local expert (MOE_EXPERT_OVERHEAD_S = 0.200 ms; 0.213 before:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
@@ -857,7 +858,7 @@ def fit_moe_overhead(runs=None) -> dict:
     log(predicted / published) over them; reports the figures, the loss with the per-expert
     figure held at 0 (what the second figure buys on the fit rows) and the median / p90
     |error| on the fit rows and on the held-out rows."""
-    from scipy.optimize import minimize, minimize_scalar
+    from scipy.optimize import minimize_scalar
     base = get_engine("megatron")
     runs = runs or load_runs(DATA_MOE)
     fit_rows = [r for r in runs if is_moe_fit_row(r)]
@@ -869,11 +870,10 @@ def fit_moe_overhead(runs=None) -> dict:
     def loss(x):
         return squared_log_error(fit_rows, engine_at(x))
 
-    # in milliseconds, so that Nelder-Mead's simplex is of a size with both figures
-    res = minimize(lambda ms: loss([v * 1e-3 for v in ms]),
-                   [getattr(base, k) * 1e3 for k in MOE_FIT_PARAMS], method="Nelder-Mead",
-                   options={"xatol": 1e-3, "fatol": 1e-8, "maxiter": 400})
-    e = engine_at([v * 1e-3 for v in res.x])
+    # the figure's own procedure (`refit`: Nelder-Mead from the best point of a fixed grid),
+    # the one leave-one-source-out refits it with
+    fig = next(f for f in FIGURES if f.constants == MOE_FIT_PARAMS)
+    e = engine_at(refit(fig, fit_rows, committed_figures()))
     one = minimize_scalar(lambda x: loss([x, 0.0]), bounds=MOE_FIT_BOUNDS[0], method="bounded",
                           options={"xatol": 1e-5})
     out = {k: getattr(e, k) for k in MOE_FIT_PARAMS}
@@ -948,7 +948,8 @@ class FittedFigure:
     candidates: object          # run -> bool: every row of the kind it prices
     procedure: str              # "grid", "least squares" or "least squares (simplex)": `refit`
     prior: tuple                # values with no row to fit on, and why
-    grid: tuple = ()            # grid: the values tried (min median |error|)
+    grid: tuple = ()            # grid: the values tried (min median |error|); simplex: the
+    # points it starts from the best of (each a tuple of values)
     bounds: tuple = ()          # least squares and simplex: the bounds of each value
 
 
@@ -1010,6 +1011,10 @@ FIGURES = (
         production=lambda r: _is_moe(r) and is_moe_fit_row(r),
         candidates=_is_moe,
         procedure="least squares (simplex)", bounds=MOE_FIT_BOUNDS,
+        # the simplex starts from the best of these (seconds): a grid over both bounds, fixed
+        # before any row is seen
+        grid=tuple((layer * 1e-3, expert * 1e-3) for layer in (0, 2, 4, 6, 8, 12, 20)
+                   for expert in (0, 0.1, 0.2, 0.4, 0.8, 2)),
         prior=((0.0, 0.0), "no host stall")),
 )
 
@@ -1093,9 +1098,11 @@ def refit(fig, rows, values) -> tuple:
     log(predicted / published), from the figure's prior (`solve_log_least_squares`); or, for
     the MoE host stall ("least squares (simplex)": its exposure is a max(), not smooth; on
     its fit rows the trust-region solve from the prior stops at the per-expert figure's bound
-    of 0, at a 6% higher loss than the committed figures), Nelder-Mead within the bounds,
-    also from the prior, seconds in milliseconds so that the simplex is of a size with the
-    scales. No refit starts from a value fitted with the rows it leaves out."""
+    of 0, at a 6% higher loss than the committed figures), Nelder-Mead within the bounds from
+    the best point of the figure's fixed grid, seconds in milliseconds so that the simplex is
+    of a size with the scales (from the prior alone it also stopped at the per-expert bound of
+    0, at a 6% higher loss on the production rows: every held-out refit lost that term). No
+    refit starts from a value fitted with the rows it leaves out."""
     if fig.procedure == "grid":
         def med(v):
             with figures_applied({**values, fig.name: (v,)}):
@@ -1116,7 +1123,9 @@ def refit(fig, rows, values) -> tuple:
         with figures_applied({**values, fig.name: clip(x)}):
             return statistics.fmean(math.log(predict(r)["predicted_s"] / r["step_time_s"]) ** 2
                                     for r in rows)
-    x0 = [max(v, 0.1 * u) / u for v, u in zip(fig.prior[0], unit)]
+    starts = [[max(v, 0.1 * u) / u for v, u in zip(point, unit)]
+              for point in (fig.grid or (fig.prior[0],))]
+    x0 = min(starts, key=loss)
     res = minimize(loss, x0, method="Nelder-Mead",
                    options={"xatol": 1e-3, "fatol": 1e-7, "maxiter": 400})
     return tuple(float(v) for v in clip(res.x))

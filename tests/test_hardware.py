@@ -176,7 +176,34 @@ def test_eight_gpu_nodes_price_every_power_of_two_group_as_before():
         for size in (1, 2, 4, 8, 16, 64):
             for stride in (1, 2, 4, 8, 16):
                 if size * stride <= n:
-                    assert comm.group_link(c, size, stride) == _old_group_link(c, size, stride)
+                    new, old = comm.group_link(c, size, stride), _old_group_link(c, size, stride)
+                    assert ((new.busbw_gbps, new.p2p_gbps, new.latency_s)
+                            == (old.busbw_gbps, old.p2p_gbps, old.latency_s))
+
+
+def test_a_rings_hops_inside_a_node_are_nvlink_hops():
+    """NCCL's cost model (NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel): a reduce-scatter
+    or all-gather ring over n ranks on N nodes takes n - 1 steps, N - 1 of them across the
+    network at its latency and the rest inside a node; an all-reduce tree 2((n/N - 1) hops
+    inside a node + log2(N) across). MLPerf GPT-3's data-parallel group at tp 4 on 1344 DGX
+    H100 nodes: 448 ranks, two per node, on 224 nodes (it was priced 447 network hops)."""
+    c = get_cluster("h100x10752")
+    g = c.gpu
+    link = comm.group_link(c, 448, 4)
+    net, nvl = g.internode_latency_us * 1e-6, g.nvlink_latency_us * 1e-6
+    bw = 447 / 448 * 1e9 / (link.busbw_gbps * 1e9)
+    assert comm.reduce_scatter(1e9, 448, link) == pytest.approx(bw + 223 * net + 224 * nvl)
+    assert comm.all_gather(1e9, 448, link) == pytest.approx(bw + 223 * net + 224 * nvl)
+    ar = 2 * 447 / 448 * 1e9 / (link.busbw_gbps * 1e9)
+    assert comm.all_reduce(1e9, 448, link) == pytest.approx(ar + 2 * (1 * nvl + 8 * net))
+    # one member per node: every hop crosses the network, as before
+    one = comm.group_link(c, 64, 8)
+    assert comm.reduce_scatter(1e9, 64, one) == pytest.approx(
+        63 / 64 * 1e9 / (one.busbw_gbps * 1e9) + 63 * net)
+    # inside a node: NVLink hops only
+    intra = comm.group_link(c, 8, 1)
+    assert comm.reduce_scatter(1e9, 8, intra) == pytest.approx(
+        7 / 8 * 1e9 / (intra.busbw_gbps * 1e9) + 7 * nvl)
 
 
 # ---- the clusters the issue names plan ---------------------------------------------------------

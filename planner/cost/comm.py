@@ -27,10 +27,14 @@ from planner.specs import Cluster
 class Link:
     busbw_gbps: float   # collective bus bandwidth
     p2p_gbps: float     # point-to-point, one direction
-    latency_s: float    # per hop
+    latency_s: float    # per hop (across domains: per hop between two domains)
     # inside one NVLink domain (what an all-to-all's bandwidth depends on; not a figure, so
     # not compared: links with equal figures are equal)
     intra: bool = field(default=True, compare=False)
+    # across domains: the group's members per domain, and the latency of a hop between two
+    # of them (over NVLink): a ring's hops inside a domain are NVLink hops
+    per_domain: int = 1
+    intra_latency_s: float = 0.0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -50,19 +54,38 @@ def group_link(cluster: Cluster, size: int, stride: int) -> Link:
     # members: the fewest, which the slowest group has.
     per_domain = max(1, min(size, math.gcd(span, d) // stride))
     bw = min(gpu.nvlink_busbw_gbps, per_domain * gpu.internode_gbps_per_gpu)
-    return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6, intra=False)
+    return Link(bw, gpu.internode_gbps_per_gpu, gpu.internode_latency_us * 1e-6, intra=False,
+                per_domain=per_domain, intra_latency_s=gpu.nvlink_latency_us * 1e-6)
+
+
+# Latency of a collective over n ranks, as NCCL's own cost model counts it (NVIDIA/nccl
+# src/graph/tuning.cc ncclTopoTuneModel, @5067397c): a ring of n ranks on N nodes takes n - 1
+# steps (2(n - 1) for all-reduce), of which N - 1 (2(N - 1)) cross the network at the network
+# latency and the rest stay inside a node at the intra-node one; the double binary tree
+# 2((n/N - 1) intra + log2(N) network) hops. N here is the NVLink domains the group spans: its
+# members per domain (`per_domain`) hop over NVLink.
+def _domains(link: Link, n: int) -> int:
+    return 1 if link.intra else max(1, math.ceil(n / link.per_domain))
 
 
 def _tree_latency(link: Link, n: int) -> float:
     # All-reduce: NCCL's double binary tree reaches every rank in ~log2(n) hops, up and down
     # (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019).
-    return 2 * link.latency_s * math.ceil(math.log2(n))
+    if link.intra:
+        return 2 * link.latency_s * math.ceil(math.log2(n))
+    nodes = _domains(link, n)
+    return 2 * ((link.per_domain - 1) * link.intra_latency_s
+                + math.ceil(math.log2(nodes)) * link.latency_s)
 
 
 def _ring_latency(link: Link, n: int) -> float:
     # All-gather and reduce-scatter run as rings in NCCL (its tree algorithm serves only
-    # all-reduce; NCCL docs, NCCL_ALGO): n - 1 steps, each a hop.
-    return link.latency_s * (n - 1)
+    # all-reduce; NCCL docs, NCCL_ALGO): n - 1 steps, each a hop; across domains the hops
+    # between two domains at the network latency, the others over NVLink.
+    if link.intra:
+        return link.latency_s * (n - 1)
+    inter = _domains(link, n) - 1
+    return inter * link.latency_s + (n - 1 - inter) * link.intra_latency_s
 
 
 def all_reduce(nbytes: float, n: int, link: Link) -> float:

@@ -43,7 +43,9 @@ from planner.cost.compute import ElementwiseKernels
 EAGER_GEMM_SCALE = 0.922          # x the GPU's GEMM efficiency: cuBLAS without Megatron's fusions
 EAGER_ATTN_SCALE = 0.454          # x the GPU's attention efficiency
 EAGER_ELEMENTWISE_TRAFFIC = 1.0   # fitted: no more than the kernels' own traffic
-EAGER_LAYER_OVERHEAD_S = 3.51e-3  # per layer and micro-batch (FSDP hooks, launches, gathers)
+# per layer and micro-batch (FSDP hooks, launches, gathers); 3.51 ms while a collective's ring
+# hops inside a node were priced at the network latency (planner.cost.comm, NCCL's model)
+EAGER_LAYER_OVERHEAD_S = 3.58e-3
 
 # The GEMM efficiency EAGER_GEMM_SCALE multiplies, crossing GPUs through the tensor-core peak:
 # cuBLAS's own large-GEMM fraction of the GPU's bf16 peak, as eager PyTorch calls cuBLAS. The

@@ -63,8 +63,11 @@ from planner.vocab import RECOMPUTE_MODULES
 # the rows were mended: bf16 gradient buffers as every Megatron-Bridge performance recipe runs
 # them, and the GPT-OSS-120B B200 ep8 rows' recipe recompute (layernorm + moe_act); the fit was
 # 4.33 ms / 0.213 ms before (loss 0.0307 on the mended rows, 0.0300 now: the GPT-OSS B200 rows,
-# 21-35% fast, dominate it). Host time: the same seconds on every GPU.
-MOE_LAYER_OVERHEAD_S = 4.78e-3
+# 21-35% fast, dominate it). 4.78 ms until a collective's latency counted its hops inside a
+# node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure, Nelder-Mead from
+# the best point of a fixed grid (benchmarks/fidelity.py FIGURES), now gives 4.80 ms / 0.200 ms.
+# Host time: the same seconds on every GPU.
+MOE_LAYER_OVERHEAD_S = 4.80e-3
 MOE_EXPERT_OVERHEAD_S = 0.200e-3
 
 
