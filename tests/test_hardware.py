@@ -206,6 +206,23 @@ def test_a_rings_hops_inside_a_node_are_nvlink_hops():
         7 / 8 * 1e9 / (intra.busbw_gbps * 1e9) + 7 * nvl)
 
 
+def test_an_all_reduce_one_rank_past_a_domain_adds_network_hops_only():
+    """Across two NVL72 racks an all-reduce's tree keeps the NVLink hops it has inside one
+    rack (log2 of its members) and adds the network hops between the racks: 144 ranks at 72 a
+    rack cost two network hops more than 72 in one rack (a chain of 71 NVLink hops per rack
+    priced it 5x the rack's, more than the old all-network count)."""
+    c = get_cluster("gb200x144")
+    g = c.gpu
+    net, nvl = g.internode_latency_us * 1e-6, g.nvlink_latency_us * 1e-6
+    rack = comm.group_link(c, 72, 1)
+    both = comm.group_link(c, 144, 1)
+    assert rack.intra and not both.intra and both.per_domain == 72
+    lat = lambda link, n: comm.all_reduce(1.0, n, link) - 2 * (n - 1) / n / (  # noqa: E731
+        link.busbw_gbps * 1e9)
+    assert lat(rack, 72) == pytest.approx(2 * 7 * nvl)
+    assert lat(both, 144) == pytest.approx(2 * 7 * nvl + 2 * net)
+
+
 # ---- the clusters the issue names plan ---------------------------------------------------------
 
 @pytest.mark.parametrize("cluster", DONE_CLUSTERS)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from planner.specs import Cluster
 
@@ -28,9 +28,9 @@ class Link:
     busbw_gbps: float   # collective bus bandwidth
     p2p_gbps: float     # point-to-point, one direction
     latency_s: float    # per hop (across domains: per hop between two domains)
-    # inside one NVLink domain (what an all-to-all's bandwidth depends on; not a figure, so
-    # not compared: links with equal figures are equal)
-    intra: bool = field(default=True, compare=False)
+    # inside one NVLink domain (what an all-to-all's bandwidth and a collective's hop count
+    # depend on)
+    intra: bool = True
     # across domains: the group's members per domain, and the latency of a hop between two
     # of them (over NVLink): a ring's hops inside a domain are NVLink hops
     per_domain: int = 1
@@ -58,12 +58,15 @@ def group_link(cluster: Cluster, size: int, stride: int) -> Link:
                 per_domain=per_domain, intra_latency_s=gpu.nvlink_latency_us * 1e-6)
 
 
-# Latency of a collective over n ranks, as NCCL's own cost model counts it (NVIDIA/nccl
-# src/graph/tuning.cc ncclTopoTuneModel, @5067397c): a ring of n ranks on N nodes takes n - 1
-# steps (2(n - 1) for all-reduce), of which N - 1 (2(N - 1)) cross the network at the network
+# Latency of a collective over n ranks spanning N NVLink domains, its hops split as NCCL's own
+# cost model splits them (NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel, @5067397c): a ring
+# of n ranks on N nodes takes n - 1 steps, of which N - 1 cross the network at the network
 # latency and the rest stay inside a node at the intra-node one; the double binary tree
-# 2((n/N - 1) intra + log2(N) network) hops. N here is the NVLink domains the group spans: its
-# members per domain (`per_domain`) hop over NVLink.
+# log2(N) network hops each way and the hops inside a node beside them. Inside a domain the
+# tree's hops are counted as for a group inside one domain (log2 of its members, the count the
+# catalog's and the profiler's NVLink latency per hop go with), so a group one rank past a
+# domain adds network hops, not a chain of NVLink ones. N: the domains the group spans at
+# `per_domain` members each (the fewest any domain holds, so N is at least the count).
 def _domains(link: Link, n: int) -> int:
     return 1 if link.intra else max(1, math.ceil(n / link.per_domain))
 
@@ -74,7 +77,7 @@ def _tree_latency(link: Link, n: int) -> float:
     if link.intra:
         return 2 * link.latency_s * math.ceil(math.log2(n))
     nodes = _domains(link, n)
-    return 2 * ((link.per_domain - 1) * link.intra_latency_s
+    return 2 * (math.ceil(math.log2(link.per_domain)) * link.intra_latency_s
                 + math.ceil(math.log2(nodes)) * link.latency_s)
 
 
