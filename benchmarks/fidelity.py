@@ -304,16 +304,21 @@ BF16_GRAD_LAUNCHER_CONFIGS = {
 
 
 # What a source's recipe set of the memory knobs the rows do not carry, read from the recipe
-# itself: (source prefix, the knobs, where).
+# itself: (source prefix or a tuple of them, the knobs, where).
 RECIPE_MEMORY_FACTS = (
     # NVIDIA's MLPerf GPT-3 175B submissions (NeMo 1.x with Apex's DistributedFusedAdam, the
-    # optimizer config_common.sh USE_DIST_OPTIMIZER=True selects): gradients reduced in bf16
-    ("mlcommons/training_results_v4.0 NVIDIA/results/",
+    # optimizer config_common.sh USE_DIST_OPTIMIZER=True selects): gradients reduced in bf16.
+    # A tuple of prefixes: those submissions' GPT-3 results only
+    (tuple(f"mlcommons/training_results_v4.0 NVIDIA/results/{system}/gpt3"
+           for system in ("eos_n64_ngc24.04_nemo", "eos-dfw_n1344_ngc24.04_nemo",
+                          "eos-dfw_n1452_ngc24.04_nemo")),
      {"grad_reduce_in_fp32": False},
      "mlcommons/training_results_v4.0 @62f111b7 NVIDIA/benchmarks/gpt3/implementations/nemo/"
      "conf/optim/distributed_fused_adam.yaml: grad_sync_dtype: bf16 (contiguous grad and param "
      "buffers)"),
-    ("mlcommons/training_results_v4.1 NVIDIA/results/",
+    (tuple(f"mlcommons/training_results_v4.1 NVIDIA/results/{system}/gpt3"
+           for system in ("eos_n32_ngc24.09_nemo", "eos_n64_ngc24.09_nemo",
+                          "b200_n8_preview_nemo")),
      {"grad_reduce_in_fp32": False},
      "mlcommons/training_results_v4.1 @b87b9e39 NVIDIA/benchmarks/gpt3/implementations/"
      "{eos_n32_ngc24.09_nemo,eos_n64_ngc24.09_nemo,b200_n8_preview_nemo}/conf/optim/"
