@@ -313,8 +313,10 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     # what mixing buys: each group alone, and every GPU as the slowest
     alone = [_alone(model, g, g.name, f, seq_len, gbs, engine, margin_gib)
              for g in mixed.groups]
-    slow = _alone(model, whole, f"all as {mixed.gpu.name}", f, seq_len, gbs, engine,
-                  margin_gib)
+    gpu = mixed.gpu
+    slow = _alone(model, whole,
+                  f"all as {gpu.name}{limit_suffix(gpu.name, gpu.power_limit_w)}", f, seq_len,
+                  gbs, engine, margin_gib)
     best, chosen = mixed_best, "mixed"
     fastest_alone = min((a for a in alone if a.step_time_s is not None),
                         key=lambda a: a.step_time_s, default=None)
