@@ -44,6 +44,7 @@ import math
 
 from planner import limits as B
 from planner import filecheck as S
+from planner.cost import comm
 from planner.errors import BadInput
 from planner.specs import GPU_FIELDS, MODEL_SCHEMA, Cluster, Model
 
@@ -520,15 +521,17 @@ def _link_figures(shapes: dict) -> dict | None:
     size = max(shapes, key=lambda k: int(k))
     e = shapes[size]
     n = int(e["size"])
-    hops = max(1, math.ceil(math.log2(n)))
     bws, lats = [], []
     for op in LINK_OPS_COLLECTIVE:
         fit = e["ops"].get(op, {}).get("fit")
         if not fit:
             continue
         bws.append(fit["busbw_gbps"])
-        # planner: all-reduce pays 2 x latency x hops, all-gather / reduce-scatter 1 x
-        lats.append(fit["alpha_s"] / ((2 if op == "all_reduce" else 1) * hops))
+        # the hops planner.cost.comm prices each collective's latency with, on one link class
+        # (the group measured lies inside a node, or holds one rank per node): the all-reduce's
+        # tree, the all-gather's and reduce-scatter's ring
+        hops = comm.tree_hops(n) if op == "all_reduce" else comm.ring_hops(n)
+        lats.append(fit["alpha_s"] / max(1, hops))
     if not bws:
         return None
     sr = e["ops"].get("send_recv", {}).get("fit")

@@ -319,3 +319,24 @@ def test_calibration_models_both_shapes_with_the_profiled_kernels(prof, monkeypa
     monkeypatch.setattr(cls, "_direct", lambda self, *a, **k: False)
     calibrated = stage_coefficients(model, cluster, _cand(), engine)[0].compute_layer
     assert calibrated == pytest.approx(direct, rel=1e-9)
+
+
+def test_a_measured_collective_latency_is_divided_by_the_hops_it_is_priced_with():
+    """An 8-rank link class whose all-reduce, all-gather and reduce-scatter each measured an
+    alpha of 5 us per hop as NCCL counts hops (a double binary tree: 2 x log2(8) = 6 hops; a
+    ring: 7): the profile's per-hop latency is 5 us, and the planner then prices each
+    collective's latency back at what was measured. (The ring's alphas were divided by the
+    tree's 3 hops, which read 11.7 us.)"""
+    from planner.cost import comm
+    from planner.profile import _link_figures
+    per_hop = 5e-6
+    alphas = {"all_reduce": 6 * per_hop, "all_gather": 7 * per_hop,
+              "reduce_scatter": 7 * per_hop}
+    shapes = {"8": {"size": 8, "ops": {op: {"fit": {"busbw_gbps": 300.0, "alpha_s": a}}
+                                       for op, a in alphas.items()}}}
+    fig = _link_figures(shapes)
+    assert fig["latency_s"] == pytest.approx(per_hop)
+    link = comm.Link(fig["busbw_gbps"], 300.0, fig["latency_s"])
+    tiny = 1e-3    # bytes: the latency alone
+    assert comm.all_reduce(tiny, 8, link) == pytest.approx(alphas["all_reduce"], rel=1e-6)
+    assert comm.all_gather(tiny, 8, link) == pytest.approx(alphas["all_gather"], rel=1e-6)

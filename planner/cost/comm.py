@@ -71,24 +71,33 @@ def _domains(link: Link, n: int) -> int:
     return 1 if link.intra else max(1, math.ceil(n / link.per_domain))
 
 
+def tree_hops(n: int) -> int:
+    """Hops of an all-reduce over n ranks of one link class: NCCL's double binary tree reaches
+    every rank in ~log2(n) hops, up and down (Jeaugey, "Massively Scale Your Deep Learning
+    Training with NCCL 2.4", 2019)."""
+    return 2 * math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def ring_hops(n: int) -> int:
+    """Hops of an all-gather or reduce-scatter over n ranks: NCCL runs them as rings (its tree
+    algorithm serves only all-reduce; NCCL docs, NCCL_ALGO), n - 1 steps."""
+    return max(0, n - 1)
+
+
 def _tree_latency(link: Link, n: int) -> float:
-    # All-reduce: NCCL's double binary tree reaches every rank in ~log2(n) hops, up and down
-    # (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019).
     if link.intra:
-        return 2 * link.latency_s * math.ceil(math.log2(n))
-    nodes = _domains(link, n)
-    return 2 * (math.ceil(math.log2(link.per_domain)) * link.intra_latency_s
-                + math.ceil(math.log2(nodes)) * link.latency_s)
+        return tree_hops(n) * link.latency_s
+    return (tree_hops(link.per_domain) * link.intra_latency_s
+            + tree_hops(_domains(link, n)) * link.latency_s)
 
 
 def _ring_latency(link: Link, n: int) -> float:
-    # All-gather and reduce-scatter run as rings in NCCL (its tree algorithm serves only
-    # all-reduce; NCCL docs, NCCL_ALGO): n - 1 steps, each a hop; across domains the hops
-    # between two domains at the network latency, the others over NVLink.
+    # across domains the hops between two domains at the network latency, the others over
+    # NVLink
     if link.intra:
-        return link.latency_s * (n - 1)
+        return ring_hops(n) * link.latency_s
     inter = _domains(link, n) - 1
-    return inter * link.latency_s + (n - 1 - inter) * link.intra_latency_s
+    return inter * link.latency_s + (ring_hops(n) - inter) * link.intra_latency_s
 
 
 def all_reduce(nbytes: float, n: int, link: Link) -> float:
