@@ -234,10 +234,12 @@ class StageCoeffs:
         gather behind one forward. Under the interleaved schedule Megatron reduces each model
         chunk's gradients once its last micro-batch's backward ends (megatron/core/
         pipeline_parallel/schedules.py backward_step_helper_preprocess), so all but the last
-        chunk's reduction could hide behind the rest of the cool-down: not priced. Priced so,
-        MLPerf GPT-3 at 10752 GPUs (+24%) would come out about -15% and MLPerf Llama 3.1 405B
-        at 8192 H100s (-1.4%) about -10% (benchmarks/results/fidelity_heldout_*.md): what else
-        sticks out at that scale is not known, so the window stays one micro-batch."""
+        chunk's reduction could hide behind the rest of the cool-down: not priced. The rows it
+        would move most pull both ways (benchmarks/results/fidelity_heldout_*.md): MLPerf
+        GPT-3 at 10752 GPUs, +24% with 0.48 s of its 1.15 s exposed data-parallel
+        communication, and MLPerf Llama 3.1 405B at 8192 H100s, -1.4% with 0.53 s of 5.11 s;
+        hidden, both would be too fast. What else sticks out at that scale is not known, so the
+        window stays one micro-batch."""
         g = (self.bwd_layer, self.bwd_fixed) if self.grad_overlapped else (0.0, 0.0)
         a = (self.fwd_layer, self.fwd_fixed) if self.gather_overlapped else (0.0, 0.0)
         return ((self.grad_layer, self.grad_fixed) + g, (self.gather_layer, self.gather_fixed) + a)
