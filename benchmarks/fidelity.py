@@ -35,6 +35,7 @@ from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
 from planner.engines.eager import RMSNORM_COMPOSITE_BYTES
 from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS, with_compile
+from planner.engines.trust import gen_key
 from planner.errors import BadInput
 from planner.explain import recompute_label
 from planner.search import Fixed, search
@@ -910,7 +911,7 @@ def generation_of(run, gpu: str) -> str:
     generation at that limit, a device the catalog does not describe (the band `plan` prints
     for the generation is not taken from it; the engine's "all" still counts it)."""
     gen = GENERATIONS.get(gpu, gpu)
-    return f"{gen} at {run['power_limit_w']:g} W" if run.get("power_limit_w") else gen
+    return gen_key(gen, gpu, run.get("power_limit_w") or 0.0)
 
 
 def family_of(run) -> str:

@@ -19,7 +19,7 @@ from planner import rules as V
 from planner.limits import divisors
 from planner.cost.price import price_plan
 from planner.errors import BadInput
-from planner.power import limit_suffix
+from planner.power import limited_name
 from planner.engines import get_engine
 from planner.plan import Plan
 
@@ -296,7 +296,7 @@ def gpu_label(gpu) -> str:
     if gpu.name not in GPUS:
         return f"custom GPU {gpu.name!r}"
     if changed == ("power_limit_w",):
-        return gpu.name + limit_suffix(gpu.name, gpu.power_limit_w)
+        return limited_name(gpu)
     return f"custom GPU (catalog {gpu.name} with {', '.join(changed)} changed)"
 
 

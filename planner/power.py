@@ -55,3 +55,8 @@ def limit_suffix(name: str, watts: float) -> str:
     """What names a GPU's power limit after its name: " at 750 W" under a limit below the
     part's rating, "" at its rated power."""
     return "" if at_rated_power(name, watts) else f" at {watts:g} W"
+
+
+def limited_name(gpu) -> str:
+    """A GPU's name with its power limit ("b200 at 750 W"; "b200" at its rated power)."""
+    return gpu.name + limit_suffix(gpu.name, gpu.power_limit_w)

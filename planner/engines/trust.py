@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.engines.spec import Validation
+from planner.power import limit_suffix
 from planner.precision import ARCH
 
 TRUST_FILE = Path(__file__).with_name("trust.json")
@@ -56,6 +57,13 @@ class HeldOutValidation(Validation):
                 f"{self.p90_abs_error_pct:.0f}%, in-sample {self.in_sample_median_abs_error_pct:.0f}%)")
 
 
+def gen_key(gen: str, gpu: str, power_limit_w: float = 0.0) -> str:
+    """The trust scope of GPU generation `gen` as catalog GPU `gpu` ran it: "blackwell", or
+    under a power limit below the part's rating "blackwell at 750 W" (what
+    benchmarks.fidelity writes and validation_of reads)."""
+    return gen + limit_suffix(gpu, power_limit_w)
+
+
 def scope_of(engine: str, moe: bool = False) -> str:
     return f"{engine} moe" if moe and f"{engine} moe" in TRUST else engine
 
@@ -70,11 +78,12 @@ def validation_of(engine: str, gpu: str | None = None, moe: bool = False,
     if not scopes:
         return None
     gen = ARCH.get(gpu) if gpu else None
-    if power_limit_w:
-        key = f"{gen} at {power_limit_w:g} W"
+    limit = limit_suffix(gpu, power_limit_w) if gpu else ""
+    if limit:
+        key = gen_key(gen, gpu, power_limit_w)
         if key not in scopes:
             return None
-        label = f" on {gen.title()} GPUs at {power_limit_w:g} W"
+        label = f" on {gen.title()} GPUs{limit}"
     else:
         key = gen if gen in scopes else "all"
         label = f" on {gen.title()} GPUs" if key != "all" else ""

@@ -29,7 +29,7 @@ from planner.cost.stage import Candidate, capacity_bytes, rank_budgets, stage_co
 from planner.engines import ENGINES, engine_for
 from planner import rules as V
 from planner.errors import BadInput
-from planner.power import limit_suffix
+from planner.power import limit_suffix, limited_name
 from planner.rules_fixed import check_fixed
 from planner.search import default_global_batch, default_seq_len, search
 from planner.search.bounds import SharedCoefficients, lower_bound, max_layers, rules_for
@@ -313,10 +313,8 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     # what mixing buys: each group alone, and every GPU as the slowest
     alone = [_alone(model, g, g.name, f, seq_len, gbs, engine, margin_gib)
              for g in mixed.groups]
-    gpu = mixed.gpu
-    slow = _alone(model, whole,
-                  f"all as {gpu.name}{limit_suffix(gpu.name, gpu.power_limit_w)}", f, seq_len,
-                  gbs, engine, margin_gib)
+    slow = _alone(model, whole, f"all as {limited_name(mixed.gpu)}", f, seq_len, gbs, engine,
+                  margin_gib)
     best, chosen = mixed_best, "mixed"
     fastest_alone = min((a for a in alone if a.step_time_s is not None),
                         key=lambda a: a.step_time_s, default=None)
