@@ -41,11 +41,57 @@ def test_no_held_out_row_entered_a_fit():
 
 
 def test_engines_within_issue_targets(scored):
+    """The dense scopes (MoE models apart, as the trust band counts them: fidelity.trust_scope)."""
     rows, _ = scored
     for eng in ("fsdp", "megatron"):
-        a = [abs(r["error_pct"]) for r in rows if r["engine"] == eng]
+        a = [abs(r["error_pct"]) for r in rows if fidelity.trust_scope(r) == eng]
         assert len(a) >= MIN_ROWS
         assert statistics.median(a) <= MEDIAN_TARGET and fidelity._p90(a) <= P90_TARGET, eng
+
+
+# The Megatron-Bridge MoE rows of GB200, GB300 and B300 (and the releases the MoE file lacks),
+# held out: the 26.06-26.08 MXFP8 rows on GB200 / GB300 ran recipes with full-iteration CUDA
+# graphs and HybridEP's per-rank capacity, which remove the dropless host sync the planner
+# prices (+35..+74%); GPT-OSS-120B in BF16 is 22-36% fast on every Blackwell system
+# (benchmarks/results/fidelity_heldout_*.md). Regression bounds, and the target as an xfail.
+MOE_HELDOUT_MEDIAN_BOUND, MOE_HELDOUT_P90_BOUND = 30.0, 70.0
+
+
+def _moe(rows):
+    return [abs(r["error_pct"]) for r in rows if fidelity.trust_scope(r) == "megatron moe"]
+
+
+def test_moe_held_out_regression_bound(scored):
+    a = _moe(scored[0])
+    assert len(a) >= 80
+    med, p90 = statistics.median(a), fidelity._p90(a)
+    assert med <= MOE_HELDOUT_MEDIAN_BOUND and p90 <= MOE_HELDOUT_P90_BOUND, (med, p90)
+
+
+@pytest.mark.xfail(strict=True, reason="open finding: MoE rows held out beyond the issue-22 target")
+def test_moe_within_issue_targets(scored):
+    a = _moe(scored[0])
+    assert statistics.median(a) <= MEDIAN_TARGET and fidelity._p90(a) <= P90_TARGET
+
+
+def _published_key(r):
+    """A table row as printed: release, system, model (less its variant), precision and layout."""
+    p = r["published"]
+    rel = r["source"].split()[2]
+    system = p.get("System") or r["source"].split("System: ")[-1]
+    model = (p.get("Model") or r["source"].split("Model: ")[-1].split(" / ")[0]).split(" (")[0]
+    return (rel, system.strip(), model.strip(), r["precision"], p["#-GPUs"], p["GBS"], p["TP"],
+            p["PP"], p["EP"], p["_variant"] if "(" in p["Tokens / sec / GPU"] else "")
+
+
+def test_held_out_moe_rows_are_not_the_moe_tables_rows():
+    """No Megatron-Bridge MoE row is held out and fitted on both: the held-out file's MoE rows
+    are table rows published_runs_moe.json does not hold (compared as printed)."""
+    held = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT) if "moe" in r.get("needs", ())]
+    moe = fidelity.load_runs(fidelity.DATA_MOE)
+    assert len(held) >= 80
+    assert all(r["id"].startswith("mbridge-") and r["quote"] and r["commit"] for r in held)
+    assert not {_published_key(r) for r in held} & {_published_key(r) for r in moe}
 
 
 def test_recipe_memory_facts_fit_the_mlperf_405b_runs(scored):

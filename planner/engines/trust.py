@@ -33,7 +33,7 @@ VALIDATION = {e: (v["all"]["runs"], v["all"]["held_out_median_abs_pct"])
 VALIDATED_GPUS = {
     "deepspeed": ("a100",),
     "fsdp": ("a100", "a100-40g", "h100"),
-    "megatron": ("a100", "b200", "gb200", "gb300", "h100"),
+    "megatron": ("a100", "b200", "b300", "gb200", "gb300", "h100"),
     "torchtitan": ("a100", "b200", "h100", "h200", "mi300x"),
 }
 

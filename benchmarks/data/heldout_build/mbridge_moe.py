@@ -1,0 +1,241 @@
+"""Megatron-Bridge performance summaries (performance-summary.md, 26.08, and
+performance-summary-archive.md, 25.09-26.06.01): the mixture-of-experts rows of the catalog's MoE
+models (DeepSeek-V3, GPT-OSS-120B, Qwen3-30B-A3B, Qwen3-235B-A22B) that published_runs_moe.json
+does not hold: every GB200, GB300 and B300 row, and the B200 / H100 rows of releases it lacks.
+
+Read as published_runs_moe.json reads the same tables (precision, the 25.09 parentheses, token
+drop, MTP), with one difference: only what the table prints is fixed. The recipe's dispatcher, EP
+overlap, recompute modules, pipeline layout and CUDA graphs are not read (`uncertain`): the planner
+chooses them, as for every other held-out row. A printed layout Megatron-Core refuses is not
+what ran and is left out (`LEFT_OUT`: one, the 25.09 GB200 DeepSeek-V3 MXFP8 variant, PP 8 with
+EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the catalog lacks
+(Kimi-K2, Nemotron 3, DeepSeek-V4) neither.
+
+`python mbridge_moe.py` replaces this module's rows in published_runs_heldout.json in place (the
+other builders need mirrors a machine may not have); build.py adds them on a full rebuild."""
+import json
+import re
+import subprocess
+from pathlib import Path
+
+REPO = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
+COMMIT = subprocess.check_output(["git", "-C", REPO, "rev-parse", "HEAD"], text=True).strip()
+PATHS = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
+DATA = Path(__file__).resolve().parents[1]
+MOE_FILE = json.loads((DATA / "published_runs_moe.json").read_text())["runs"]
+
+SYSTEMS = {"DGX-GB200": ("gb200", "GB200 (DGX-GB200 NVL72)", 4),
+           "DGX-GB300": ("gb300", "GB300 (DGX-GB300 NVL72)", 4),
+           "DGX-B300": ("b300", "B300 (DGX-B300)", 8),
+           "DGX-B200": ("b200", "B200 (DGX-B200)", 8),
+           "DGX-H100": ("h100", "H100 SXM 80GB (DGX-H100)", 8)}
+# the table's model name (less a variant in parentheses) -> (catalog model, id key)
+MODELS = {"DeepSeekV3": ("deepseek-v3", "deepseekv3"), "GPT OSS 120B": ("gpt-oss-120b", "gptoss120b"),
+          "Qwen3_30B_a3B": ("qwen3-30b-a3b", "qwen330ba3b"),
+          "Qwen3_235B_a22B": ("qwen3-235b-a22b", "qwen3235ba22b")}
+PREC = {"FP8": ("fp8", "tensorwise"), "FP8-CS": ("fp8", "tensorwise"), "MXFP8": ("mxfp8", "mxfp8"),
+        "FP8-MX": ("mxfp8", "mxfp8"), "BF16": ("bf16", None)}
+# the HF config each catalog model is built from, as published_runs_moe.json's rows carry it
+HF_CONFIG = {}
+for _r in MOE_FILE:
+    HF_CONFIG.setdefault(_r["catalog_model"], _r["model"])
+MTP_SOURCE = next(r["mtp_source"] for r in MOE_FILE if r.get("mtp_source"))
+CAPACITY_SOURCE = next(r["moe_capacity_source"] for r in MOE_FILE if r.get("moe_capacity_source"))
+
+
+def config_key(release, gpu, catalog, precision, n, f):
+    """What makes a row the same published row in another file: its table, system, model,
+    precision and printed layout."""
+    return (release, gpu, catalog, precision, n, f["global_batch"], f["tp"], f["pp"], f["ep"],
+            f.get("micro_batch"))
+
+
+LEFT_OUT = []     # (table row, variant, why): printed layouts Megatron-Core refuses
+EXISTING = {config_key(r["id"].split("-")[1], r["cluster"].rsplit("x", 1)[0], r["catalog_model"],
+                       r["precision"], int(r["cluster"].rsplit("x", 1)[1]), r["fixed"])
+            for r in MOE_FILE}
+
+
+def split_paren(v):
+    m = re.fullmatch(r"(.+?)\s*\((.+)\)", v.strip())
+    return (m.group(1).strip(), m.group(2).strip()) if m else (v.strip(), None)
+
+
+def _tables():
+    """(path, release, sub-heading, header, cells, line) of every pre-training table row."""
+    for path in PATHS:
+        text = subprocess.check_output(["git", "-C", REPO, "show", f"{COMMIT}:{path}"], text=True)
+        rel = section = sub = hdr = None
+        for ln in text.splitlines():
+            if ln.startswith("## ") and "NeMo Container" in ln:
+                rel = ln[3:].split()[0]
+                continue
+            if ln.startswith("### "):
+                section = ln[4:].strip()
+                continue
+            if ln.startswith("#### "):
+                sub, hdr = ln[5:].strip(), None
+                continue
+            if section != "Pre-Training Performance" or not ln.startswith("|"):
+                continue
+            cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+            if cells[0] in ("System", "Model"):
+                hdr = cells
+                continue
+            if set(cells[0]) <= set("-") or hdr is None:
+                continue
+            yield path, rel, sub, hdr, cells, ln.strip()
+
+
+def rows():
+    out = []
+    for path, rel, sub, hdr, cells, line in _tables():
+        pub = dict(zip(hdr, cells))
+        system = pub.get("System") or sub.split("System: ")[1]
+        name = pub.get("Model") or sub.split("Model: ")[1]
+        base, variant = split_paren(name)
+        if system not in SYSTEMS or base not in MODELS:
+            continue
+        variant = (variant or "").lower()
+        catalog, key = MODELS[base]
+        variants = [("value outside parentheses", 0)]
+        if "(" in pub["Tokens / sec / GPU"]:     # another run (a parenthesised TFLOP alone: not)
+            variants.append(("value inside parentheses", 1))
+        for vname, vi in variants:
+            val = {k: (split_paren(v)[vi] if split_paren(v)[vi] is not None else split_paren(v)[0])
+                   for k, v in pub.items() if k != "Model"}
+            corrections, uncertain, extra = [], [], {}
+            if "Precision" in pub:
+                ptxt = val["Precision"]
+            else:
+                ptxt = "FP8-CS" if vi == 0 else "FP8-MX"
+                corrections.append(
+                    "the 25.09 table prints no precision column; read as published_runs_moe.json reads "
+                    "the 25.09 rows: the value outside the parentheses is FP8 current scaling, the one "
+                    "inside MXFP8 (the table's note: 'the numbers in parentheses indicate the use of "
+                    "different quantization granularities: In case of GB200 and B200 systems, 32x32')")
+            if ptxt not in PREC:
+                continue       # NVFP4: not evaluated here, as the dense builder
+            prec, recipe = PREC[ptxt]
+            if ptxt == "FP8":
+                corrections.append(
+                    "'FP8' read as FP8 current scaling (tensorwise), as published_runs_moe.json reads "
+                    "the 26.x H100 rows")
+            gpu, hw, gpn = SYSTEMS[system]
+            n, gbs, mbs = int(val["#-GPUs"]), int(val["GBS"]), int(val["MBS"])
+            seq, tp, pp, cp = (int(val["Sequence Length"]), int(val["TP"]), int(val["PP"]),
+                               int(val["CP"]))
+            vp = None if val["VP"] == "n/a" else int(val["VP"])
+            ep = int(val["EP"])
+            fsdp = int(val["FSDP"]) if "FSDP" in val else None
+            dp = n // (tp * pp * cp)
+            assert dp * tp * pp * cp == n, line
+            tps = float(val["Tokens / sec / GPU"])
+            fixed = {"tp": tp, "pp": pp, "dp": dp, "ep": ep}
+            if cp > 1:
+                fixed["cp"] = cp
+            if vp is not None and pp > 1:
+                fixed["vpp"] = vp
+            # the 25.x tables' GA column is GBS / (MBS x #GPUs), not a check on the layout
+            # (published_runs_moe.json's rows fix the printed MBS likewise)
+            fixed.update({"micro_batch": mbs, "global_batch": gbs, "seq_len": seq})
+            uncertain += [
+                "the token dispatcher, EP communication overlap, recompute (and its modules), pipeline "
+                "layout, sequence parallelism, CUDA graphs and the other overlaps are not printed: the "
+                "planner chooses them (published_runs_moe.json's rows fix them from each recipe)",
+                f"the NVLink domain of a {n}-GPU {system} job is not printed"]
+            if tp > 1:
+                uncertain.append("the TP communication overlap is not printed: priced off")
+            if n % (ep * pp):
+                # not what ran: Megatron-Core refuses the layout (megatron/core/parallel_state.py,
+                # initialize_model_parallel: world_size % expert_tensor_model_pipeline_parallel_size;
+                # the 25.09 GB200 DeepSeek-V3 MXFP8 variant, PP 8 with EP 64 on 256 GPUs)
+                LEFT_OUT.append((line, vname, f"EP {ep} x PP {pp} does not divide the {n} GPUs"))
+                continue
+            if fsdp is None:
+                extra["zero_stages"] = [0, 1]
+                uncertain.append("this table prints no FSDP column: read as DDP with the distributed "
+                                 "optimizer, as the releases that print it show for these models")
+            elif fsdp > 0:
+                fixed["zero"] = 3
+                extra["fsdp_source"] = ("FSDP column > 0: Megatron FSDP, priced as ZeRO-3 as the dense "
+                                        "held-out rows")
+            else:
+                extra["zero_stages"] = [0, 1]
+            if variant == "tokendrop":
+                fixed["moe_capacity_factor"] = 1.0
+                fixed["moe_dispatcher"] = "alltoall"
+                extra["moe_capacity_source"] = CAPACITY_SOURCE
+            model_overrides = {}
+            if catalog == "deepseek-v3":
+                if variant == "w/o mtp":
+                    model_overrides["mtp_layers"] = 0
+                    extra["mtp_source"] = "the table names the row 'DeepSeekV3 (w/o MTP)'"
+                else:
+                    model_overrides["mtp_layers"] = 1
+                    extra["mtp_source"] = MTP_SOURCE
+                    if variant != "w/ mtp":
+                        uncertain.append("MTP read from the DeepSeek-V3 recipe as published_runs_moe.json "
+                                         "reads it; this row's system recipe was not checked")
+            tag = ptxt.lower().replace("-", "")
+            vtag = variant.replace("w/o mtp", "womtp").replace("w/ mtp", "wmtp")
+            vptxt = "none" if vp is None else str(vp)
+            rid = (f"mbridge-{rel}-{gpu}-{key}{vtag}-{tag}-{n}gpu-tp{tp}pp{pp}cp{cp}ep{ep}vp{vptxt}"
+                   f"-gbs{gbs}" + ("-alt" if vi else ""))
+            if config_key(rel, gpu, catalog, prec, n, fixed) in EXISTING:
+                continue
+            pub_rec = dict(pub)
+            pub_rec["_variant"] = vname
+            url = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMIT}/{path}"
+            row = {
+                "id": rid,
+                "source": f"NVIDIA-NeMo/Megatron-Bridge {path} {rel} / Pre-Training Performance / {sub}"
+                          + (f" / System: {system}" if sub.startswith("Model:") else ""),
+                "url": url, "repo": "NVIDIA-NeMo/Megatron-Bridge", "path": path, "commit": COMMIT,
+                "quote": line,
+                "quote_context": f"## {rel} NeMo Container / ### Pre-Training Performance / #### {sub}; "
+                                 "header: | " + " | ".join(hdr) + " |",
+                "engine": "megatron", "hardware": hw,
+                "model": HF_CONFIG[catalog], "catalog_model": catalog,
+                "model_source": f"the planner catalog model {catalog} (planner/catalog/models.py), as "
+                                "published_runs_moe.json's rows of the same model",
+                "cluster": f"{gpu}x{n}", "gpus_per_node": gpn,
+                "fixed": fixed, "precision": prec, "step_time_s": round(gbs * seq / (tps * n), 4),
+                "published": pub_rec,
+                "derivation": f"step_time = GBS * seq_len / (Tokens_per_sec_per_GPU * #GPUs) = {gbs} * "
+                              f"{seq} / ({val['Tokens / sec / GPU']} * {n})",
+                "needs": ["moe"] + ([prec] if prec != "bf16" else []),
+                "uncertain": uncertain,
+                "notes": "MoE benchmarks: tokens force-balanced across experts and dropless (the tables' "
+                         "note) unless the table marks the row tokendrop. " + (
+                             "Token drop: capacity factor 1 with every expert padded to it and the "
+                             "alltoall dispatcher, as Megatron-Bridge's apply_moe_token_drop sets."
+                             if variant == "tokendrop" else ""),
+                **extra,
+            }
+            if model_overrides:
+                row["model_overrides"] = model_overrides
+            if recipe:
+                row["recipe"] = recipe
+            if corrections:
+                row["corrections"] = corrections
+            out.append(row)
+    return out
+
+
+def family(r) -> str:
+    return "Megatron-Bridge MoE " + r["cluster"].rsplit("x", 1)[0].upper()
+
+
+if __name__ == "__main__":
+    out = DATA / "published_runs_heldout.json"
+    doc = json.loads(out.read_text())
+    mine = rows()
+    ids = {r["id"] for r in mine}
+    assert len(ids) == len(mine), "duplicate ids"
+    for r in mine:
+        r["family"] = family(r)
+    kept = [r for r in doc["runs"] if not r.get("family", "").startswith("Megatron-Bridge MoE ")]
+    doc["runs"] = kept + mine
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(len(mine), "MoE rows;", len(doc["runs"]), "in all")
