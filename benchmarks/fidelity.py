@@ -394,7 +394,8 @@ def engine_of(run, engine=None):
     row's torchtitan predates the engine's (`fixed.fsdp_outer_wrap`, `wrap_source`), its per-op
     policy recomputing the attention (`fixed.op_recomputes_attention`, `attention_source`), what
     its torch.distributed.pipelining kept to the step's end (`fixed.pipeline_returns_outputs`,
-    `fixed.pipeline_keeps_input_grads`, `pipeline_source`) and its FP8 primary weights."""
+    `fixed.pipeline_keeps_input_grads`, `pipeline_source`), its FP8 primary weights and its
+    full-iteration CUDA graphs (`fixed.cuda_graph`, `cuda_graph_source`)."""
     e = get_engine(engine or run.get("engine", "megatron"))
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
@@ -419,6 +420,14 @@ def engine_of(run, engine=None):
             e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
+    if full_iteration_graph(run):
+        # the row's recipe replayed the whole iteration as one CUDA graph, its MoE layers with
+        # static shapes (HybridEP's per-rank capacity, `cuda_graph_source`): no kernel is issued
+        # from the host and no token count is synced on it (Megatron-Core transformer_config
+        # moe_expert_rank_capacity_factor: "static shapes (fixed receive buffer, CUDA-graph
+        # capturable)"), so the dropless host stall (planner.cost.moe.dropless_host_stall) is
+        # not there. The planner offers no such mode; its rows are priced as they ran
+        e = dataclasses.replace(e, moe_layer_overhead_s=0.0, moe_expert_overhead_s=0.0)
     if run.get("compiled"):
         # compiled as the row ran (`compile_source`): planner.engines.spec with_compile, the
         # loss as the row's torchtitan ran it (above)
@@ -941,6 +950,19 @@ def _is_moe(run) -> bool:
     return "moe" in run.get("needs", ())
 
 
+def full_iteration_graph(run) -> bool:
+    """Whether the row's recipe ran full-iteration CUDA graphs (`fixed.cuda_graph`,
+    `cuda_graph_source`)."""
+    return recipe_fact(run, "cuda_graph") == "full_iteration"
+
+
+def _has_host_stall(run) -> bool:
+    """An MoE row dropless and not graphed: the rows the Megatron host stall prices (a capacity
+    factor's counts are known on the host; a full-iteration graph issues nothing from it)."""
+    return (_is_moe(run) and run["fixed"].get("moe_capacity_factor") is None
+            and not full_iteration_graph(run))
+
+
 @dataclasses.dataclass(frozen=True)
 class FittedFigure:
     """One fitted figure (or a set fitted together): where it lives, the rows it was fitted on,
@@ -1032,7 +1054,7 @@ PRICES = {
     "Transformer Engine low-precision GEMM": _lowp,   # torchao's tensorwise is derived from it
     "torchao rowwise float8 GEMM": lambda r: r["engine"] == "torchtitan"
     and r.get("recipe") == "rowwise",
-    "Megatron dropless MoE host stall": _is_moe,
+    "Megatron dropless MoE host stall": _has_host_stall,
 }
 
 

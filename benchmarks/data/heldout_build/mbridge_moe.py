@@ -6,7 +6,9 @@ does not hold: every GB200, GB300 and B300 row, and the B200 / H100 rows of rele
 Read as published_runs_moe.json reads the same tables (precision, the 25.09 parentheses, token
 drop, MTP), with one difference: only what the table prints is fixed. The recipe's dispatcher, EP
 overlap, recompute modules, pipeline layout and CUDA graphs are not read (`uncertain`): the planner
-chooses them, as for every other held-out row. A printed layout Megatron-Core refuses is not
+chooses them, as for every other held-out row. One recipe fact is read: the MXFP8 rows of
+26.06-26.08 on GB200 / GB300 (and Qwen3-30B on B300) ran full-iteration CUDA graphs with static
+MoE shapes (`fixed.cuda_graph`, `cuda_graph_source`: the commits in FULL_ITERATION). A printed layout Megatron-Core refuses is not
 what ran and is left out (`LEFT_OUT`: one, the 25.09 GB200 DeepSeek-V3 MXFP8 variant, PP 8 with
 EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the catalog lacks
 (Kimi-K2, Nemotron 3, DeepSeek-V4) neither.
@@ -54,6 +56,26 @@ LEFT_OUT = []     # (table row, variant, why): printed layouts Megatron-Core ref
 EXISTING = {config_key(r["id"].split("-")[1], r["cluster"].rsplit("x", 1)[0], r["catalog_model"],
                        r["precision"], int(r["cluster"].rsplit("x", 1)[1]), r["fixed"])
             for r in MOE_FILE}
+
+
+# The MXFP8 recipes that replay the whole iteration as one CUDA graph with static MoE shapes
+# (cuda_graph_impl="full_iteration", HybridEP with moe_expert_rank_capacity_factor): the
+# Megatron-Bridge commits (scripts/performance/configs/*_workload_base_configs.py) that switched
+# them on, all between the 26.04.01 and 26.06 releases; the flat recipes at 067f987 keep them
+# (perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8, perf_recipes/deepseek
+# _enable_deepseek_full_iteration_mxfp8, perf_recipes/gpt_oss/common.py
+# _apply_gpt_oss_120b_full_iter_fp8mx_configs)
+QWEN_CG = "55443cbfb (2026-06-10, #4211 'Enable Qwen3 GB200/GB300 MXFP8 CuTeDSL Fusion and Full-Iter CUDA Graphs')"
+FULL_ITERATION = {
+    ("gb200", "qwen3-30b-a3b"): QWEN_CG, ("gb300", "qwen3-30b-a3b"): QWEN_CG,
+    ("b300", "qwen3-30b-a3b"): QWEN_CG,
+    ("gb200", "qwen3-235b-a22b"): QWEN_CG, ("gb300", "qwen3-235b-a22b"): QWEN_CG,
+    ("gb300", "deepseek-v3"): "8af195c0a (2026-06-06, #3983 'DSV3 GB300 MXFP8 full-iter CG recipe')",
+    ("gb200", "deepseek-v3"): "afb5dd47c (2026-06-10, #4226 'DSV3 GB200 MXFP8 full-iter CG recipe')",
+    ("gb200", "gpt-oss-120b"): "5f98743d5 (2026-06-09, #4173 'full-iter CG for GPT-OSS 120B')",
+    ("gb300", "gpt-oss-120b"): "5f98743d5 (2026-06-09, #4173 'full-iter CG for GPT-OSS 120B')",
+}
+GRAPHED_RELEASES = ("26.06", "26.06.01", "26.08")
 
 
 def split_paren(v):
@@ -166,6 +188,15 @@ def rows():
                 fixed["moe_capacity_factor"] = 1.0
                 fixed["moe_dispatcher"] = "alltoall"
                 extra["moe_capacity_source"] = CAPACITY_SOURCE
+            if prec == "mxfp8" and rel in GRAPHED_RELEASES and (gpu, catalog) in FULL_ITERATION:
+                fixed["cuda_graph"] = "full_iteration"
+                extra["cuda_graph_source"] = (
+                    f"NVIDIA-NeMo/Megatron-Bridge {FULL_ITERATION[(gpu, catalog)]}: this system's MXFP8 "
+                    "recipe set cuda_graph_impl='full_iteration' with HybridEP's "
+                    "moe_expert_rank_capacity_factor (static shapes), kept at 067f987")
+                uncertain.append("the release's container date is not printed: the recipe changed "
+                                 "between the 26.04.01 and 26.06 releases, when this table's step "
+                                 "times of these rows fell")
             model_overrides = {}
             if catalog == "deepseek-v3":
                 if variant == "w/o mtp":
