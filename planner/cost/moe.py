@@ -59,7 +59,11 @@ with drop-and-pad the counts are known on the host and neither is.
 Not modelled yet (benchmarks/results/fidelity_moe_*.md): the GPU side of a grouped GEMM at few
 tokens per expert beyond the tile roll-off of planner.cost.compute.gemm_time, the shared
 expert's overlap (--moe-shared-expert-overlap), CUDA graphs of the router and dispatch
-preprocessing (cuda_graph_scope moe_router / moe_preprocess) that shrink the host stall,
+preprocessing (cuda_graph_scope moe_router / moe_preprocess) that shrink the host stall, and
+full-iteration CUDA graphs with static MoE shapes (HybridEP's moe_expert_rank_capacity_factor,
+paged stash) that remove it, which the planner neither prices nor exports (the fidelity
+benchmark prices its published rows that ran them without the stall: benchmarks/fidelity.py
+engine_of),
 HybridEP's own figures, the FP8 weight copies of the experts and the precision-aware
 optimizer's bf16 moments (Megatron's fine-grained recompute modules: planner.cost.recompute).
 An MTP module's MoE layer is this module's layer, added to the last pipeline rank

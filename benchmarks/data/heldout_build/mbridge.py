@@ -25,6 +25,15 @@ def split_paren(v):
     m = re.fullmatch(r"(.+?)\s*\((.+)\)", v.strip())
     return (m.group(1).strip(), m.group(2).strip()) if m else (v.strip(), None)
 
+def read_fsdp(fsdp: int, fixed: dict, extra: dict) -> None:
+    """A printed FSDP column: > 0 Megatron FSDP (ZeRO-3), 0 DDP with the distributed optimizer."""
+    if fsdp > 0:
+        fixed["zero"] = 3
+        extra["fsdp_source"] = ("FSDP column > 0: Megatron FSDP with sharding group #GPUs/(TP x PP) (the archive's "
+                                "Nomenclature); priced as ZeRO-3 as published_runs_2.json's H100 Llama3 8B FSDP row is")
+    else:
+        extra["zero_stages"] = [0, 1]
+
 def rows():
     out = []
     rel = section = sub = None
@@ -95,12 +104,8 @@ def rows():
             extra = {}
             if fsdp is None:
                 uncertain.append("this table prints no FSDP column: DDP or Megatron FSDP not printed, ZeRO stage left to the planner")
-            elif fsdp > 0:
-                fixed["zero"] = 3
-                extra["fsdp_source"] = ("FSDP column > 0: Megatron FSDP with sharding group #GPUs/(TP x PP) (the archive's "
-                                        "Nomenclature); priced as ZeRO-3 as published_runs_2.json's H100 Llama3 8B FSDP row is")
             else:
-                extra["zero_stages"] = [0, 1]
+                read_fsdp(fsdp, fixed, extra)
             if tp > 1:
                 fixed["tp_comm_overlap"] = True
                 extra["tp_comm_overlap_source"] = (

@@ -16,9 +16,12 @@ EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the c
 `python mbridge_moe.py` replaces this module's rows in published_runs_heldout.json in place (the
 other builders need mirrors a machine may not have); build.py adds them on a full rebuild."""
 import json
-import re
 import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mbridge import read_fsdp, split_paren  # noqa: E402
 
 REPO = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
 COMMIT = subprocess.check_output(["git", "-C", REPO, "rev-parse", "HEAD"], text=True).strip()
@@ -76,11 +79,6 @@ FULL_ITERATION = {
     ("gb300", "gpt-oss-120b"): "5f98743d5 (2026-06-09, #4173 'full-iter CG for GPT-OSS 120B')",
 }
 GRAPHED_RELEASES = ("26.06", "26.06.01", "26.08")
-
-
-def split_paren(v):
-    m = re.fullmatch(r"(.+?)\s*\((.+)\)", v.strip())
-    return (m.group(1).strip(), m.group(2).strip()) if m else (v.strip(), None)
 
 
 def _tables():
@@ -178,12 +176,8 @@ def rows():
                 extra["zero_stages"] = [0, 1]
                 uncertain.append("this table prints no FSDP column: read as DDP with the distributed "
                                  "optimizer, as the releases that print it show for these models")
-            elif fsdp > 0:
-                fixed["zero"] = 3
-                extra["fsdp_source"] = ("FSDP column > 0: Megatron FSDP, priced as ZeRO-3 as the dense "
-                                        "held-out rows")
             else:
-                extra["zero_stages"] = [0, 1]
+                read_fsdp(fsdp, fixed, extra)
             if variant == "tokendrop":
                 fixed["moe_capacity_factor"] = 1.0
                 fixed["moe_dispatcher"] = "alltoall"
@@ -244,12 +238,8 @@ def rows():
                              if variant == "tokendrop" else ""),
                 **extra,
             }
-            if model_overrides:
-                row["model_overrides"] = model_overrides
-            if recipe:
-                row["recipe"] = recipe
-            if corrections:
-                row["corrections"] = corrections
+            row.update({k: v for k, v in (("model_overrides", model_overrides), ("recipe", recipe),
+                                          ("corrections", corrections)) if v})
             out.append(row)
     return out
 
