@@ -423,10 +423,11 @@ def engine_of(run, engine=None):
     if full_iteration_graph(run):
         # the row's recipe replayed the whole iteration as one CUDA graph, its MoE layers with
         # static shapes (HybridEP's per-rank capacity, `cuda_graph_source`): no kernel is issued
-        # from the host and no token count is synced on it (Megatron-Core transformer_config
-        # moe_expert_rank_capacity_factor: "static shapes (fixed receive buffer, CUDA-graph
-        # capturable)"), so the dropless host stall (planner.cost.moe.dropless_host_stall) is
-        # not there. The planner offers no such mode; its rows are priced as they ran
+        # from the host and no token count is synced on it (Megatron-Core token_dispatcher.py,
+        # HybridEP's dispatch: with moe_expert_rank_capacity_factor a "static upper bound on
+        # permuted tokens", without it buffers sized "dynamically (CPU sync in dispatch)"), so
+        # the dropless host stall (planner.cost.moe.dropless_host_stall) is not there. The
+        # planner offers no such mode; its rows are priced as they ran
         e = dataclasses.replace(e, moe_layer_overhead_s=0.0, moe_expert_overhead_s=0.0)
     if run.get("compiled"):
         # compiled as the row ran (`compile_source`): planner.engines.spec with_compile, the
@@ -1037,7 +1038,7 @@ FIGURES = (
         "host time: through nothing (the same seconds on every GPU); only what the layer's "
         "GPU work does not cover is exposed",
         production=lambda r: _is_moe(r) and is_moe_fit_row(r),
-        candidates=_is_moe,
+        candidates=_has_host_stall,
         procedure="least squares (simplex)", bounds=MOE_FIT_BOUNDS,
         # the simplex starts from the best of these (seconds): a grid over both bounds, fixed
         # before any row is seen

@@ -304,20 +304,21 @@ def trust_label(engine, gpu, moe: bool = False) -> str:
     """How far to trust the predictions on this GPU: the engine's held-out error on its
     published runs of this GPU generation (MoE models apart: planner.engines.trust.trust_on)
     where they ran on this catalog GPU, else "not validated" (and on which GPUs they are)."""
-    from planner.engines.trust import VALIDATED_GPUS, trust_on, validated_on, validation_of
+    from planner.engines.trust import trust_on, validated_gpus, validated_on, validation_of
     if engine.validation is None:
         return "not validated"
     changed = custom_gpu_changes(gpu)
-    if changed is None and validated_on(engine.name, gpu.name):
+    if changed is None and validated_on(engine.name, gpu.name, moe):
         return trust_on(engine, gpu.name, moe)
-    if (changed == ("power_limit_w",) and validated_on(engine.name, gpu.name)
+    if (changed == ("power_limit_w",) and validated_on(engine.name, gpu.name, moe)
             and validation_of(engine.name, gpu.name, moe, gpu.power_limit_w)):
         # the catalog GPU under a power limit: validated by published runs at that limit only
         return trust_on(engine, gpu.name, moe, gpu.power_limit_w)
     where = "a custom GPU" if changed is not None else gpu.name
-    v = engine.validation
+    v = validation_of(engine.name, None, moe) or engine.validation
+    ran_on = ", ".join(validated_gpus(engine.name, moe))
     return (f"not validated on {where} (its {v.runs} published runs, median +/-"
-            f"{v.median_abs_error_pct:.0f}%, ran on {', '.join(VALIDATED_GPUS[engine.name])})")
+            f"{v.median_abs_error_pct:.0f}%, ran on {ran_on})")
 
 
 def precision_label(plan: Plan) -> str:

@@ -31,11 +31,30 @@ def test_validated_gpus_are_the_fidelity_tables_gpu_rows():
     for eng, scope, runs in rows:
         if scope not in ("held", "fp8/mxfp8") and int(runs) > 0:
             got.setdefault(eng, set()).add(scope)
+    moe = _newest("fidelity_moe_2*.md").read_text()
+    for eng, gpu, runs in re.findall(r"^\| (megatron) \| all \| ([a-z0-9-]+) \| (\d+) \|", moe,
+                                     re.M):
+        if gpu != "all" and int(runs) > 0:
+            got.setdefault(f"{eng} moe", set()).add(gpu)
     with open(_newest("fidelity_heldout_2*.csv")) as f:
         for row in csv.DictReader(f):
             if row["predicted_s"]:
-                got.setdefault(row["engine"], set()).add(row["gpu"])
+                scope = row["engine"] + (" moe" if "MoE" in row["family"] else "")
+                got.setdefault(scope, set()).add(row["gpu"])
     assert {k: tuple(sorted(v)) for k, v in got.items()} == VALIDATED_GPUS
+
+
+def test_a_dense_plan_is_not_validated_by_moe_runs_alone():
+    """Megatron's published runs on B300 are MoE runs only: a dense Megatron plan on B300 is
+    not validated by them, an MoE one is (with the MoE runs' band)."""
+    from planner.catalog.gpus import GPUS
+    from planner.engines import ENGINES
+    from planner.explain import trust_label
+    dense = trust_label(ENGINES["megatron"], GPUS["b300"])
+    moe = trust_label(ENGINES["megatron"], GPUS["b300"], moe=True)
+    ran_on = dense.split("ran on ")[1].rstrip(")").split(", ")
+    assert dense.startswith("not validated on b300") and "b300" not in ran_on and "b200" in ran_on
+    assert "held out" in moe and "MoE" in moe
 
 
 @pytest.mark.parametrize("n,want", [(857_216, "857.2K"), (6.4e6, "6.4M"), (70.56e9, "70.6B"),

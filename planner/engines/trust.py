@@ -26,21 +26,29 @@ TRUST = _TRUST["engines"]
 VALIDATION = {e: (v["all"]["runs"], v["all"]["held_out_median_abs_pct"])
               for e, v in TRUST.items() if " " not in e}
 
-# engine: the catalog GPUs its published runs ran on, from the "<engine> <gpu>" rows of the
-# fidelity table (benchmarks/results/fidelity_<date>.md) and the GPUs of the held-out file's
-# scored rows (fidelity_heldout_<date>.csv); a plan on any other GPU (or a custom one) is not
-# validated by them. tests/test_labels.py checks this against both tables.
+# trust scope (planner.engines.trust scope_of: the engine, its MoE models apart where it has
+# MoE rows): the catalog GPUs its published runs ran on, from the "<engine> <gpu>" rows of the
+# fidelity tables (benchmarks/results/fidelity_<date>.md, fidelity_moe_<date>.md) and the GPUs
+# of the held-out file's scored rows (fidelity_heldout_<date>.csv); a plan on any other GPU (or
+# a custom one) is not validated by them. tests/test_labels.py checks this against the tables.
 VALIDATED_GPUS = {
     "deepspeed": ("a100",),
     "fsdp": ("a100", "a100-40g", "h100"),
-    "megatron": ("a100", "b200", "b300", "gb200", "gb300", "h100"),
+    "megatron": ("a100", "b200", "gb200", "gb300", "h100"),
+    "megatron moe": ("b200", "b300", "gb200", "gb300", "h100"),
     "torchtitan": ("a100", "b200", "h100", "h200", "mi300x"),
 }
 
 
-def validated_on(engine: str, gpu_name: str) -> bool:
-    """Whether published runs of `engine` on this catalog GPU validate its predictions."""
-    return gpu_name in VALIDATED_GPUS.get(engine, ())
+def validated_gpus(engine: str, moe: bool = False) -> tuple:
+    """The catalog GPUs published runs of `engine` (its MoE models where it has MoE rows) ran on."""
+    return VALIDATED_GPUS.get(scope_of(engine, moe), VALIDATED_GPUS.get(engine, ()))
+
+
+def validated_on(engine: str, gpu_name: str, moe: bool = False) -> bool:
+    """Whether published runs of `engine` (of MoE models, for an MoE model, where it has them)
+    on this catalog GPU validate its predictions."""
+    return gpu_name in validated_gpus(engine, moe)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,22 @@
 """Megatron-Bridge performance summaries (performance-summary.md, 26.08, and
 performance-summary-archive.md, 25.09-26.06.01): the mixture-of-experts rows of the catalog's MoE
 models (DeepSeek-V3, GPT-OSS-120B, Qwen3-30B-A3B, Qwen3-235B-A22B) that published_runs_moe.json
-does not hold: every GB200, GB300 and B300 row, and the B200 / H100 rows of releases it lacks.
+does not hold: every GB200, GB300 and B300 row (its B200 and H100 rows are all there).
 
 Read as published_runs_moe.json reads the same tables (precision, the 25.09 parentheses, token
 drop, MTP), with one difference: only what the table prints is fixed. The recipe's dispatcher, EP
 overlap, recompute modules, pipeline layout and CUDA graphs are not read (`uncertain`): the planner
-chooses them, as for every other held-out row. One recipe fact is read: the MXFP8 rows of
-26.06-26.08 on GB200 / GB300 (and Qwen3-30B on B300) ran full-iteration CUDA graphs with static
-MoE shapes (`fixed.cuda_graph`, `cuda_graph_source`: the commits in FULL_ITERATION). A printed layout Megatron-Core refuses is not
+chooses them, as for every other held-out row (the EP overlap, which the fidelity benchmark does
+not search, priced off; VP n/a under pipelining read as plain 1F1B, as published_runs_moe.json).
+One set of recipes is read: the MXFP8 rows of 26.06-26.08 on GB200 / GB300 (and Qwen3-30B on
+B300) ran full-iteration CUDA graphs with static MoE shapes, which change what runs (no host
+stall: `fixed.cuda_graph`, `cuda_graph_source`: FULL_ITERATION). The same configs ran the EP
+overlap and no recompute (DeepSeek-V3 on GB200: mla_up_proj) beside a paged stash of the routed
+experts' activations and CuTeDSL's fused grouped MLP, which the planner does not model; priced
+with the overlap and without recompute the Qwen3-30B rows need 243 GiB of 183 ("does not fit",
+for runs that ran), so those knobs are left as for every held-out row. With the overlap on
+(recompute the planner's), the 26.06-26.08 GB300 DeepSeek-V3 and Qwen3-235B rows go from +16..+19%
+to -4..+2%, and the GB200 ones from -7..-2% to -24..-14%. A printed layout Megatron-Core refuses is not
 what ran and is left out (`LEFT_OUT`: one, the 25.09 GB200 DeepSeek-V3 MXFP8 variant, PP 8 with
 EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the catalog lacks
 (Kimi-K2, Nemotron 3, DeepSeek-V4) neither.
@@ -62,21 +70,32 @@ EXISTING = {config_key(r["id"].split("-")[1], r["cluster"].rsplit("x", 1)[0], r[
 
 
 # The MXFP8 recipes that replay the whole iteration as one CUDA graph with static MoE shapes
-# (cuda_graph_impl="full_iteration", HybridEP with moe_expert_rank_capacity_factor): the
-# Megatron-Bridge commits (scripts/performance/configs/*_workload_base_configs.py) that switched
-# them on, all between the 26.04.01 and 26.06 releases; the flat recipes at 067f987 keep them
-# (perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8, perf_recipes/deepseek
-# _enable_deepseek_full_iteration_mxfp8, perf_recipes/gpt_oss/common.py
-# _apply_gpt_oss_120b_full_iter_fp8mx_configs)
-QWEN_CG = "55443cbfb (2026-06-10, #4211 'Enable Qwen3 GB200/GB300 MXFP8 CuTeDSL Fusion and Full-Iter CUDA Graphs')"
+# (cuda_graph_impl="full_iteration", HybridEP with moe_expert_rank_capacity_factor): switched on
+# on Megatron-Bridge main 2026-06-06..10 (8af195c0a, afb5dd47c, 5f98743d5, 55443cbfb) and picked
+# into the 26.06 release branch r0.5.0 on 2026-06-10, before its performance summary (c14643cdb,
+# 2026-06-16); the flat recipes of r0.6.0 and 067f987 keep them. Read from those configs at
+# c14643cdb (scripts/performance/configs/*/..._workload_base_configs.py), with the MoE knobs the
+# same configs set: the flex dispatcher
+# (moe_flex_dispatcher_backend="hybridep"), the EP overlap (moe_a2a_overlap=True) and the
+# recompute modules (none but DeepSeek-V3 on GB200's mla_up_proj), which are cited, not fixed
+# (the module docstring).
+R050 = "r0.5.0 @c14643cdb scripts/performance/configs/"
+QWEN_CG = ("bac3ffebf (2026-06-10, #4249 'Enable Qwen3 GB200/GB300/GB300 MXFP8 CuTeDSL Fusion and "
+           "Full-Iter CUDA Graphs for 26.06'; on main 55443cbfb)")
+DSV3_CG = "7a8bd64b2 (2026-06-10, #4187 'GB300/GB200 MXFP8 full-iter CG recipes (#3983 + #4226) into r0.5.0')"
+GPTOSS_CG = "0d3b6dd43 (2026-06-10, #4241 'full-iter CG for GPT-OSS 120B (4173)' into r0.5.0)"
+# (system, model) -> (commit, config, recompute modules: None none, else selective with them)
 FULL_ITERATION = {
-    ("gb200", "qwen3-30b-a3b"): QWEN_CG, ("gb300", "qwen3-30b-a3b"): QWEN_CG,
-    ("b300", "qwen3-30b-a3b"): QWEN_CG,
-    ("gb200", "qwen3-235b-a22b"): QWEN_CG, ("gb300", "qwen3-235b-a22b"): QWEN_CG,
-    ("gb300", "deepseek-v3"): "8af195c0a (2026-06-06, #3983 'DSV3 GB300 MXFP8 full-iter CG recipe')",
-    ("gb200", "deepseek-v3"): "afb5dd47c (2026-06-10, #4226 'DSV3 GB200 MXFP8 full-iter CG recipe')",
-    ("gb200", "gpt-oss-120b"): "5f98743d5 (2026-06-09, #4173 'full-iter CG for GPT-OSS 120B')",
-    ("gb300", "gpt-oss-120b"): "5f98743d5 (2026-06-09, #4173 'full-iter CG for GPT-OSS 120B')",
+    ("gb200", "qwen3-30b-a3b"): (QWEN_CG, "qwen/QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1", None),
+    ("gb300", "qwen3-30b-a3b"): (QWEN_CG, "qwen/QWEN3_30B_A3B_PRETRAIN_CONFIG_GB300_FP8_MX_V1", None),
+    ("b300", "qwen3-30b-a3b"): (QWEN_CG, "qwen/QWEN3_30B_A3B_PRETRAIN_CONFIG_B300_FP8_MX_V1", None),
+    ("gb200", "qwen3-235b-a22b"): (QWEN_CG, "qwen/QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2", None),
+    ("gb300", "qwen3-235b-a22b"): (QWEN_CG, "qwen/QWEN3_235B_A22B_PRETRAIN_CONFIG_GB300_FP8_MX_V2", None),
+    ("gb300", "deepseek-v3"): (DSV3_CG, "deepseek/DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2", None),
+    ("gb200", "deepseek-v3"): (DSV3_CG, "deepseek/DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V2",
+                               ["mla_up_proj"]),
+    ("gb200", "gpt-oss-120b"): (GPTOSS_CG, "gpt_oss/GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V2", None),
+    ("gb300", "gpt-oss-120b"): (GPTOSS_CG, "gpt_oss/GPT_OSS_120B_PRETRAIN_CONFIG_GB300_FP8_MX_V2", None),
 }
 GRAPHED_RELEASES = ("26.06", "26.06.01", "26.08")
 
@@ -154,15 +173,15 @@ def rows():
             fixed = {"tp": tp, "pp": pp, "dp": dp, "ep": ep}
             if cp > 1:
                 fixed["cp"] = cp
-            if vp is not None and pp > 1:
-                fixed["vpp"] = vp
+            if pp > 1:      # VP n/a: plain 1F1B, as published_runs_moe.json reads it
+                fixed["vpp"] = vp or 1
             # the 25.x tables' GA column is GBS / (MBS x #GPUs), not a check on the layout
             # (published_runs_moe.json's rows fix the printed MBS likewise)
             fixed.update({"micro_batch": mbs, "global_batch": gbs, "seq_len": seq})
             uncertain += [
-                "the token dispatcher, EP communication overlap, recompute (and its modules), pipeline "
-                "layout, sequence parallelism, CUDA graphs and the other overlaps are not printed: the "
-                "planner chooses them (published_runs_moe.json's rows fix them from each recipe)",
+                "the token dispatcher, recompute (and its modules), pipeline layout, sequence "
+                "parallelism, CUDA graphs and the overlaps are not printed: the planner chooses them but "
+                "the EP overlap, priced off (published_runs_moe.json's rows fix them from each recipe)",
                 f"the NVLink domain of a {n}-GPU {system} job is not printed"]
             if tp > 1:
                 uncertain.append("the TP communication overlap is not printed: priced off")
@@ -183,14 +202,22 @@ def rows():
                 fixed["moe_dispatcher"] = "alltoall"
                 extra["moe_capacity_source"] = CAPACITY_SOURCE
             if prec == "mxfp8" and rel in GRAPHED_RELEASES and (gpu, catalog) in FULL_ITERATION:
+                commit, config, modules = FULL_ITERATION[(gpu, catalog)]
                 fixed["cuda_graph"] = "full_iteration"
                 extra["cuda_graph_source"] = (
-                    f"NVIDIA-NeMo/Megatron-Bridge {FULL_ITERATION[(gpu, catalog)]}: this system's MXFP8 "
-                    "recipe set cuda_graph_impl='full_iteration' with HybridEP's "
-                    "moe_expert_rank_capacity_factor (static shapes), kept at 067f987")
-                uncertain.append("the release's container date is not printed: the recipe changed "
-                                 "between the 26.04.01 and 26.06 releases, when this table's step "
-                                 "times of these rows fell")
+                    f"NVIDIA-NeMo/Megatron-Bridge {commit}: {R050}{config} sets "
+                    "cuda_graph_impl='full_iteration', with which that model's *_llm_pretrain.py "
+                    "set_full_iter_cg_configs sets moe_expert_rank_capacity_factor=1.5 and "
+                    "moe_paged_stash (static shapes: no device-to-host sync of the token counts); the "
+                    "same config sets "
+                    "moe_flex_dispatcher_backend='hybridep', moe_a2a_overlap=True and "
+                    + (f"recompute_modules={modules}" if modules else "no recompute")
+                    + ", with a paged stash of the routed experts' activations and CuTeDSL's fused "
+                    "grouped MLP, which the planner does not model: those stay the planner's choice "
+                    "(EP overlap off), see the module docstring")
+                uncertain.append("the release's recipe ran the EP overlap and "
+                                 + (f"recompute of {modules}" if modules else "no recompute")
+                                 + " with memory savers the planner does not model: not fixed")
             model_overrides = {}
             if catalog == "deepseek-v3":
                 if variant == "w/o mtp":
