@@ -26,11 +26,11 @@ TRUST = _TRUST["engines"]
 VALIDATION = {e: (v["all"]["runs"], v["all"]["held_out_median_abs_pct"])
               for e, v in TRUST.items() if " " not in e}
 
-# trust scope (planner.engines.trust scope_of: the engine, its MoE models apart where it has
-# MoE rows): the catalog GPUs its published runs ran on, from the "<engine> <gpu>" rows of the
-# fidelity tables (benchmarks/results/fidelity_<date>.md, fidelity_moe_<date>.md) and the GPUs
-# of the held-out file's scored rows (fidelity_heldout_<date>.csv); a plan on any other GPU (or
-# a custom one) is not validated by them. tests/test_labels.py checks this against the tables.
+# trust scope (scope_of below: the engine, its MoE models apart where it has MoE rows): the
+# catalog GPUs its published runs ran on, from the "<engine> <gpu>" rows of the fidelity tables
+# (benchmarks/results/fidelity_<date>.md, fidelity_moe_<date>.md) and the GPUs of the held-out
+# file's scored rows (fidelity_heldout_<date>.csv); a plan on any other GPU (or a custom one) is
+# not validated by them. tests/test_labels.py checks this against the tables.
 VALIDATED_GPUS = {
     "deepspeed": ("a100",),
     "fsdp": ("a100", "a100-40g", "h100"),

@@ -5,10 +5,10 @@ does not hold: every GB200, GB300 and B300 row (its B200 and H100 rows are all t
 
 Read as published_runs_moe.json reads the same tables (precision, the 25.09 parentheses, token
 drop, MTP), with one difference: only what the table prints is fixed. The recipe's dispatcher, EP
-overlap, recompute modules, pipeline layout and CUDA graphs are not read (`uncertain`): the planner
-chooses them, as for every other held-out row (the EP overlap, which the fidelity benchmark does
+overlap, recompute modules, pipeline layout and CUDA graphs are not read (`uncertain`), but for the
+one set of recipes below: the planner chooses them, as for every other held-out row (the EP overlap, which the fidelity benchmark does
 not search, priced off; VP n/a under pipelining read as plain 1F1B, as published_runs_moe.json).
-One set of recipes is read: the MXFP8 rows of 26.06-26.08 on GB200 / GB300 (and Qwen3-30B on
+The recipes read: the MXFP8 rows of 26.06-26.08 on GB200 / GB300 (and Qwen3-30B on
 B300) ran full-iteration CUDA graphs with static MoE shapes, which change what runs (no host
 stall: `fixed.cuda_graph`, `cuda_graph_source`: FULL_ITERATION). The same configs ran the EP
 overlap and no recompute (DeepSeek-V3 on GB200: mla_up_proj) beside a paged stash of the routed
@@ -75,10 +75,9 @@ EXISTING = {config_key(r["id"].split("-")[1], r["cluster"].rsplit("x", 1)[0], r[
 # into the 26.06 release branch r0.5.0 on 2026-06-10, before its performance summary (c14643cdb,
 # 2026-06-16); the flat recipes of r0.6.0 and 067f987 keep them. Read from those configs at
 # c14643cdb (scripts/performance/configs/*/..._workload_base_configs.py), with the MoE knobs the
-# same configs set: the flex dispatcher
+# same configs set, cited and not fixed (the module docstring): the flex dispatcher
 # (moe_flex_dispatcher_backend="hybridep"), the EP overlap (moe_a2a_overlap=True) and the
-# recompute modules (none but DeepSeek-V3 on GB200's mla_up_proj), which are cited, not fixed
-# (the module docstring).
+# recompute modules (none but DeepSeek-V3 on GB200's mla_up_proj).
 R050 = "r0.5.0 @c14643cdb scripts/performance/configs/"
 QWEN_CG = ("bac3ffebf (2026-06-10, #4249 'Enable Qwen3 GB200/GB300/GB300 MXFP8 CuTeDSL Fusion and "
            "Full-Iter CUDA Graphs for 26.06'; on main 55443cbfb)")
@@ -209,12 +208,11 @@ def rows():
                     "cuda_graph_impl='full_iteration', with which that model's *_llm_pretrain.py "
                     "set_full_iter_cg_configs sets moe_expert_rank_capacity_factor=1.5 and "
                     "moe_paged_stash (static shapes: no device-to-host sync of the token counts); the "
-                    "same config sets "
-                    "moe_flex_dispatcher_backend='hybridep', moe_a2a_overlap=True and "
+                    "same config sets moe_flex_dispatcher_backend='hybridep', moe_a2a_overlap=True, "
+                    "CuTeDSL's fused grouped MLP and "
                     + (f"recompute_modules={modules}" if modules else "no recompute")
-                    + ", with a paged stash of the routed experts' activations and CuTeDSL's fused "
-                    "grouped MLP, which the planner does not model: those stay the planner's choice "
-                    "(EP overlap off), see the module docstring")
+                    + ": with the paged stash and the fused MLP, which the planner does not model, "
+                    "those stay the planner's choice (EP overlap off), see the module docstring")
                 uncertain.append("the release's recipe ran the EP overlap and "
                                  + (f"recompute of {modules}" if modules else "no recompute")
                                  + " with memory savers the planner does not model: not fixed")
