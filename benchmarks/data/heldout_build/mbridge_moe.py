@@ -5,8 +5,8 @@ does not hold: every GB200, GB300 and B300 row (its B200 and H100 rows are all t
 
 Read as published_runs_moe.json reads the same tables (precision, the 25.09 parentheses, token
 drop, MTP), with one difference: only what the table prints is fixed. The recipe's dispatcher, EP
-overlap, recompute modules, pipeline layout and CUDA graphs are not read (`uncertain`), but for the
-one set of recipes below: the planner chooses them, as for every other held-out row (the EP overlap, which the fidelity benchmark does
+overlap, recompute modules and pipeline layout are not read (`uncertain`), but for the one set of
+recipes below: the planner chooses them, as for every other held-out row (the EP overlap, which the fidelity benchmark does
 not search, priced off; VP n/a under pipelining read as plain 1F1B, as published_runs_moe.json).
 The recipes read: the MXFP8 rows of 26.06-26.08 on GB200 / GB300 (and Qwen3-30B on
 B300) ran full-iteration CUDA graphs with static MoE shapes, which change what runs (no host
@@ -21,7 +21,13 @@ what ran and is left out (`LEFT_OUT`: one, the 25.09 GB200 DeepSeek-V3 MXFP8 var
 EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the catalog lacks
 (Kimi-K2, Nemotron 3, DeepSeek-V4) neither.
 
-`python mbridge_moe.py` replaces this module's rows in published_runs_heldout.json in place (the
+Every row of both MoE files also records the CUDA graphs its release's recipe ran
+(mbridge_moe_graphs.json, read per release; `graph_fields`): per-layer graphs as
+`fixed.cuda_graph` / `cuda_graph_scope` / `cuda_graph_source`, recorded and not priced (a host
+share for them, fitted, was no better out of sample: docs/benchmarks.md).
+
+`python mbridge_moe.py` replaces this module's rows in published_runs_heldout.json in place, and
+the per-layer graph fields of published_runs_moe.json's rows (the
 other builders need mirrors a machine may not have); build.py adds them on a full rebuild."""
 import json
 import subprocess
@@ -52,6 +58,9 @@ PREC = {"FP8": ("fp8", "tensorwise"), "FP8-CS": ("fp8", "tensorwise"), "MXFP8": 
 HF_CONFIG = {}
 for _r in MOE_FILE:
     HF_CONFIG.setdefault(_r["catalog_model"], _r["model"])
+# the CUDA-graph setting each row's recipe ran, read from its release's recipes (the file's
+# `about`): per-layer graphs (transformer_engine, local) go into the rows (graph_fields)
+GRAPHS = json.loads((Path(__file__).resolve().parent / "mbridge_moe_graphs.json").read_text())["rows"]
 MTP_SOURCE = next(r["mtp_source"] for r in MOE_FILE if r.get("mtp_source"))
 CAPACITY_SOURCE = next(r["moe_capacity_source"] for r in MOE_FILE if r.get("moe_capacity_source"))
 
@@ -179,7 +188,7 @@ def rows():
             fixed.update({"micro_batch": mbs, "global_batch": gbs, "seq_len": seq})
             uncertain += [
                 "the token dispatcher, recompute (and its modules), pipeline layout, sequence "
-                "parallelism, CUDA graphs and the overlaps are not printed: the planner chooses them but "
+                "parallelism and the overlaps are not printed: the planner chooses them but "
                 "the EP overlap, priced off (published_runs_moe.json's rows fix them from each recipe)",
                 f"the NVLink domain of a {n}-GPU {system} job is not printed"]
             if tp > 1:
@@ -234,6 +243,7 @@ def rows():
                    f"-gbs{gbs}" + ("-alt" if vi else ""))
             if config_key(rel, gpu, catalog, prec, n, fixed) in EXISTING:
                 continue
+            graph_fields(rid, fixed, extra)
             pub_rec = dict(pub)
             pub_rec["_variant"] = vname
             url = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMIT}/{path}"
@@ -269,6 +279,32 @@ def rows():
     return out
 
 
+def graph_fields(rid: str, fixed: dict, extra: dict) -> None:
+    """The per-layer CUDA graphs the row's recipe captured (`GRAPHS`): fixed.cuda_graph (the
+    implementation), fixed.cuda_graph_scope (Megatron's --cuda-graph-scope; "full" the whole
+    layer) and cuda_graph_source. Rows that ran none, or the full iteration (FULL_ITERATION),
+    are left as they are."""
+    g = GRAPHS[rid]
+    if g["cuda_graph_impl"] not in ("transformer_engine", "local"):
+        return
+    fixed["cuda_graph"] = g["cuda_graph_impl"]
+    fixed["cuda_graph_scope"] = list(g["cuda_graph_scope"])
+    extra["cuda_graph_source"] = (f"NVIDIA-NeMo/Megatron-Bridge {g['revision']}, preset "
+                                  f"{g['preset']}: {g['source']}")
+
+
+def annotate_moe_table() -> list:
+    """published_runs_moe.json's rows with their recipes' per-layer CUDA graphs (graph_fields),
+    in place of any the file had."""
+    for r in MOE_FILE:
+        if r["fixed"].get("cuda_graph") != "full_iteration":
+            r["fixed"].pop("cuda_graph", None)
+            r["fixed"].pop("cuda_graph_scope", None)
+            r.pop("cuda_graph_source", None)
+        graph_fields(r["id"], r["fixed"], r)
+    return MOE_FILE
+
+
 def family(r) -> str:
     return "Megatron-Bridge MoE " + r["cluster"].rsplit("x", 1)[0].upper()
 
@@ -285,3 +321,9 @@ if __name__ == "__main__":
     doc["runs"] = kept + mine
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(len(mine), "MoE rows;", len(doc["runs"]), "in all")
+    table = DATA / "published_runs_moe.json"
+    moe_doc = json.loads(table.read_text())
+    moe_doc["runs"] = annotate_moe_table()
+    table.write_text(json.dumps(moe_doc, indent=1) + "\n")
+    print(sum(1 for r in moe_doc["runs"] if r["fixed"].get("cuda_graph")), "of",
+          len(moe_doc["runs"]), "MoE-table rows with per-layer CUDA graphs")
