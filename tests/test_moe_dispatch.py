@@ -322,3 +322,31 @@ def test_the_overlap_takes_at_most_one_mtp_layer():
     assert V.ep_comm_overlap_blockers(2, 1, "1f1b", "none", "alltoall", mtp_layers=1) == []
     assert "MTP" in " ".join(V.ep_comm_overlap_blockers(2, 1, "1f1b", "none", "alltoall",
                                                         mtp_layers=2))
+
+
+def brute_remote_ranks(E: int, k: int, ep: int) -> float:
+    """Average over every k-subset of E experts (rank of expert e: e // (E/ep)) of the ranks
+    other than rank 0 (the token's own) that hold one of them: the GPUs a deduplicating
+    dispatcher sends the token to."""
+    per = E // ep
+    total = count = 0
+    for experts in itertools.combinations(range(E), k):
+        total += len({e // per for e in experts} - {0})
+        count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("E,k,ep", [(8, 2, 4), (16, 4, 8), (16, 8, 4), (12, 3, 2)])
+def test_flex_inside_a_domain_sends_a_token_once_per_gpu(E, k, ep):
+    """DeepEP / HybridEP send a token once to each GPU holding one of its experts (Megatron-Core
+    fused_a2a.py, get_dispatch_layout's is_token_in_rank): inside one NVLink domain the bytes
+    a GPU sends are the brute-force count of those GPUs, not NCCL's k copies."""
+    m, cl = mixtral_like(experts=E, k=k), get_cluster("h100x8")
+    T = tokens_in(1, 4096, 1)
+    gpu = cl.gpu
+    sent = 2 * T * m.hidden * brute_remote_ranks(E, k, ep)
+    expected = sent / (gpu.nvlink_p2p_gbps * 1e9) + gpu.nvlink_latency_us * 1e-6
+    assert flex_all_to_all(m, cl, T, ep, 1, 1.0) == pytest.approx(expected, rel=1e-9)
+    # and fewer than the all-to-all's copies wherever two experts can share a GPU
+    nccl = comm.all_to_all(2 * T * k * m.hidden, ep, cl)
+    assert flex_all_to_all(m, cl, T, ep, 1, 1.0) < nccl

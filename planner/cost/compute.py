@@ -187,6 +187,14 @@ class ElementwiseKernels:
     rope: float = FUSED_OP_BYTES            # per element of the rotated queries and keys
     gated_act: float = FUSED_GATED_ACT_BYTES  # per element of the MLP width
     relu2: float = FUSED_OP_BYTES           # per element of the MLP width: squared ReLU
+    # per element of the routed experts' output rows (rows x hidden): the down projection's
+    # bias weighted by the routing probability (gpt-oss), forward; its backward moves as much
+    expert_bias: float = FUSED_OP_BYTES
+    # per element of the routed experts' rows (rows x hidden) under a low-precision recipe:
+    # the copies that pad each expert's rows to the quantisation's alignment before the
+    # grouped GEMM and unpad its output, where the dispatcher leaves them unaligned (the
+    # alltoall); forward, and as much again in backward
+    lowp_expert_padding: float = 0.0
 
 
 FUSED_KERNELS = ElementwiseKernels()
@@ -300,28 +308,43 @@ def linear_io_elements(model: Model, tokens: float, tp: int) -> tuple:
     """(input elements, output elements) of one layer's block linears on one GPU, per
     micro-batch: QKV and MLP-in read the full hidden state, out-proj and MLP-down their
     tensor-parallel shard."""
-    h, f, kv = model.hidden, model.ffn_hidden, model.kv_dim
-    up_out = (2 if model.gated_mlp else 1) * f / tp
-    inputs = h + model.attn_out_dim / tp + h + f / tp    # qkv, proj, fc1, fc2
-    outputs = (model.q_dim + 2 * kv) / tp + h + up_out + h
-    return tokens * inputs, tokens * outputs
+    h, kv = model.hidden, model.kv_dim
+    mlp_in, mlp_out = mlp_io_elements(tokens, h, model.ffn_hidden / tp, model.gated_mlp)
+    inputs = tokens * (h + model.attn_out_dim / tp) + mlp_in     # qkv, proj, fc1, fc2
+    outputs = tokens * ((model.q_dim + 2 * kv) / tp + h) + mlp_out
+    return inputs, outputs
 
 
-def cast_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp) -> tuple:
-    """(forward, backward) seconds of a low-precision recipe's scaling and casts in one layer
-    (planner.precision.Recipe): every linear's input in forward, its output gradient (and,
-    where the library re-casts, its input) in backward, the weights where cast per
-    micro-batch. Memory-bound, at HBM bandwidth."""
+def mlp_io_elements(tokens: float, hidden: int, ffn: float, gated: bool) -> tuple:
+    """(input elements, output elements) of one MLP's two linears (fc1 from the hidden state,
+    fc2 from its `ffn`-wide shard; a gated fc1 twice as wide) over `tokens` rows."""
+    return tokens * (hidden + ffn), tokens * ((2 if gated else 1) * ffn + hidden)
+
+
+def linear_cast_times(gpu: Gpu, lp, inputs: float, outputs: float, weights: float) -> tuple:
+    """(forward, backward) seconds of a low-precision recipe's scaling and casts of linears
+    with `inputs` input and `outputs` output elements and `weights` parameters
+    (planner.precision.Recipe): every input in forward, every output gradient (and, where the
+    library re-casts, the input) in backward, the weights where cast per micro-batch.
+    Memory-bound, at HBM bandwidth."""
     if lp is None:
         return 0.0, 0.0
     r = lp.recipe
-    inputs, outputs = linear_io_elements(model, tokens, tp)
-    weights = (model.attn_matmul_params() + model.mlp_matmul_params()) / tp
     bw = gpu.hbm_gbps * 1e9
     fwd = (r.cast_in_bytes * inputs + 0.5 * r.weight_cast_bytes * weights) / bw
     bwd = ((r.cast_grad_bytes * outputs + r.recast_in_bytes * inputs
             + 0.5 * r.weight_cast_bytes * weights) / bw)
     return fwd, bwd
+
+
+def cast_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp) -> tuple:
+    """(forward, backward) seconds of a low-precision recipe's casts in one layer's block
+    linears (linear_cast_times)."""
+    if lp is None:
+        return 0.0, 0.0
+    inputs, outputs = linear_io_elements(model, tokens, tp)
+    weights = (model.attn_matmul_params() + model.mlp_matmul_params()) / tp
+    return linear_cast_times(gpu, lp, inputs, outputs, weights)
 
 
 def op_recomputed_gemms(k: float, out: float, up: float, down: float, gated: bool) -> float:

@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from planner.cost import comm
 from planner.cost.compute import (BF16, ELEMENTWISE_BWD_FACTOR, FUSED_KERNELS,
                                   GEMM_BWD_FACTOR, activation_bytes_per_element, gemm_time,
-                                  mlp_activation_bytes)
+                                  linear_cast_times, mlp_activation_bytes, mlp_io_elements)
 from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded, zero3_layer_bytes
 from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
@@ -95,6 +95,10 @@ OVERLAPPABLE_DISPATCHERS = ("alltoall", "flex")
 # apply_moe_token_drop asserts it; megatron-core's flex dispatcher asserts
 # moe_pad_expert_input_to_capacity is False)
 PADDED_DISPATCHERS = ("alltoall",)
+# the dispatchers after which Megatron-Core pads each expert's rows to a low-precision grouped
+# GEMM's alignment (experts.py quantization_padding; the flex dispatcher's HybridEP / DeepEP
+# permute pads them itself: moe_utils.py skip_routed_expert_padding)
+LOWP_PADDED_DISPATCHERS = ("alltoall",)
 # Balanced routing (moe_router_force_load_balancing, the benchmark rows): the busiest rank gets
 # exactly its share. A real run's imbalance is the user's figure (see module docstring).
 BALANCED = 1.0
@@ -103,10 +107,32 @@ BALANCED = 1.0
 # scores, memory-bound: read the logits, write probabilities and the top-k (4 + 4 + 4 bytes).
 ROUTER_SCORE_BYTES = 12.0
 FP32 = 4
-# Token permutation (Megatron moe_permute / unpermute, fused with --moe-permute-fusion): each
-# token copy is read and written once to sort it by expert before dispatch and once more to
-# restore order after combine (2 x 2 passes of T*k*hidden bf16 elements, forward).
-PERMUTE_PASSES = 2
+
+
+def permutation_elements(dispatcher: str, T: float, k: int, rows: float, received: float,
+                         hidden: int, local_experts: int) -> float:
+    """bf16 elements one MoE layer's token permutations read and write in forward, on one GPU
+    (Megatron-Core megatron/core/transformer/moe/token_dispatcher.py; each one kernel with
+    --moe-permute-fusion); a permutation's backward is the inverse permutation, as many bytes
+    again. `T` tokens in, `rows` expert copies computed here, `received` rows the flex
+    dispatcher delivers (one per token and GPU).
+    alltoall (MoEAlltoAllTokenDispatcher): permute the T tokens into their T*k expert-ordered
+    copies before the all-to-all (dispatch_preprocess, permute) and sort the received copies
+    by local expert (sort_chunks_by_idxs, with more than one local expert); after the experts
+    the inverse two (sort_chunks_by_idxs, unpermute).
+    flex (MoEFlexTokenDispatcher, DeepEP / HybridEP): each received row permuted into its
+    local expert copies (permute) and back (unpermute).
+    allgather: the gathered tokens' copies for the local experts selected, and scattered back
+    (permute, unpermute of the rows)."""
+    h = hidden
+    if dispatcher == "alltoall":
+        out = 2 * (T * h + T * k * h)
+        if local_experts > 1:
+            out += 2 * 2 * rows * h
+        return out
+    if dispatcher == "flex":
+        return 2 * (received * h + rows * h)
+    return 2 * 2 * rows * h
 
 
 def tokens_in(b: int, s: int, tp: int) -> float:
@@ -132,30 +158,52 @@ class MoeLayer:
     dense_params: float       # attention, norms, router, shared experts on this GPU
     activation_bytes: float   # saved for backward beyond attention and norms (mode "none")
     tokens_per_expert: float
+    # of elem_fwd, what moves the same bytes in backward (permutations, the experts' weighted
+    # bias, the low-precision padding copies) where the rest moves twice its forward
+    # (planner.cost.compute ELEMENTWISE_BWD_FACTOR)
+    perm_fwd: float = 0.0
+    # a low-precision recipe's casts of the routed and shared experts' linears (forward,
+    # backward; planner.cost.compute.linear_cast_times)
+    cast_fwd: float = 0.0
+    cast_bwd: float = 0.0
+
+
+def groups_per_token(num_experts: int, k: int, groups: int) -> float:
+    """Expected number of `groups` (ranks, or NVLink domains) that one token's k experts lie
+    in: k distinct experts drawn uniformly from `num_experts` spread evenly over the groups
+    (balanced routing, as the benchmarks force it), a given group holding none of them with
+    probability C(E - E/g, k) / C(E, k)."""
+    if groups <= 1:
+        return 1.0
+    per = num_experts // groups
+    miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
+    return groups * (1.0 - miss)
 
 
 def remote_domains_per_token(num_experts: int, k: int, domains: int) -> float:
     """Expected number of NVLink domains other than its own that one token's k experts lie
-    in: k distinct experts drawn uniformly from `num_experts` spread evenly over `domains`
-    (balanced routing, as the benchmarks force it), a given domain holding none of them with
-    probability C(E - E/d, k) / C(E, k)."""
+    in (groups_per_token, less the token's own domain's share: by symmetry each domain is hit
+    alike)."""
     if domains <= 1:
         return 0.0
-    per = num_experts // domains
-    miss = math.comb(num_experts - per, k) / math.comb(num_experts, k)
-    return (domains - 1) * (1.0 - miss)
+    return groups_per_token(num_experts, k, domains) * (domains - 1) / domains
 
 
 def flex_all_to_all(model: Model, cluster: Cluster, T: float, ep: int, etp: int,
                     imbalance: float) -> float:
     """One dispatch (or combine) of Megatron's flex dispatcher (--moe-token-dispatcher-type
-    flex with DeepEP or HybridEP: megatron/core/transformer/moe/fused_a2a.py): across NVLink
-    domains a token is sent once to each other domain holding one of its experts, over the
-    NICs (RDMA), and copied there over NVLink to the GPUs holding them (DeepEP, "normal"
-    internode kernels: NVLink forwarding of RDMA-received tokens), where NCCL's all-to-all
-    sends every one of its k copies. Inside one domain it moves what the all-to-all moves."""
+    flex with DeepEP or HybridEP: megatron/core/transformer/moe/fused_a2a.py): a token is sent
+    once to each GPU holding any of its experts (DeepEP's get_dispatch_layout:
+    num_tokens_per_rank, is_token_in_rank; HybridEP dispatches from the same routing map,
+    token_dispatcher.py _HybridEPManager) and permuted into its expert copies there, where
+    NCCL's all-to-all sends every one of its k copies; across NVLink domains it is sent once to
+    each other domain holding one of its experts, over the NICs (RDMA), and copied there over
+    NVLink to the GPUs holding them (DeepEP, "normal" internode kernels: NVLink forwarding of
+    RDMA-received tokens)."""
     h, k = model.hidden, model.experts_per_token
-    x = imbalance * BF16 * T * k * h
+    # a token's copies on the wire: one per GPU its experts lie on (groups_per_token over the
+    # ep ranks), where the all-to-all sends k
+    x = imbalance * BF16 * T * h * groups_per_token(model.num_experts, k, ep)
     d = cluster.nvlink_domain
     span = ep * etp
     if span <= d and d % span == 0:
@@ -302,12 +350,24 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     router = (gemm_time(gpu, T, E, h) * FP32 / BF16
               + ROUTER_SCORE_BYTES * T * E / (gpu.hbm_gbps * 1e9))
     rows = per_expert * local_experts               # token copies this GPU's experts compute
-    act_b = activation_bytes_per_element(model, kernels)
-    perm_elems = 2 * PERMUTE_PASSES * T * k * h
-    elem = elementwise_traffic * (act_b * (rows * f / etp + b * s * sf / tp)
-                                  + BF16 * perm_elems) / (gpu.hbm_gbps * 1e9)
     disp = dispatcher(model, cluster, b, s, tp, ep, etp, allowed, imbalance)
     comm_fwd = _dispatch_comm(model, cluster, T, tp, ep, etp, load, disp)
+    act_b = activation_bytes_per_element(model, kernels)
+    hbm = gpu.hbm_gbps * 1e9
+    received = load * T * groups_per_token(E, k, ep)
+    same_both_ways = (BF16 * permutation_elements(disp, T, k, rows, received, h, local_experts)
+                      + (kernels.expert_bias * rows * h if model.expert_bias else 0.0)
+                      + (kernels.lowp_expert_padding * rows * h
+                         if lp is not None and disp in LOWP_PADDED_DISPATCHERS else 0.0))
+    perm = elementwise_traffic * same_both_ways / hbm
+    elem = elementwise_traffic * act_b * (rows * f / etp + b * s * sf / tp) / hbm + perm
+    # the casts of the experts' linears (the routed ones' rows, the shared expert's tokens)
+    r_in, r_out = mlp_io_elements(rows, h, f / etp, model.gated_mlp)
+    s_in, s_out = mlp_io_elements(b * s, h, sf / tp, model.gated_mlp) if sf else (0.0, 0.0)
+    cast_fwd, cast_bwd = linear_cast_times(
+        gpu, lp, r_in + s_in, r_out + s_out,
+        local_experts * (3 if model.gated_mlp else 2) * h * f / etp
+        + model.shared_expert_params() / tp)
     # each expert's FFN split over etp; its down-projection bias (gpt-oss) is not split
     down_bias = model.hidden if model.expert_bias else 0
     expert_params = local_experts * ((model.expert_params() - down_bias) / etp + down_bias)
@@ -329,7 +389,8 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     saved = (act_bytes * rows * h + mlp_act * rows * f / etp + outputs
              + FP32 * T * E + mlp_act * b * s * sf / tp)
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
-                    dense_params, saved, per_expert)
+                    dense_params, saved, per_expert, perm_fwd=perm, cast_fwd=cast_fwd,
+                    cast_bwd=cast_bwd)
 
 
 def flops_per_token_layer(model: Model) -> float:
@@ -350,6 +411,14 @@ def dense_mlp_fwd(model: Model, gpu, b: int, s: int, tp: int, lp=None,
     elem = (elementwise_traffic * mlp_activation_bytes(model, tokens, tp, kernels)
             / (gpu.hbm_gbps * 1e9))
     return gemm, elem
+
+
+def dense_mlp_casts(model: Model, gpu, b: int, s: int, tp: int, lp=None) -> tuple:
+    """(forward, backward) seconds of a low-precision recipe's casts of a dense layer's MLP
+    linears: the part of planner.cost.compute.cast_times an MoE layer replaces with its
+    experts' (MoeLayer cast_fwd, cast_bwd)."""
+    m_in, m_out = mlp_io_elements(b * s, model.hidden, model.ffn_hidden / tp, model.gated_mlp)
+    return linear_cast_times(gpu, lp, m_in, m_out, model.mlp_matmul_params() / tp)
 
 
 def dense_mlp_saved(model: Model, b: int, s: int, tp: int, mode: str,
@@ -400,19 +469,25 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     # the token counts are known on the host (capacity x ranks; megatron/core/transformer/moe/
     # token_dispatcher.py skips the device-to-host copy): none. `fwd_layer` is a per-layer
     # figure, the same on every pipeline rank
-    moe_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem
+    # the casts: the experts' linears' in place of the dense MLP's
+    dm_cast_fwd, dm_cast_bwd = dense_mlp_casts(model, gpu, b, s, t, lp)
+    d_cast_fwd, d_cast_bwd = ml.cast_fwd - dm_cast_fwd, ml.cast_bwd - dm_cast_bwd
+    moe_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + d_cast_fwd
     stall = dropless_host_stall(engine, c, model.num_experts // c.ep,
                                 coeffs[0].fwd_layer - mlp_tp[0] + moe_fwd + ml.comm_fwd)
     d_fwd = moe_fwd + stall
+    # backward: GEMMs twice their forward, element-wise work twice, permutations (and what
+    # else moves the same bytes back, MoeLayer.perm_fwd) once
     d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
-             + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - dm_elem))
+             + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - ml.perm_fwd - dm_elem) + ml.perm_fwd
+             + d_cast_bwd)
     # a recomputed layer runs its forward again: "full" all of it, dispatch included;
     # "selective" the modules asked for (planner.cost.recompute), the MoE side's in place of
     # the dense MLP's
     rec_mode, attn_rerun, dense_mlp_rerun = reruns
     eb = facts.compute_elem_bytes
     moe_rerun = _moe_rerun(model, c, facts, ml, gemm + ml.elem_fwd + stall, b, s, t)
-    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem}.get(
+    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem + d_cast_fwd}.get(
         c.recompute, moe_rerun.fwd_s - dense_mlp_rerun.fwd_s)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" or moe_rerun.dispatch else 0.0

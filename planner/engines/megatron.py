@@ -65,10 +65,33 @@ from planner.vocab import RECOMPUTE_MODULES
 # 4.33 ms / 0.213 ms before (loss 0.0307 on the mended rows, 0.0300 now: the GPT-OSS B200 rows,
 # 21-35% fast, dominate it). 4.78 ms until a collective's latency counted its hops inside a
 # node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure, Nelder-Mead from
-# the best point of a fixed grid (benchmarks/fidelity.py FIGURES), now gives 4.80 ms / 0.200 ms.
-# Host time: the same seconds on every GPU.
-MOE_LAYER_OVERHEAD_S = 4.80e-3
-MOE_EXPERT_OVERHEAD_S = 0.200e-3
+# the best point of a fixed grid (benchmarks/fidelity.py FIGURES), gave 4.80 ms / 0.200 ms
+# (loss 0.0311); 4.77 ms / 0.199 ms (loss 0.0288) since the MoE layer's GPU work is priced as
+# Megatron-Core runs it (planner.cost.moe: the flex dispatcher's one copy per GPU, the
+# permutations per dispatcher and once in backward, the experts' casts, gpt-oss's eager
+# expert bias, the alltoall's low-precision padding copies). Host time: the same seconds on
+# every GPU.
+MOE_LAYER_OVERHEAD_S = 4.77e-3
+MOE_EXPERT_OVERHEAD_S = 0.199e-3
+
+
+# The routed experts' down-projection bias (gpt-oss, --add-bias-linear) weighted by the routing
+# probability, as Megatron-Core's TEGroupedMLP applies it outside Transformer Engine's grouped
+# linear: per local expert `t + b * p` over its rows, then one torch.cat (megatron/core/
+# transformer/moe/experts.py _apply_bias @d98e8a64, eager, in place since a329dd6da5,
+# 2025-09-22): write b * p (2), read t and it and write the sum (6), the cat's read and write
+# (4): 12 bytes per element of the rows x hidden output, forward; its backward (the bias and
+# probability gradients' reductions and the split of the output gradient) about as much.
+EXPERT_BIAS_EAGER_BYTES = 12.0
+# FP8 / MXFP8 grouped GEMMs need each expert's rows aligned (16 / 32): on the alltoall path
+# Megatron-Core pads the permuted rows and probabilities before the grouped linear and unpads
+# its output (experts.py quantization_padding, Transformer Engine Fp8Padding / Fp8Unpadding:
+# a copy whenever a count is unaligned, as forced-balanced random routing leaves them),
+# unless the router pads (--moe-router-padding-for-quantization) or the flex dispatcher's
+# HybridEP / DeepEP permute does (moe_utils.py skip_routed_expert_padding): the input's and
+# the output's copy, read and write, 2 x (2 + 2) bytes per element of rows x hidden, forward
+# and again in backward.
+LOWP_EXPERT_PADDING_BYTES = 8.0
 
 
 # --make-vocab-size-divisible-by's default (megatron/training/arguments.py)
@@ -142,7 +165,9 @@ MEGATRON = Engine(
     context_gib=CONTEXT_GIB, allocator_reserve=ALLOCATOR_RESERVE,
     # fused norms, RoPE and GELU / SwiGLU (Transformer Engine, --apply-rope-fusion,
     # --bias-activation-fusion); squared ReLU runs eager (planner.engines.eager RELU2_EAGER_BYTES)
-    elementwise_kernels=ElementwiseKernels(relu2=RELU2_EAGER_BYTES),
+    elementwise_kernels=ElementwiseKernels(relu2=RELU2_EAGER_BYTES,
+                                           expert_bias=EXPERT_BIAS_EAGER_BYTES,
+                                           lowp_expert_padding=LOWP_EXPERT_PADDING_BYTES),
     # --optimizer-cpu-offload --optimizer-offload-fraction 1.0 (with
     # --use-precision-aware-optimizer, which megatron/training/arguments.py requires of it):
     # the HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
