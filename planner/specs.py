@@ -42,6 +42,7 @@ MODEL_FIELDS = {
     "dropout": S.Num(ge=0.0, lt=1.0),
     "norm_eps": S.Num(gt=0.0, le=1.0),
     "rope_theta": S.Num(gt=0.0, le=1e12),
+    "rope_attention_factor": S.Num(gt=0.0, le=100.0),
     "num_experts": S.Int(0, B.MAX_EXPERTS),
     "experts_per_token": S.Int(0, B.MAX_EXPERTS),
     "moe_ffn_hidden": S.Int(0, 4 * B.MAX_HIDDEN),
@@ -60,6 +61,18 @@ MODEL_FIELDS = {
     "full_attention_interval": S.Int(0, B.MAX_LAYERS),
     "mtp_layers": S.Int(0, B.MAX_LAYERS),
 }
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None,
+                          mscale_all_dim: float | None = None) -> float:
+    """YaRN's attention factor for a context scaled by `factor` (Peng et al. 2023, Sec. 3.4:
+    0.1 ln s + 1), or the ratio of its two mscale forms where a config gives both (DeepSeek's
+    mscale and mscale_all_dim): transformers modeling_rope_utils _compute_yarn_parameters."""
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+    if mscale and mscale_all_dim:
+        return get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+    return get_mscale(factor)
 
 
 def _who(kind: str, name) -> str:
@@ -90,6 +103,9 @@ class Model:
     dropout: float = 0.0
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # the factor YaRN RoPE scales the rotated queries and keys by (its "attention factor",
+    # mscale: yarn_attention_factor); 1 for any other RoPE (gpt-oss: 1.347)
+    rope_attention_factor: float = 1.0
     # mixture of experts; num_experts 0: a dense model. Hugging Face names: num_local_experts /
     # n_routed_experts / num_experts, num_experts_per_tok, moe_intermediate_size, the shared
     # experts' width (DeepSeek n_shared_experts x moe_intermediate_size, Qwen2-MoE

@@ -2,6 +2,7 @@
 and parameter counts against the figures their authors published."""
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -363,3 +364,41 @@ def test_attention_features_name_what_an_engine_must_carry():
     assert "head_dim 64" in oss and "128 tokens on 18 of 36" in oss and "sinks" in oss
     ds = " ".join(MODELS["deepseek-v3"].attention_features())
     assert "latent" in ds and "multi-token" in ds
+
+
+def test_yarn_attention_factor_read_as_transformers_computes_it():
+    """YaRN's attention factor (Peng et al. 2023, Sec. 3.4: 0.1 ln s + 1; transformers
+    _compute_yarn_parameters): gpt-oss's factor-32 YaRN gives 1.3466; DeepSeek's equal mscale
+    and mscale_all_dim cancel to 1; an explicit attention_factor is taken as given; any other
+    RoPE has none."""
+    oss = model_from_hf_config(HF_CONFIGS["gpt-oss-120b"], "oss")
+    assert oss.rope_attention_factor == pytest.approx(1 + 0.1 * math.log(32))
+    assert MODELS["gpt-oss-120b"].rope_attention_factor == pytest.approx(1.3465736)
+    ds = {**HF_CONFIGS["qwen3-30b-a3b"], "rope_scaling": {
+        "rope_type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096}}
+    assert model_from_hf_config(ds, "d").rope_attention_factor == 1.0
+    given = {**HF_CONFIGS["qwen3-30b-a3b"], "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "attention_factor": 1.25,
+        "original_max_position_embeddings": 32768}}
+    assert model_from_hf_config(given, "g").rope_attention_factor == 1.25
+    assert model_from_hf_config(HF_CONFIGS["qwen3-30b-a3b"], "q").rope_attention_factor == 1.0
+
+
+def test_megatron_runs_a_scaled_rope_unfused():
+    """Megatron-Core's fused RoPE takes no attention factor (rope_utils.py: "mscale ... is not
+    supported by TE's fused RoPE. Using unfused implementation."): gpt-oss's RoPE moves 24
+    bytes per rotated element there, the fused 4 with a factor of 1; an engine whose RoPE
+    folds the factor into its precomputed cos / sin (torchtitan) is unaffected."""
+    from planner.cost.compute import elementwise_bytes, rope_width
+    from planner.engines import get_engine
+    oss = MODELS["gpt-oss-120b"]
+    plain = dataclasses.replace(oss, rope_attention_factor=1.0)
+    tokens, tp = 4096, 1
+    meg = get_engine("megatron").elementwise_kernels
+    extra = elementwise_bytes(oss, tokens, tp, False, 1.0, meg) - elementwise_bytes(
+        plain, tokens, tp, False, 1.0, meg)
+    assert extra == pytest.approx((24 - 4) * tokens * rope_width(oss, tp))
+    tt = get_engine("torchtitan").elementwise_kernels
+    assert elementwise_bytes(oss, tokens, tp, False, 1.0, tt) == elementwise_bytes(
+        plain, tokens, tp, False, 1.0, tt)

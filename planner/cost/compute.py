@@ -185,6 +185,10 @@ class ElementwiseKernels:
     and gelu)."""
     rmsnorm: float = FUSED_OP_BYTES         # per element of the hidden state
     rope: float = FUSED_OP_BYTES            # per element of the rotated queries and keys
+    # per element of the rotated queries and keys where the RoPE scales them by an attention
+    # factor other than 1 (YaRN's: Model.rope_attention_factor) and the engine's fused kernel
+    # does not take one; None: `rope`
+    scaled_rope: float | None = None
     gated_act: float = FUSED_GATED_ACT_BYTES  # per element of the MLP width
     relu2: float = FUSED_OP_BYTES           # per element of the MLP width: squared ReLU
     # per element of the routed experts' output rows (rows x hidden): the down projection's
@@ -209,6 +213,14 @@ def rope_width(model: Model, tp: int) -> float:
     if model.is_mla:
         return (model.num_heads / tp + 1) * model.qk_rope_head_dim
     return (model.q_dim + model.kv_dim) / tp
+
+
+def rope_bytes(model: Model, kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
+    """HBM bytes per rotated element of the model's RoPE forward as the engine runs it: its
+    scaled kernel where YaRN's attention factor is not 1."""
+    if model.rope_attention_factor != 1.0 and kernels.scaled_rope is not None:
+        return kernels.scaled_rope
+    return kernels.rope
 
 
 def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int) -> float:
@@ -251,7 +263,7 @@ def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
     norms = 2 * norm * h                                 # two norms
     residual = BF16 * 2 * (3 * h)                        # two adds: read 2, write 1
     dropout = BF16 * 2 * (2 * h + h) if model.dropout > 0 else 0  # read, write, mask
-    rope = kernels.rope * rope_width(model, tp)
+    rope = rope_bytes(model, kernels) * rope_width(model, tp)
     return traffic * (tokens * ((norms + residual + dropout) * rep + rope)
                       + mlp_activation_bytes(model, tokens, tp, kernels))
 

@@ -71,8 +71,8 @@ from planner.vocab import RECOMPUTE_MODULES
 # permutations per dispatcher and once in backward, the experts' casts, gpt-oss's eager
 # expert bias, the alltoall's low-precision padding copies). Host time: the same seconds on
 # every GPU.
-MOE_LAYER_OVERHEAD_S = 4.77e-3
-MOE_EXPERT_OVERHEAD_S = 0.199e-3
+MOE_LAYER_OVERHEAD_S = 4.71e-3
+MOE_EXPERT_OVERHEAD_S = 0.198e-3
 
 
 # The routed experts' down-projection bias (gpt-oss, --add-bias-linear) weighted by the routing
@@ -92,6 +92,14 @@ EXPERT_BIAS_EAGER_BYTES = 12.0
 # the output's copy, read and write, 2 x (2 + 2) bytes per element of rows x hidden, forward
 # and again in backward.
 LOWP_EXPERT_PADDING_BYTES = 8.0
+# RoPE with YaRN's attention factor other than 1 (gpt-oss: 1.347): Megatron-Core's
+# apply_rotary_pos_emb takes the unfused path whatever --apply-rope-fusion says ("mscale=...
+# is not supported by TE's fused RoPE. Using unfused implementation.", megatron/core/models/
+# common/embeddings/rope_utils.py @d98e8a64, since 987395813b "Fixes for gpt-oss",
+# 2025-11-22), _apply_rotary_pos_emb_bshd in bf16: t * cos (read 2, write 2), the rotated half
+# (-x2: 1 + 1, the cat: 2 + 2), * sin (2 + 2), the add (4 + 2), the final cat with the
+# unrotated tail (2 + 2): 24 bytes per rotated element, where the fused kernel moves 4.
+ROPE_SCALED_UNFUSED_BYTES = 24.0
 
 
 # --make-vocab-size-divisible-by's default (megatron/training/arguments.py)
@@ -166,6 +174,7 @@ MEGATRON = Engine(
     # fused norms, RoPE and GELU / SwiGLU (Transformer Engine, --apply-rope-fusion,
     # --bias-activation-fusion); squared ReLU runs eager (planner.engines.eager RELU2_EAGER_BYTES)
     elementwise_kernels=ElementwiseKernels(relu2=RELU2_EAGER_BYTES,
+                                           scaled_rope=ROPE_SCALED_UNFUSED_BYTES,
                                            expert_bias=EXPERT_BIAS_EAGER_BYTES,
                                            lowp_expert_padding=LOWP_EXPERT_PADDING_BYTES),
     # --optimizer-cpu-offload --optimizer-offload-fraction 1.0 (with

@@ -13,7 +13,7 @@ import sys
 from planner import limits as B
 from planner import filecheck as S
 from planner.errors import BadInput
-from planner.specs import MODEL_FIELDS
+from planner.specs import MODEL_FIELDS, yarn_attention_factor
 
 _MISSING = object()
 # the checkers of the fields most families read
@@ -122,6 +122,27 @@ class HfConfig:
             self.warn("rope_scaling is not an object with a rope_type; ignored")
         return n
 
+    def rope_attention_factor(self) -> float:
+        """YaRN's attention factor (planner.specs.yarn_attention_factor): rope_scaling's
+        attention_factor where given, else from its factor and mscales; 1 for any other RoPE
+        (transformers modeling_rope_utils _compute_yarn_parameters)."""
+        rs = self.cfg.get("rope_scaling")
+        if rs is None:
+            rs = self.cfg.get("rope_parameters")
+        if not isinstance(rs, dict) or rs.get("rope_type", rs.get("type")) != "yarn":
+            return 1.0
+        nums = {k: rs.get(k) for k in ("attention_factor", "factor", "mscale", "mscale_all_dim")}
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or v <= 0) for v in nums.values()):
+            self.warn("rope_scaling's yarn figures are not positive numbers; its attention "
+                      "factor is taken as 1")
+            return 1.0
+        if nums["attention_factor"] is not None:
+            return float(nums["attention_factor"])
+        if nums["factor"] is None:
+            return 1.0
+        return yarn_attention_factor(nums["factor"], nums["mscale"], nums["mscale_all_dim"])
+
     def rope_theta(self, default: float) -> float:
         cfg = self.cfg
         rp = cfg.get("rope_parameters")        # transformers v5 keeps rope_theta in here
@@ -169,7 +190,8 @@ class HfConfig:
                           if grouped_kv else heads),
             vocab_size=self.get("vocab_size", i["vocab_size"]),
             max_seq_len=self.max_seq(max_pos), head_dim_override=self.head_dim(hidden, heads),
-            position="rope", tied_embeddings=self.get("tie_word_embeddings", FLAG, False))
+            position="rope", tied_embeddings=self.get("tie_word_embeddings", FLAG, False),
+            rope_attention_factor=self.rope_attention_factor())
 
     def llama_like(self, max_pos: int, attn_bias: bool, act_default: str = "silu",
                    act_key: str = "hidden_act", tied: bool = False) -> dict:
