@@ -43,6 +43,7 @@ MODEL_FIELDS = {
     "norm_eps": S.Num(gt=0.0, le=1.0),
     "rope_theta": S.Num(gt=0.0, le=1e12),
     "rope_attention_factor": S.Num(gt=0.0, le=100.0),
+    "activation_clamp": S.Num(ge=0.0, le=1e6),
     "num_experts": S.Int(0, B.MAX_EXPERTS),
     "experts_per_token": S.Int(0, B.MAX_EXPERTS),
     "moe_ffn_hidden": S.Int(0, 4 * B.MAX_HIDDEN),
@@ -106,6 +107,9 @@ class Model:
     # the factor YaRN RoPE scales the rotated queries and keys by (its "attention factor",
     # mscale: yarn_attention_factor); 1 for any other RoPE (gpt-oss: 1.347)
     rope_attention_factor: float = 1.0
+    # the gated activation clamps its gate half (above) and its linear half (both sides) at
+    # this value before the product (gpt-oss's swiglu_limit, 7.0: GptOssExperts); 0: none
+    activation_clamp: float = 0.0
     # mixture of experts; num_experts 0: a dense model. Hugging Face names: num_local_experts /
     # n_routed_experts / num_experts, num_experts_per_tok, moe_intermediate_size, the shared
     # experts' width (DeepSeek n_shared_experts x moe_intermediate_size, Qwen2-MoE

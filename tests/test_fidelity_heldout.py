@@ -193,8 +193,9 @@ def test_full_iteration_graph_rows_are_priced_without_the_host_stall(scored):
     replay the iteration as one CUDA graph with static MoE shapes (`cuda_graph_source`: the
     Megatron-Bridge commits picked into the 26.06 release branch on 2026-06-10); the same
     configurations' step times fell 14-36% from 26.04.01 to 26.06. Priced without the dropless
-    host stall, as they ran, the Qwen3 and DeepSeek-V3 ones are within 20% (with the stall they
-    were 33-74% slow)."""
+    host stall, as they ran, the Qwen3 and DeepSeek-V3 ones are within 20%, the Qwen3-30B ones
+    within 10%; with the stall the Qwen3-30B ones would be 30-54% slow (33-74% before the MoE
+    layer's GPU work was priced as Megatron-Core runs it, with a larger fitted stall)."""
     rows, _ = scored
     runs = {r["id"]: r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)}
     graphed = [r for r in rows if fidelity.full_iteration_graph(runs[r["run"]])]
@@ -209,4 +210,5 @@ def test_full_iteration_graph_rows_are_priced_without_the_host_stall(scored):
     stalled = [fidelity.predict(dict(runs[r["run"]], fixed={
         k: v for k, v in runs[r["run"]]["fixed"].items() if k != "cuda_graph"}))["error_pct"]
         for r in graphed if "qwen330ba3b" in r["run"]]
-    assert len(stalled) >= 5 and min(stalled) >= 30.0
+    assert len(stalled) >= 5 and min(stalled) >= 25.0
+    assert max(abs(r["error_pct"]) for r in graphed if "qwen330ba3b" in r["run"]) <= 10.0

@@ -402,3 +402,22 @@ def test_megatron_runs_a_scaled_rope_unfused():
     tt = get_engine("torchtitan").elementwise_kernels
     assert elementwise_bytes(oss, tokens, tp, False, 1.0, tt) == elementwise_bytes(
         plain, tokens, tp, False, 1.0, tt)
+
+
+def test_gpt_oss_clamp_read_and_priced_where_megatron_runs_it_apart():
+    """gpt-oss's experts clamp their gated activation at swiglu_limit (7.0, both published
+    configs); Megatron-Core clamps outside its fused GEGLU (fused_bias_geglu.py: two clamps and
+    a cat, 16 more bytes per element of the MLP width), an engine with no such figure prices
+    the gated activation as before."""
+    from planner.cost.compute import activation_bytes_per_element, FUSED_KERNELS
+    from planner.engines import get_engine
+    oss = model_from_hf_config(HF_CONFIGS["gpt-oss-120b"], "oss")
+    assert oss.activation_clamp == 7.0 and MODELS["gpt-oss-120b"].activation_clamp == 7.0
+    assert model_from_hf_config({**HF_CONFIGS["gpt-oss-120b"], "swiglu_limit": 5.0},
+                                "o").activation_clamp == 5.0
+    meg = get_engine("megatron").elementwise_kernels
+    plain = dataclasses.replace(oss, activation_clamp=0.0)
+    assert (activation_bytes_per_element(oss, meg)
+            == activation_bytes_per_element(plain, meg) + 16)
+    assert (activation_bytes_per_element(oss, FUSED_KERNELS)
+            == activation_bytes_per_element(plain, FUSED_KERNELS))

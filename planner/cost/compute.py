@@ -190,6 +190,9 @@ class ElementwiseKernels:
     # does not take one; None: `rope`
     scaled_rope: float | None = None
     gated_act: float = FUSED_GATED_ACT_BYTES  # per element of the MLP width
+    # per element of the MLP width: the gated activation with a clamp (Model.activation_clamp)
+    # where the engine runs the clamp apart; None: `gated_act`
+    clamped_gated_act: float | None = None
     relu2: float = FUSED_OP_BYTES           # per element of the MLP width: squared ReLU
     # per element of the routed experts' output rows (rows x hidden): the down projection's
     # bias weighted by the routing probability (gpt-oss), forward; its backward moves as much
@@ -242,6 +245,8 @@ def activation_bytes_per_element(model: Model,
     expert's, a shared expert's): the gated one and squared ReLU as the engine runs them, any
     other plain one a kernel (GELU: aten's own)."""
     if model.gated_mlp:
+        if model.activation_clamp and kernels.clamped_gated_act is not None:
+            return kernels.clamped_gated_act
         return kernels.gated_act
     return kernels.relu2 if model.activation == "relu2" else FUSED_OP_BYTES
 

@@ -43,7 +43,7 @@ Memory: bf16 weights, fp32 gradient accumulation and reduction (accumulate_allre
 is set for --bf16), 12 B of Adam state with the fp32 master: 18 B per parameter, 6 + 12/d with
 the distributed optimizer (Megatron-LM docs, distributed optimizer).
 """
-from planner.cost.compute import ElementwiseKernels
+from planner.cost.compute import FUSED_GATED_ACT_BYTES, ElementwiseKernels
 from planner.engines.eager import RELU2_EAGER_BYTES
 from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
                                   PER_CHUNK, Engine)
@@ -66,13 +66,15 @@ from planner.vocab import RECOMPUTE_MODULES
 # 21-35% fast, dominate it). 4.78 ms until a collective's latency counted its hops inside a
 # node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure, Nelder-Mead from
 # the best point of a fixed grid (benchmarks/fidelity.py FIGURES), gave 4.80 ms / 0.200 ms
-# (loss 0.0311); 4.77 ms / 0.199 ms (loss 0.0288) since the MoE layer's GPU work is priced as
+# (loss 0.0311); 4.77 ms / 0.199 ms (loss 0.0288) once the MoE layer's GPU work was priced as
 # Megatron-Core runs it (planner.cost.moe: the flex dispatcher's one copy per GPU, the
 # permutations per dispatcher and once in backward, the experts' casts, gpt-oss's eager
-# expert bias, the alltoall's low-precision padding copies). Host time: the same seconds on
+# expert bias, the alltoall's low-precision padding copies); 4.71 ms / 0.198 ms (0.0261) with
+# gpt-oss's unfused scaled RoPE; 4.63 ms / 0.180 ms (0.0191) with its clamp run apart
+# (ROPE_SCALED_UNFUSED_BYTES, CLAMPED_GATED_ACT_BYTES below). Host time: the same seconds on
 # every GPU.
-MOE_LAYER_OVERHEAD_S = 4.71e-3
-MOE_EXPERT_OVERHEAD_S = 0.198e-3
+MOE_LAYER_OVERHEAD_S = 4.63e-3
+MOE_EXPERT_OVERHEAD_S = 0.180e-3
 
 
 # The routed experts' down-projection bias (gpt-oss, --add-bias-linear) weighted by the routing
@@ -100,6 +102,12 @@ LOWP_EXPERT_PADDING_BYTES = 8.0
 # (-x2: 1 + 1, the cat: 2 + 2), * sin (2 + 2), the add (4 + 2), the final cat with the
 # unrotated tail (2 + 2): 24 bytes per rotated element, where the fused kernel moves 4.
 ROPE_SCALED_UNFUSED_BYTES = 24.0
+# The clamped gated activation (gpt-oss, --activation-func-clamp-value): Megatron-Core clamps
+# outside its fused kernel, x_glu.clamp and x_linear.clamp of the two halves then a torch.cat
+# (megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl @d98e8a64): read
+# and write each half (2 + 2, twice) and the cat's read and write of both (4 + 4), 16 bytes per
+# element of the MLP width before the fused weighted GEGLU's own 6 (FUSED_GATED_ACT_BYTES).
+CLAMPED_GATED_ACT_BYTES = FUSED_GATED_ACT_BYTES + 16.0
 
 
 # --make-vocab-size-divisible-by's default (megatron/training/arguments.py)
@@ -175,6 +183,7 @@ MEGATRON = Engine(
     # --bias-activation-fusion); squared ReLU runs eager (planner.engines.eager RELU2_EAGER_BYTES)
     elementwise_kernels=ElementwiseKernels(relu2=RELU2_EAGER_BYTES,
                                            scaled_rope=ROPE_SCALED_UNFUSED_BYTES,
+                                           clamped_gated_act=CLAMPED_GATED_ACT_BYTES,
                                            expert_bias=EXPERT_BIAS_EAGER_BYTES,
                                            lowp_expert_padding=LOWP_EXPERT_PADDING_BYTES),
     # --optimizer-cpu-offload --optimizer-offload-fraction 1.0 (with
