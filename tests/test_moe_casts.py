@@ -21,3 +21,29 @@ def test_an_all_moe_model_does_not_pay_for_its_unused_dense_ffn(precision):
     times = [search(m, cl, fixed, seq_len=4096, global_batch=32, engine="megatron",
                     top=1).best.estimate.step_time_s for m in (narrow, wide)]
     assert times[1] == pytest.approx(times[0], rel=1e-9)
+
+
+def test_gpt_oss_expert_bias_is_dearer_with_the_flex_dispatchers_fp32_probabilities():
+    """Megatron-Core applies gpt-oss's expert down-projection bias in an eager loop, weighted by
+    the routing probabilities (experts.py _apply_bias); DeepEP and HybridEP take only fp32
+    probabilities (token_dispatcher.py), which turn the loop's tensors fp32: the flex
+    dispatcher's layer moves more bytes for the bias than the alltoall's, the difference being
+    the two figures' over the expert rows."""
+    from planner.cost.moe import moe_layer
+    from planner.engines import get_engine
+    from planner.engines.megatron import (EXPERT_BIAS_EAGER_BYTES,
+                                          EXPERT_BIAS_EAGER_FP32_PROBS_BYTES)
+    from planner.catalog.models import MODELS
+    oss, cl = MODELS["gpt-oss-120b"], get_cluster("b200x8")
+    k = get_engine("megatron").elementwise_kernels
+    no_bias = dataclasses.replace(oss, expert_bias=False)
+
+    def bias_s(disp):
+        a, b = (moe_layer(m, cl, cl.gpu, 1, 4096, 1, 8, 1, allowed=(disp,), kernels=k)
+                for m in (oss, no_bias))
+        return a.perm_fwd - b.perm_fwd, a.tokens_per_expert * (oss.num_experts // 8)
+    flex, rows = bias_s("flex")
+    a2a, _ = bias_s("alltoall")
+    hbm = cl.gpu.hbm_gbps * 1e9
+    assert a2a == pytest.approx(EXPERT_BIAS_EAGER_BYTES * rows * oss.hidden / hbm)
+    assert flex == pytest.approx(EXPERT_BIAS_EAGER_FP32_PROBS_BYTES * rows * oss.hidden / hbm)

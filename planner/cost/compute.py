@@ -197,6 +197,9 @@ class ElementwiseKernels:
     # per element of the routed experts' output rows (rows x hidden): the down projection's
     # bias weighted by the routing probability (gpt-oss), forward; its backward moves as much
     expert_bias: float = FUSED_OP_BYTES
+    # the same where the routing probabilities are fp32 (the flex dispatcher's); None: as
+    # `expert_bias`
+    expert_bias_fp32_probs: float | None = None
     # per element of the routed experts' rows (rows x hidden) under a low-precision recipe:
     # the copies that pad each expert's rows to the quantisation's alignment before the
     # grouped GEMM and unpad its output, where the dispatcher leaves them unaligned (the

@@ -355,8 +355,14 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     act_b = activation_bytes_per_element(model, kernels)
     hbm = gpu.hbm_gbps * 1e9
     received = load * T * groups_per_token(E, k, ep)
+    # the expert bias weighted by fp32 probabilities under the flex dispatcher (DeepEP and
+    # HybridEP take only fp32 probabilities: token_dispatcher.py "HybridEP only supports
+    # float32 probs", "DeepEP only supports float32 probs"), the router's (bf16) otherwise
+    bias_b = (kernels.expert_bias_fp32_probs
+              if disp == "flex" and kernels.expert_bias_fp32_probs is not None
+              else kernels.expert_bias)
     same_both_ways = (BF16 * permutation_elements(disp, T, k, rows, received, h, local_experts)
-                      + (kernels.expert_bias * rows * h if model.expert_bias else 0.0)
+                      + (bias_b * rows * h if model.expert_bias else 0.0)
                       + (kernels.lowp_expert_padding * rows * h
                          if lp is not None and disp in LOWP_PADDED_DISPATCHERS else 0.0))
     perm = elementwise_traffic * same_both_ways / hbm

@@ -70,10 +70,11 @@ from planner.vocab import RECOMPUTE_MODULES
 # Megatron-Core runs it (planner.cost.moe: the flex dispatcher's one copy per GPU, the
 # permutations per dispatcher and once in backward, the experts' casts, gpt-oss's eager
 # expert bias, the alltoall's low-precision padding copies); 4.71 ms / 0.198 ms (0.0261) with
-# gpt-oss's unfused scaled RoPE; 4.63 ms / 0.180 ms (0.0191) with its clamp run apart
-# (ROPE_SCALED_UNFUSED_BYTES, CLAMPED_GATED_ACT_BYTES below). Host time: the same seconds on
-# every GPU.
-MOE_LAYER_OVERHEAD_S = 4.63e-3
+# gpt-oss's unfused scaled RoPE; 4.63 ms / 0.180 ms (0.0191) with its clamp run apart; 4.61 ms
+# / 0.180 ms (0.0179) with its expert bias in fp32 under the flex dispatcher
+# (ROPE_SCALED_UNFUSED_BYTES, CLAMPED_GATED_ACT_BYTES, EXPERT_BIAS_EAGER_FP32_PROBS_BYTES
+# below). Host time: the same seconds on every GPU.
+MOE_LAYER_OVERHEAD_S = 4.61e-3
 MOE_EXPERT_OVERHEAD_S = 0.180e-3
 
 
@@ -85,6 +86,11 @@ MOE_EXPERT_OVERHEAD_S = 0.180e-3
 # (4): 12 bytes per element of the rows x hidden output, forward; its backward (the bias and
 # probability gradients' reductions and the split of the output gradient) about as much.
 EXPERT_BIAS_EAGER_BYTES = 12.0
+# The same with fp32 probabilities (the flex dispatcher's: DeepEP and HybridEP take only fp32,
+# token_dispatcher.py): b * p is an fp32 rows x hidden tensor (4), t + it reads 2 + 4 and
+# writes fp32 (4), the cat reads and writes fp32 (8), the cast back to bf16 reads 4 and writes
+# 2: 28 bytes per element.
+EXPERT_BIAS_EAGER_FP32_PROBS_BYTES = 28.0
 # FP8 / MXFP8 grouped GEMMs need each expert's rows aligned (16 / 32): on the alltoall path
 # Megatron-Core pads the permuted rows and probabilities before the grouped linear and unpads
 # its output (experts.py quantization_padding, Transformer Engine Fp8Padding / Fp8Unpadding:
@@ -185,6 +191,8 @@ MEGATRON = Engine(
                                            scaled_rope=ROPE_SCALED_UNFUSED_BYTES,
                                            clamped_gated_act=CLAMPED_GATED_ACT_BYTES,
                                            expert_bias=EXPERT_BIAS_EAGER_BYTES,
+                                           expert_bias_fp32_probs=(
+                                               EXPERT_BIAS_EAGER_FP32_PROBS_BYTES),
                                            lowp_expert_padding=LOWP_EXPERT_PADDING_BYTES),
     # --optimizer-cpu-offload --optimizer-offload-fraction 1.0 (with
     # --use-precision-aware-optimizer, which megatron/training/arguments.py requires of it):
