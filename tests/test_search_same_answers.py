@@ -55,6 +55,16 @@ record held at the commit before (its suite passed); mixtral_h100x64_s4096's ste
 32 layers in place of ep 8 with 3 layers fully recomputed; every other instance keeps its
 knobs, layers and order, its step times +0.04..+0.15% (the MoE stall) or +0.7% (tiny-moe, the
 runtime engine's host overhead). Only those values were replaced, without the later knobs.
+Rewritten for the MoE layer's GPU work priced as Megatron-Core runs it (issue 22, planner/cost/
+moe.py: the flex dispatcher's one copy per GPU, the permutations per dispatcher, the experts'
+own casts, gpt-oss's expert bias, scaled RoPE and clamp; the stall refitted to 4.61 ms /
+0.1803 ms): the record held at the commit before (its suite passed); the six instances that
+move were replaced whole by the search's output, without the later knobs: mixtral_h100x64_s4096
+ranks 3-4 -0.15%, deepseek-v3_h100x256_fixed -1.8..-2.2%, qwen3_h100x64_tp4 -3.6..-6.5%,
+qwen3_h100x256_tp4pp8 -2.8%, each with its knobs, layers and order unchanged;
+deepseek-v3_h100x2048_tp8pp1 -0.4..-1.0% with ranks 3 and 4 swapped (the selective-recompute
+ZeRO-2 ep 256 plan now ahead of the ZeRO-3 ep 128 one); gpt-oss_h100x32_pp1 +7.9..+8.0% (its
+element-wise terms), its near-equal plans reordered among tp 2 / 4, cp 1 / 2 / 4 and mbs 2-8.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.
