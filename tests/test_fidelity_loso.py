@@ -141,7 +141,8 @@ def test_every_family_is_scored(loso_rows, all_rows):
 def test_fit_procedures_reproduce_the_committed_figures():
     """A real refit: each figure's procedure, run on its production fit rows from its prior
     (never from the committed value), gives the committed value: exactly for a grid, to the
-    three significant figures committed for the least-squares solves. The MoE host stall's
+    significant figures committed (three, or four where three sat at the tolerance's edge) for
+    the least-squares solves. The MoE host stall's
     simplex starts from the best point of a grid fixed in the code (from the prior alone it
     stopped at a corner, the per-expert bound of 0, at a 6% higher loss: every held-out refit
     lost that term), and now gives the committed figures too."""

@@ -96,8 +96,12 @@ OVERLAPPABLE_DISPATCHERS = ("alltoall", "flex")
 # moe_pad_expert_input_to_capacity is False)
 PADDED_DISPATCHERS = ("alltoall",)
 # the dispatchers after which Megatron-Core pads each expert's rows to a low-precision grouped
-# GEMM's alignment (experts.py quantization_padding; the flex dispatcher's HybridEP / DeepEP
-# permute pads them itself: moe_utils.py skip_routed_expert_padding)
+# GEMM's alignment (experts.py quantization_padding): the alltoall; the flex dispatcher is
+# priced as HybridEP's, whose dispatch pads them (moe_utils.py skip_routed_expert_padding), as
+# the published rows ran it. With DeepEP, what planner.export.megatron writes, Megatron pads
+# too unless --moe-use-grouped-tensor: those copies (planner.engines.megatron
+# LOWP_EXPERT_PADDING_BYTES, about 1% of an FP8 MoE step) are not priced; pricing them on the
+# flex rows raised the stall fit's loss 0.0179 to 0.0191, the rows having run HybridEP.
 LOWP_PADDED_DISPATCHERS = ("alltoall",)
 # Balanced routing (moe_router_force_load_balancing, the benchmark rows): the busiest rank gets
 # exactly its share. A real run's imbalance is the user's figure (see module docstring).
