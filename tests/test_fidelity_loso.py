@@ -109,9 +109,11 @@ def test_open_dense_scope_within_issue_targets_held_out(loso_rows, scope):
     assert med <= MEDIAN_TARGET and p90 <= P90_TARGET
 
 
-# MoE rows held out: release drift (the 25.09 token-drop rows 33-49% slow, the GPT-OSS-120B
-# B200 rows 21-35% fast) the static model does not follow (benchmarks/results/fidelity_moe_*.md)
-MOE_MEDIAN_BOUND, MOE_P90_BOUND = 20.0, 45.0
+# MoE rows held out: release drift (the 25.09 token-drop rows 31-44% fast on B200), GPT-OSS-120B
+# on Blackwell up to 46% fast, that the static model does not follow (benchmarks/results/
+# fidelity_loso_*.md: 11.6 / 32.1% over the 133 rows). Regression bounds (20 / 45 until the MoE
+# layer's GPU work was priced as Megatron-Core runs it), and the target as an xfail.
+MOE_MEDIAN_BOUND, MOE_P90_BOUND = 15.0, 40.0
 
 
 def test_moe_held_out_regression_bound(loso_rows):
