@@ -324,18 +324,6 @@ def test_the_overlap_takes_at_most_one_mtp_layer():
                                                         mtp_layers=2))
 
 
-def brute_remote_ranks(E: int, k: int, ep: int) -> float:
-    """Average over every k-subset of E experts (rank of expert e: e // (E/ep)) of the ranks
-    other than rank 0 (the token's own) that hold one of them: the GPUs a deduplicating
-    dispatcher sends the token to."""
-    per = E // ep
-    total = count = 0
-    for experts in itertools.combinations(range(E), k):
-        total += len({e // per for e in experts} - {0})
-        count += 1
-    return total / count
-
-
 @pytest.mark.parametrize("E,k,ep", [(8, 2, 4), (16, 4, 8), (16, 8, 4), (12, 3, 2)])
 def test_flex_inside_a_domain_sends_a_token_once_per_gpu(E, k, ep):
     """DeepEP / HybridEP send a token once to each GPU holding one of its experts (Megatron-Core
@@ -344,7 +332,9 @@ def test_flex_inside_a_domain_sends_a_token_once_per_gpu(E, k, ep):
     m, cl = mixtral_like(experts=E, k=k), get_cluster("h100x8")
     T = tokens_in(1, 4096, 1)
     gpu = cl.gpu
-    sent = 2 * T * m.hidden * brute_remote_ranks(E, k, ep)
+    # the GPUs other than its own that a token's experts lie on: the brute-force count over
+    # groups, here the ep ranks
+    sent = 2 * T * m.hidden * brute_remote_domains(E, k, ep)
     expected = sent / (gpu.nvlink_p2p_gbps * 1e9) + gpu.nvlink_latency_us * 1e-6
     assert flex_all_to_all(m, cl, T, ep, 1, 1.0) == pytest.approx(expected, rel=1e-9)
     # and fewer than the all-to-all's copies wherever two experts can share a GPU
