@@ -489,7 +489,7 @@ MOE_NOTES = """Notes.
   published_runs_2.json (`corrections`: H100 has no MXFP8; the B200 value outside the
   parentheses is FP8-CS).
 - Token dispatcher and EP overlap: as each row's recipe set them (`moe_comm_source`): flex
-  (DeepEP / HybridEP, priced as DeepEP's node-deduplicated dispatch) on the DeepSeek-V3 rows
+  (DeepEP / HybridEP, priced as their deduplicated dispatch) on the DeepSeek-V3 rows
   but the 25.09 token-drop ones, on Qwen3-30B H100 ep16 and B200 mbs4; alltoall elsewhere;
   the EP overlap (overlap_moe_expert_parallel_comm) on DeepSeek-V3 B200 ep32, DeepSeek-V3
   H100 and Qwen3-235B H100 (but 25.09). Five Qwen3-30B rows whose recipe version is not known
@@ -505,9 +505,10 @@ MOE_NOTES = """Notes.
 - Host stall: the two fitted figures, the Megatron engine's host time exposed by dropless
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
-  4.80 ms; 4.33 before the rows were mended for issue 22, 4.78 before the collectives'
-  latency counted a ring's hops inside a node at the NVLink latency), and the host's issuing of the
-  grouped GEMMs, per local expert (MOE_EXPERT_OVERHEAD_S = 0.200 ms; 0.213 before:
+  4.61 ms; 4.80 before the MoE layer's GPU work was priced as Megatron-Core runs it, 4.33
+  before the rows were mended for issue 22, 4.78 before the collectives' latency counted a
+  ring's hops inside a node at the NVLink latency), and the host's issuing of the grouped
+  GEMMs, per local expert (MOE_EXPERT_OVERHEAD_S = 0.1803 ms; 0.200 and 0.213 before:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
   and EP communication) does not cover it: between two syncs the GPU runs only what the host
@@ -515,7 +516,7 @@ MOE_NOTES = """Notes.
   benchmarks.fidelity --fit-moe`; 4 to 32 local experts among them; a coarse grid over both,
   run once on 2026-12-01, found the same minimum); the other 29 rows are held out. The
   per-layer figure alone fitted 4.67 ms, at a 34% higher loss on the fit rows and a 16.6%
-  held-out median (now 9.0%). The window that hides the issue time is one whole layer forward
+  held-out median (now 12.0%). The window that hides the issue time is one whole layer forward
   (the MoE side of a layer and the next layer's attention run between two syncs); the MoE side
   alone, dispatch to combine, fitted worse (loss 0.0080 against 0.0070, held-out median 10.0%),
   and so did counting the issue time in the backward too. Evidence it is host time, not GPU
@@ -524,9 +525,9 @@ MOE_NOTES = """Notes.
   and micro-batch shrank as the micro-batch grew (6 ms at 1 sequence in 26.02, 3 ms at 4 in
   26.04: two releases, so this is suggestive, not clean), where GPU work would grow: a longer
   layer forward hides more of the host's issuing. Those mbs 1 B200 rows went from -20% / -23%
-  to +6% / +1.5%. The rows still missed most: the 25.09 token-drop rows (18-49% slower than
-  predicted) and the 25.11 and 26.02 H100 Qwen3-30B pp2 rows (-46%, -27%; the 26.02.01 run of
-  the same layout is +29%), all release drift the figures cannot follow.
+  to +6% / +1.5%. The rows still missed most: the 25.09 token-drop rows (12-44% slower than
+  predicted) and the 25.11 and 26.02 H100 Qwen3-30B pp2 rows (-47%, -30%; the 26.02.01 run of
+  the same layout is +23%), all release drift the figures cannot follow.
 - The two TFLOP/s columns count differently (NVIDIA's "Model TFLOP" vs the planner's FLOPs per
   step, recompute included); compare the step times.
 

@@ -156,7 +156,7 @@ MODELS = {
                          attention_sinks=True, sliding_window=128, full_attention_interval=2,
                          num_experts=32, experts_per_token=4, moe_ffn_hidden=2880,
                          expert_bias=True, rope_attention_factor=yarn_attention_factor(32.0),
-                          activation_clamp=7.0,
+                         activation_clamp=7.0,
                          **_LLAMA),
     # openai/gpt-oss-120b config.json: as gpt-oss-20b with 36 layers and 128 experts
     "gpt-oss-120b": Model("gpt-oss-120b", num_layers=36, hidden=2880, ffn_hidden=2880,
@@ -165,7 +165,7 @@ MODELS = {
                           attention_sinks=True, sliding_window=128, full_attention_interval=2,
                           num_experts=128, experts_per_token=4, moe_ffn_hidden=2880,
                           expert_bias=True, rope_attention_factor=yarn_attention_factor(32.0),
-                          activation_clamp=7.0,
+                         activation_clamp=7.0,
                           **_LLAMA),
     # meta-llama/Llama-4-Scout-17B-16E config.json text_config (the language model only):
     # 48 layers, head_dim 128, 16 experts (num_local_experts) of intermediate_size 8192 and a

@@ -190,13 +190,16 @@ class ElementwiseKernels:
     # does not take one; None: `rope`
     scaled_rope: float | None = None
     gated_act: float = FUSED_GATED_ACT_BYTES  # per element of the MLP width
-    # per element of the MLP width: the gated activation with a clamp (Model.activation_clamp)
-    # where the engine runs the clamp apart; None: `gated_act`
+    # per element of the MLP width: the gated activation with a clamp (Model.activation_clamp,
+    # gpt-oss's: the one catalog model with a clamp, whose GLU Megatron runs as quick-GEGLU with
+    # the clamp apart) where the engine runs the clamp apart; None: `gated_act`
     clamped_gated_act: float | None = None
     relu2: float = FUSED_OP_BYTES           # per element of the MLP width: squared ReLU
     # per element of the routed experts' output rows (rows x hidden): the down projection's
-    # bias weighted by the routing probability (gpt-oss), forward; its backward moves as much
-    expert_bias: float = FUSED_OP_BYTES
+    # bias weighted by the routing probability (gpt-oss), forward; its backward moves as much.
+    # 0: not priced (an engine whose bias add is not known; Megatron's is its eager loop,
+    # planner.engines.megatron)
+    expert_bias: float = 0.0
     # the same where the routing probabilities are fp32 (the flex dispatcher's); None: as
     # `expert_bias`
     expert_bias_fp32_probs: float | None = None
@@ -229,10 +232,11 @@ def rope_bytes(model: Model, kernels: ElementwiseKernels = FUSED_KERNELS) -> flo
     return kernels.rope
 
 
-def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int) -> float:
-    """Forward seconds of RoPE on this rank's queries and keys, fused (read and write each,
-    bf16): what Megatron's selective recompute of MLA's up projections runs again."""
-    return FUSED_OP_BYTES * tokens * rope_width(model, tp) / (gpu.hbm_gbps * 1e9)
+def rope_time(model: Model, gpu: Gpu, tokens: float, tp: int,
+              kernels: ElementwiseKernels = FUSED_KERNELS) -> float:
+    """Forward seconds of RoPE on this rank's queries and keys as the engine runs it
+    (rope_bytes): what Megatron's selective recompute of MLA's up projections runs again."""
+    return rope_bytes(model, kernels) * tokens * rope_width(model, tp) / (gpu.hbm_gbps * 1e9)
 
 
 def mlp_activation_bytes(model: Model, tokens: float, tp: int,

@@ -20,12 +20,13 @@ Dispatchers (Megatron --moe-token-dispatcher-type):
 - allgather (MoEAllGatherTokenDispatcher): every rank all-gathers the hidden states of its
   ep x etp group (T*hidden each, not T*k), computes its local experts on the tokens routed to
   them, and reduce-scatters the outputs; cheaper than all-to-all when k > ep roughly.
-- flex (MoEFlexTokenDispatcher with DeepEP, --moe-flex-dispatcher-backend deepep;
-  megatron/core/transformer/moe/fused_a2a.py): inside one NVLink domain as the all-to-all;
-  across domains a token crosses the network once per other domain holding one of its k
-  experts and is copied to them over NVLink there (DeepEP's internode "normal" kernels), so
-  the NIC carries T * hidden * E[remote domains] instead of NCCL's T * k * hidden share
-  (`flex_all_to_all`, `remote_domains_per_token`).
+- flex (MoEFlexTokenDispatcher with DeepEP or HybridEP, --moe-flex-dispatcher-backend;
+  megatron/core/transformer/moe/fused_a2a.py): a token is sent once to each GPU holding one
+  of its k experts (T * hidden * E[GPUs hit] where the all-to-all sends T * k * hidden);
+  across domains it crosses the network once per other domain holding one of its experts
+  and is copied to them over NVLink there (DeepEP's internode "normal" kernels), so the NIC
+  carries T * hidden * E[remote domains] (`flex_all_to_all`, `groups_per_token`,
+  `remote_domains_per_token`).
 The planner prices them and uses the cheapest the engine has (`dispatcher`; alltoall on ties),
 or the user's (--moe-dispatcher); the plan records it and the export names it.
 
@@ -127,7 +128,9 @@ def permutation_elements(dispatcher: str, T: float, k: int, rows: float, receive
     flex (MoEFlexTokenDispatcher, DeepEP / HybridEP): each received row permuted into its
     local expert copies (permute) and back (unpermute).
     allgather: the gathered tokens' copies for the local experts selected, and scattered back
-    (permute, unpermute of the rows)."""
+    (permute, unpermute of the rows).
+    Megatron-Core's structure, priced so for every engine that dispatches this way (the other
+    engines' MoE code is not read here)."""
     h = hidden
     if dispatcher == "alltoall":
         out = 2 * (T * h + T * k * h)
@@ -358,10 +361,12 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     comm_fwd = _dispatch_comm(model, cluster, T, tp, ep, etp, load, disp)
     act_b = activation_bytes_per_element(model, kernels)
     hbm = gpu.hbm_gbps * 1e9
-    received = load * T * groups_per_token(E, k, ep)
+    received = load * T * groups_per_token(E, k, ep) * etp
     # the expert bias weighted by fp32 probabilities under the flex dispatcher (DeepEP and
-    # HybridEP take only fp32 probabilities: token_dispatcher.py "HybridEP only supports
-    # float32 probs", "DeepEP only supports float32 probs"), the router's (bf16) otherwise
+    # HybridEP take only fp32 probabilities: megatron/core/transformer/moe/token_dispatcher.py
+    # @d98e8a64 "HybridEP only supports float32 probs", "DeepEP only supports float32 probs"),
+    # otherwise in the router's dtype: bf16 for gpt-oss, whose recipes set no
+    # --moe-router-dtype (the router GEMM above is priced in fp32, DeepSeek's and Qwen3's)
     bias_b = (kernels.expert_bias_fp32_probs
               if disp == "flex" and kernels.expert_bias_fp32_probs is not None
               else kernels.expert_bias)
@@ -376,7 +381,7 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     s_in, s_out = mlp_io_elements(b * s, h, sf / tp, model.gated_mlp) if sf else (0.0, 0.0)
     cast_fwd, cast_bwd = linear_cast_times(
         gpu, lp, r_in + s_in, r_out + s_out,
-        local_experts * (3 if model.gated_mlp else 2) * h * f / etp
+        local_experts * gated * h * f / etp
         + model.shared_expert_params() / tp)
     # each expert's FFN split over etp; its down-projection bias (gpt-oss) is not split
     down_bias = model.hidden if model.expert_bias else 0
@@ -496,7 +501,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     # the dense MLP's
     rec_mode, attn_rerun, dense_mlp_rerun = reruns
     eb = facts.compute_elem_bytes
-    moe_rerun = _moe_rerun(model, c, facts, ml, gemm + ml.elem_fwd + stall, b, s, t)
+    moe_rerun = _moe_rerun(model, c, facts, ml, gemm + ml.elem_fwd + ml.cast_fwd + stall,
+                           b, s, t)
     d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem + d_cast_fwd}.get(
         c.recompute, moe_rerun.fwd_s - dense_mlp_rerun.fwd_s)
     ep_fwd = ml.comm_fwd

@@ -414,7 +414,7 @@ def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: i
     hbm = gpu.hbm_gbps * 1e9
     up_q, up_kv = mla_up_projection_times(model, gpu, tokens, t, lp) if model.is_mla else (0, 0)
     attn = attention_rerun(model, mods, tokens, t, c.sp, hbm, eb, lin_b, up_q + up_kv,
-                           rope_time(model, gpu, tokens, t))
+                           rope_time(model, gpu, tokens, t, facts.engine.elementwise_kernels))
     if "mlp" not in mods:
         return mode, attn, Rerun()
     gemm, elem = dense_mlp_fwd(model, gpu, b, s, t, lp, facts.engine.elementwise_traffic,

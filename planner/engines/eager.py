@@ -23,7 +23,7 @@ H100s) went from -14.9% / -16.4% to -2.6% / -4.4%, beside their torch.compile tw
 -2.9% that the count prices fused; and without llm-foundry's rows the refit on torchtitan's
 lands at attention 0.93 and element-wise 1.85 (with the traffic counted as fused it took 1.5
 and 6.3), so llm-foundry's H100 rows held out went from 22.8% / 47.8% median / p90 |error| to
-5.1% / 36.2% (benchmarks/results/fidelity_loso_2026-12-04.md).
+5.1% / 36.2% (benchmarks/results/fidelity_loso_2026-12-05.md).
 
 Which attention kernel the figure describes: every kernel these engines run. llm-foundry's 8-64
 GPU H100 table (llm-foundry #543, 2023-10) and its A100 tables ran MPT's Triton flash attention

@@ -62,9 +62,9 @@ from planner.vocab import RECOMPUTE_MODULES
 # are held out (benchmarks/results/fidelity_moe_*.md reports both). Refitted (issue 22) after
 # the rows were mended: bf16 gradient buffers as every Megatron-Bridge performance recipe runs
 # them, and the GPT-OSS-120B B200 ep8 rows' recipe recompute (layernorm + moe_act); the fit was
-# 4.33 ms / 0.213 ms before (loss 0.0307 on the mended rows, 0.0300 now: the GPT-OSS B200 rows,
-# 21-35% fast, dominate it). 4.78 ms until a collective's latency counted its hops inside a
-# node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure, Nelder-Mead from
+# 4.33 ms / 0.213 ms before (loss 0.0307 on the mended rows, 0.0300 then: the GPT-OSS B200
+# rows, 21-35% fast then, dominated it). 4.78 ms until a collective's latency counted its hops
+# inside a node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure, Nelder-Mead from
 # the best point of a fixed grid (benchmarks/fidelity.py FIGURES), gave 4.80 ms / 0.200 ms
 # (loss 0.0311); 4.77 ms / 0.199 ms (loss 0.0288) once the MoE layer's GPU work was priced as
 # Megatron-Core runs it (planner.cost.moe: the flex dispatcher's one copy per GPU, the
@@ -87,9 +87,9 @@ MOE_EXPERT_OVERHEAD_S = 0.1803e-3
 # probability gradients' reductions and the split of the output gradient) about as much.
 EXPERT_BIAS_EAGER_BYTES = 12.0
 # The same with fp32 probabilities (the flex dispatcher's: DeepEP and HybridEP take only fp32,
-# token_dispatcher.py): b * p is an fp32 rows x hidden tensor (4), t + it reads 2 + 4 and
-# writes fp32 (4), the cat reads and writes fp32 (8), the cast back to bf16 reads 4 and writes
-# 2: 28 bytes per element.
+# megatron/core/transformer/moe/token_dispatcher.py @d98e8a64): b * p is an fp32 rows x hidden
+# tensor (4), t + it reads 2 + 4 and writes fp32 (4), the cat reads and writes fp32 (8), the
+# cast back to bf16 reads 4 and writes 2: 28 bytes per element.
 EXPERT_BIAS_EAGER_FP32_PROBS_BYTES = 28.0
 # FP8 / MXFP8 grouped GEMMs need each expert's rows aligned (16 / 32): on the alltoall path
 # Megatron-Core pads the permuted rows and probabilities before the grouped linear and unpads
@@ -104,7 +104,8 @@ LOWP_EXPERT_PADDING_BYTES = 8.0
 # apply_rotary_pos_emb takes the unfused path whatever --apply-rope-fusion says ("mscale=...
 # is not supported by TE's fused RoPE. Using unfused implementation.", megatron/core/models/
 # common/embeddings/rope_utils.py @d98e8a64, since 987395813b "Fixes for gpt-oss",
-# 2025-11-22), _apply_rotary_pos_emb_bshd in bf16: t * cos (read 2, write 2), the rotated half
+# 2025-11-22, and on core_dev_r0.15.0 as b1c616c9c2, the 25.11 container's),
+# _apply_rotary_pos_emb_bshd in bf16: t * cos (read 2, write 2), the rotated half
 # (-x2: 1 + 1, the cat: 2 + 2), * sin (2 + 2), the add (4 + 2), the final cat with the
 # unrotated tail (2 + 2): 24 bytes per rotated element, where the fused kernel moves 4.
 ROPE_SCALED_UNFUSED_BYTES = 24.0

@@ -293,7 +293,9 @@ def _experts(plan: Plan, args: list, notes: list) -> None:
     disp = plan_dispatcher(plan)     # the one priced (planner.cost.moe)
     args += [("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
              ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", disp)]
-    if disp == "flex":   # priced as DeepEP's deduplicated dispatch (planner.cost.moe)
+    # priced as a deduplicating dispatch, DeepEP's and HybridEP's alike, without the FP8
+    # padding copies DeepEP leaves to the experts (planner.cost.moe LOWP_PADDED_DISPATCHERS)
+    if disp == "flex":
         args.append(("--moe-flex-dispatcher-backend", "deepep"))
     if p.moe_capacity_factor is not None:   # priced padded to capacity, no host sync
         args += [("--moe-expert-capacity-factor", p.moe_capacity_factor),

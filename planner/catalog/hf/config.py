@@ -133,13 +133,13 @@ class HfConfig:
             return 1.0
         nums = {k: rs.get(k) for k in ("attention_factor", "factor", "mscale", "mscale_all_dim")}
         if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or v <= 0) for v in nums.values()):
-            self.warn("rope_scaling's yarn figures are not positive numbers; its attention "
+                                  or v < 0) for v in nums.values()):
+            self.warn("rope_scaling's yarn figures are not numbers >= 0; its attention "
                       "factor is taken as 1")
             return 1.0
-        if nums["attention_factor"] is not None:
+        if nums["attention_factor"]:
             return float(nums["attention_factor"])
-        if nums["factor"] is None:
+        if not nums["factor"]:
             return 1.0
         return yarn_attention_factor(nums["factor"], nums["mscale"], nums["mscale_all_dim"])
 
