@@ -156,8 +156,7 @@ MODELS = {
                          attention_sinks=True, sliding_window=128, full_attention_interval=2,
                          num_experts=32, experts_per_token=4, moe_ffn_hidden=2880,
                          expert_bias=True, rope_attention_factor=yarn_attention_factor(32.0),
-                         activation_clamp=7.0,
-                         **_LLAMA),
+                         activation_clamp=7.0, **_LLAMA),
     # openai/gpt-oss-120b config.json: as gpt-oss-20b with 36 layers and 128 experts
     "gpt-oss-120b": Model("gpt-oss-120b", num_layers=36, hidden=2880, ffn_hidden=2880,
                           num_heads=64, num_kv_heads=8, vocab_size=201088, max_seq_len=131072,
@@ -165,8 +164,7 @@ MODELS = {
                           attention_sinks=True, sliding_window=128, full_attention_interval=2,
                           num_experts=128, experts_per_token=4, moe_ffn_hidden=2880,
                           expert_bias=True, rope_attention_factor=yarn_attention_factor(32.0),
-                         activation_clamp=7.0,
-                          **_LLAMA),
+                          activation_clamp=7.0, **_LLAMA),
     # meta-llama/Llama-4-Scout-17B-16E config.json text_config (the language model only):
     # 48 layers, head_dim 128, 16 experts (num_local_experts) of intermediate_size 8192 and a
     # shared expert of 8192, top 1, interleave_moe_layer_step 1, rope_theta 500000,

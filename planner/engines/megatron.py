@@ -64,16 +64,16 @@ from planner.vocab import RECOMPUTE_MODULES
 # them, and the GPT-OSS-120B B200 ep8 rows' recipe recompute (layernorm + moe_act); the fit was
 # 4.33 ms / 0.213 ms before (loss 0.0307 on the mended rows, 0.0300 then: the GPT-OSS B200
 # rows, 21-35% fast then, dominated it). 4.78 ms until a collective's latency counted its hops
-# inside a node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure, Nelder-Mead from
-# the best point of a fixed grid (benchmarks/fidelity.py FIGURES), gave 4.80 ms / 0.200 ms
-# (loss 0.0311); 4.77 ms / 0.199 ms (loss 0.0288) once the MoE layer's GPU work was priced as
-# Megatron-Core runs it (planner.cost.moe: the flex dispatcher's one copy per GPU, the
-# permutations per dispatcher and once in backward, the experts' casts, gpt-oss's eager
-# expert bias, the alltoall's low-precision padding copies); 4.71 ms / 0.198 ms (0.0261) with
-# gpt-oss's unfused scaled RoPE; 4.63 ms / 0.180 ms (0.0191) with its clamp run apart; 4.61 ms
-# / 0.1803 ms (0.0179) with its expert bias in fp32 under the flex dispatcher
-# (ROPE_SCALED_UNFUSED_BYTES, CLAMPED_GATED_ACT_BYTES, EXPERT_BIAS_EAGER_FP32_PROBS_BYTES
-# below). Host time: the same seconds on every GPU.
+# inside a node at the NVLink latency (planner.cost.comm, NCCL's model): the procedure,
+# Nelder-Mead from the best point of a fixed grid (benchmarks/fidelity.py FIGURES), gave 4.80 ms /
+# 0.200 ms (loss 0.0311); 4.77 ms / 0.199 ms (loss 0.0288) once the MoE layer's GPU work was
+# priced as Megatron-Core runs it (planner.cost.moe: the flex dispatcher's one copy per GPU, the
+# permutations per dispatcher and once in backward, the experts' casts, gpt-oss's eager expert
+# bias, the alltoall's low-precision padding copies); 4.71 ms / 0.198 ms (0.0261) with gpt-oss's
+# unfused scaled RoPE; 4.63 ms / 0.180 ms (0.0191) with its clamp run apart; 4.61 ms / 0.1803 ms
+# (0.0179) with its expert bias in fp32 under the flex dispatcher (ROPE_SCALED_UNFUSED_BYTES,
+# CLAMPED_GATED_ACT_BYTES, EXPERT_BIAS_EAGER_FP32_PROBS_BYTES below). Host time: the same seconds
+# on every GPU.
 MOE_LAYER_OVERHEAD_S = 4.61e-3
 MOE_EXPERT_OVERHEAD_S = 0.1803e-3
 
@@ -95,8 +95,9 @@ EXPERT_BIAS_EAGER_FP32_PROBS_BYTES = 28.0
 # Megatron-Core pads the permuted rows and probabilities before the grouped linear and unpads
 # its output (experts.py quantization_padding, Transformer Engine Fp8Padding / Fp8Unpadding:
 # a copy whenever a count is unaligned, as forced-balanced random routing leaves them),
-# unless the router pads (--moe-router-padding-for-quantization) or the flex dispatcher's
-# HybridEP / DeepEP permute does (moe_utils.py skip_routed_expert_padding): the input's and
+# unless the router pads (--moe-router-padding-for-quantization) or HybridEP's dispatch does
+# (moe_utils.py skip_routed_expert_padding; which dispatchers pay it: planner.cost.moe
+# LOWP_PADDED_DISPATCHERS): the input's and
 # the output's copy, read and write, 2 x (2 + 2) bytes per element of rows x hidden, forward
 # and again in backward.
 LOWP_EXPERT_PADDING_BYTES = 8.0
