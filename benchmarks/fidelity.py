@@ -31,6 +31,7 @@ from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_t
                                 run_cli, today)
 from planner.catalog import get_cluster, get_gpu, get_model
 from planner.cost.compute import FUSED_OP_BYTES
+from planner.cost.moe import syncs_token_counts
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
 from planner.engines.eager import RMSNORM_COMPOSITE_BYTES
@@ -959,9 +960,10 @@ def full_iteration_graph(run) -> bool:
 
 
 def _has_host_stall(run) -> bool:
-    """An MoE row dropless and not graphed: the rows the Megatron host stall prices (a capacity
-    factor's counts are known on the host; a full-iteration graph issues nothing from it)."""
-    return (_is_moe(run) and run["fixed"].get("moe_capacity_factor") is None
+    """An MoE row dropless and not graphed: the rows the Megatron host stall prices (the row's
+    routing syncs its token counts, planner.cost.moe.syncs_token_counts, the rule the stall
+    itself applies; a full-iteration graph issues nothing from the host, engine_of)."""
+    return (_is_moe(run) and syncs_token_counts(run["fixed"].get("moe_capacity_factor"))
             and not full_iteration_graph(run))
 
 

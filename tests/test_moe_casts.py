@@ -41,7 +41,7 @@ def test_gpt_oss_expert_bias_is_dearer_with_the_flex_dispatchers_fp32_probabilit
     def bias_s(disp):
         a, b = (moe_layer(m, cl, cl.gpu, 1, 4096, 1, 8, 1, allowed=(disp,), kernels=k)
                 for m in (oss, no_bias))
-        return a.perm_fwd - b.perm_fwd, a.tokens_per_expert * (oss.num_experts // 8)
+        return a.same_bytes_back_fwd - b.same_bytes_back_fwd, a.tokens_per_expert * (oss.num_experts // 8)
     flex, rows = bias_s("flex")
     a2a, _ = bias_s("alltoall")
     hbm = cl.gpu.hbm_gbps * 1e9

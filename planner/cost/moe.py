@@ -168,7 +168,7 @@ class MoeLayer:
     # of elem_fwd, what moves the same bytes in backward (permutations, the experts' weighted
     # bias, the low-precision padding copies) where the rest moves twice its forward
     # (planner.cost.compute ELEMENTWISE_BWD_FACTOR)
-    perm_fwd: float = 0.0
+    same_bytes_back_fwd: float = 0.0
     # a low-precision recipe's casts of the routed and shared experts' linears (forward,
     # backward; planner.cost.compute.linear_cast_times)
     cast_fwd: float = 0.0
@@ -404,7 +404,7 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     saved = (act_bytes * rows * h + mlp_act * rows * f / etp + outputs
              + FP32 * T * E + mlp_act * b * s * sf / tp)
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
-                    dense_params, saved, per_expert, perm_fwd=perm, cast_fwd=cast_fwd,
+                    dense_params, saved, per_expert, same_bytes_back_fwd=perm, cast_fwd=cast_fwd,
                     cast_bwd=cast_bwd)
 
 
@@ -492,9 +492,10 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                                 coeffs[0].fwd_layer - mlp_tp[0] + moe_fwd + ml.comm_fwd)
     d_fwd = moe_fwd + stall
     # backward: GEMMs twice their forward, element-wise work twice, permutations (and what
-    # else moves the same bytes back, MoeLayer.perm_fwd) once
+    # else moves the same bytes back, MoeLayer.same_bytes_back_fwd) once
     d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
-             + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - ml.perm_fwd - dm_elem) + ml.perm_fwd
+             + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - ml.same_bytes_back_fwd - dm_elem)
+             + ml.same_bytes_back_fwd
              + d_cast_bwd)
     # a recomputed layer runs its forward again: "full" all of it, dispatch included;
     # "selective" the modules asked for (planner.cost.recompute), the MoE side's in place of
@@ -625,6 +626,16 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     return out
 
 
+def syncs_token_counts(capacity_factor: float | None) -> bool:
+    """Whether an MoE layer's forward waits on the host for its token counts: dropless routing
+    does (the counts size the all-to-all and the grouped GEMMs, copied device to host and
+    synchronised on: megatron/core/transformer/moe/token_dispatcher.py
+    _maybe_dtoh_and_synchronize); drop-and-pad does not (a capacity factor with the experts'
+    input padded to it, as planner.export.megatron exports it: the counts are capacity x ranks,
+    made on the host, and the dispatcher skips the copy)."""
+    return capacity_factor is None
+
+
 def dropless_host_stall(engine, c, local_experts: int, layer_fwd_s: float) -> float:
     """Seconds one MoE layer forward waits on the host under dropless routing: the sync on the
     token counts (engine.moe_layer_overhead_s), and what of the host's issuing of the grouped
@@ -634,7 +645,7 @@ def dropless_host_stall(engine, c, local_experts: int, layer_fwd_s: float) -> fl
     is the whole layer forward (the MoE side of one layer and the attention of the next run
     between two syncs); the MoE side alone, dispatch to combine, fitted the published rows
     worse (benchmarks/fidelity.py MoE notes). 0 with a capacity factor (no sync)."""
-    if c.moe_capacity_factor is not None:
+    if not syncs_token_counts(c.moe_capacity_factor):
         return 0.0
     issue = engine.moe_expert_overhead_s * local_experts
     return engine.moe_layer_overhead_s + max(0.0, issue - layer_fwd_s)
