@@ -107,7 +107,9 @@ _MBS = S.Int(1, B.MAX_BATCH)
 _BYTES = S.Num(ge=0.0, le=1e18)
 _LINE = S.Obj({"intercept": S.Num(), "slope": S.Num()}, extra=True)
 LAYER_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "fwd_s": TIME, "bwd_s": TIME,
-                     "saved_bytes": _BYTES}, extra=True)
+                     "saved_bytes": _BYTES,
+                     # a point measured at another length than its entry's (_layer_rate)
+                     "seq_len": (S.Int(1, B.MAX_SEQ_LEN), None)}, extra=True)
 PART_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "fwd_s": TIME, "bwd_s": TIME,
                     "saved_bytes": (_BYTES, None)}, extra=True)
 RUNTIME_TP_POINT = S.Obj({"tp": _TP, "mbs": _MBS, "sp": (S.Bool(), False), "fwd_s": TIME,

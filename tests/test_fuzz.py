@@ -213,6 +213,21 @@ def test_fuzz_profile(work, prof_doc, data):
         "--seq-len", "256", "--global-batch", "8")
 
 
+def test_profile_layer_point_without_a_length_is_bad_input(work, prof_doc):
+    """Found by test_fuzz_profile: a layer point's `seq_len` (a point measured at another
+    length than its entry's) set to null reached the layers' FLOP count as None, a traceback;
+    now the schema refuses it in one line."""
+    doc = json.loads(json.dumps(prof_doc))
+    doc["models"][0]["layer"]["points"][0]["seq_len"] = None
+    f = work / "null-seq.json"
+    f.write_text(_dump(doc))
+    m = work / "tiny-null-seq.json"
+    m.write_text(json.dumps(prof_doc["models"][0]["model"]))
+    code, err = cli("--model", m, "--cluster", "cpux2", "--profile", f, "--seq-len", "256",
+                    "--global-batch", "8", ok=())
+    assert code == 2 and "seq_len" in err
+
+
 def test_profile_loader_direct(prof_doc, tmp_path):
     """load_profile itself: BadInput (never another exception) for broken shapes."""
     from planner.profile import load_profile
