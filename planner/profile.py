@@ -564,7 +564,8 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
     notes = []
     changes = {}
     dev = d.get("device") or {}
-    attn = [e for m in d["models"] for e in m.get("attention_core") or [] if e.get("flops")]
+    attn = [dict(e, seq_len=m["seq_len"]) for m in d["models"]
+            for e in m.get("attention_core") or [] if e.get("flops")]
     best = max(attn, key=lambda e: e["flops"]) if attn else None
     gemm_rate = dev["gemm"]["tflops"] if dev.get("gemm") else None
     attn_rate = best["flops"] / best["fwd_s"]["median"] / 1e12 if best else None
@@ -588,7 +589,12 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
         notes.append(f"GEMM efficiency {eff:.2f} of peak (measured "
                      f"{gemm_rate * 1e3:.3g} GFLOP/s, catalog {gpu.gemm_efficiency:.2f})")
     if attn_rate is not None:
-        eff = attn_rate / peak
+        # measured at its causal keys (seq / 2); where the catalog's GPU has a roll-off with
+        # the keys (planner.cost.compute.attention_efficiency), the long-sequence figure that
+        # gives the measured rate there
+        keys = best["seq_len"] / 2.0
+        h = gpu.attn_half_keys
+        eff = min(1.0, attn_rate / peak * ((keys + h) / keys if h > 0 else 1.0))
         changes["attn_efficiency"] = eff
         notes.append(f"attention efficiency {eff:.2f} of peak (catalog {gpu.attn_efficiency:.2f})")
     if dev.get("memory_bandwidth"):

@@ -422,6 +422,7 @@ GPU_FIELDS = {
     "hbm_gbps": _BW,
     "gemm_efficiency": S.Num(gt=0.0, le=1.0),
     "attn_efficiency": S.Num(gt=0.0, le=1.0),
+    "attn_half_keys": S.Num(ge=0.0, le=1e9),
     "nvlink_busbw_gbps": _BW,
     "nvlink_p2p_gbps": _BW,
     "nvlink_latency_us": _LAT,
@@ -449,7 +450,7 @@ class Gpu:
     memory_gib: float             # capacity as the driver reports it
     hbm_gbps: float               # memory bandwidth, GB/s
     gemm_efficiency: float        # fraction of peak a large GEMM reaches
-    attn_efficiency: float        # fraction of peak flash attention reaches
+    attn_efficiency: float        # fraction of peak flash attention reaches (long sequences)
     nvlink_busbw_gbps: float      # intra-node all-reduce bus bandwidth, GB/s
     nvlink_p2p_gbps: float        # intra-node point-to-point, GB/s, one direction
     nvlink_latency_us: float
@@ -457,6 +458,9 @@ class Gpu:
     internode_latency_us: float
     # compute slowdown while a collective runs beside it, as a fraction of the collective's time
     overlap_slowdown: float = 0.15
+    # the keys per query at which attention runs at half attn_efficiency
+    # (planner.cost.compute.attention_efficiency); 0: the same rate at every length
+    attn_half_keys: float = 0.0
     # ---- the host and its storage, per node of the GPU's catalog system (cited in
     # planner.catalog.gpus; a cluster JSON overrides them like any figure). 0: not known --
     # nothing is offloaded there (planner.rules.offload_problems).

@@ -141,7 +141,8 @@ def _written(tmp_path, stem):
 
 def test_default_output_is_outside_the_checkout():
     assert not _common.SCRATCH.resolve().is_relative_to(ROOT)
-    for mod in (fidelity, pq, ss, closed_loop):
+    from benchmarks import attention_fit
+    for mod in (fidelity, pq, ss, closed_loop, attention_fit):
         ap_defaults = [a for a in mod.__dict__.values() if a is _common.SCRATCH]
         assert ap_defaults, mod.__name__       # each takes the scratch directory by default
 
@@ -172,6 +173,15 @@ def test_fidelity_names_the_target_it_fails():
     failed = fidelity.failed_targets(rows, {"all_fit": False})
     assert failed == [f"fsdp median |error| 12.0% > {fidelity.MEDIAN_TARGET_PCT:.0f}%",
                       "a published configuration is predicted not to fit"]
+
+
+def test_attention_fit_runs_end_to_end(tmp_path, capsys):
+    from benchmarks import attention_fit
+    assert attention_fit.main(["--out", str(tmp_path)]) == 0
+    assert _written(tmp_path, "attention_blackwell") == [
+        f"attention_blackwell_{_common.today()}.md"]
+    out = capsys.readouterr().out
+    assert "gb200 (serves gb200, b200)" in out and "gb300 (serves gb300, b300)" in out
 
 
 def test_search_speed_runs_end_to_end(tmp_path, capsys):

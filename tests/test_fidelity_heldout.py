@@ -196,8 +196,10 @@ def test_full_iteration_graph_rows_are_priced_without_the_host_stall(scored):
     Megatron-Bridge commits picked into the 26.06 release branch on 2026-06-10); the same
     configurations' step times fell 14-36% from 26.04.01 to 26.06. Priced without the dropless
     host stall, as they ran, the Qwen3 and DeepSeek-V3 ones are within 20%, the Qwen3-30B ones
-    within 10%; with the stall the Qwen3-30B ones would be 30-54% slow (33-74% before the MoE
-    layer's GPU work was priced as Megatron-Core runs it, with a larger fitted stall)."""
+    within 10%; with the stall the Qwen3-30B ones would be 24-55% slow, each at least 25 points
+    slower than priced as it ran (33-74% slow before the MoE layer's GPU work was priced as
+    Megatron-Core runs it, with a larger fitted stall; 30-54% before Blackwell's attention was
+    priced as measured, faster than the H100 figure it had)."""
     rows, _ = scored
     runs = {r["id"]: r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)}
     graphed = [r for r in rows if fidelity.full_iteration_graph(runs[r["run"]])]
@@ -208,9 +210,10 @@ def test_full_iteration_graph_rows_are_priced_without_the_host_stall(scored):
         assert fidelity.engine_of(run).moe_layer_overhead_s == 0.0
     not_gptoss = [abs(r["error_pct"]) for r in graphed if "gptoss" not in r["run"]]
     assert len(not_gptoss) >= 15 and max(not_gptoss) <= 20.0
-    # the same rows priced with the stall (the fact removed)
+    # the same rows priced with the stall (the fact removed): each at least 25 points slower
+    qwen = [r for r in graphed if "qwen330ba3b" in r["run"]]
     stalled = [fidelity.predict(dict(runs[r["run"]], fixed={
         k: v for k, v in runs[r["run"]]["fixed"].items() if k != "cuda_graph"}))["error_pct"]
-        for r in graphed if "qwen330ba3b" in r["run"]]
+        - r["error_pct"] for r in qwen]
     assert len(stalled) >= 5 and min(stalled) >= 25.0
     assert max(abs(r["error_pct"]) for r in graphed if "qwen330ba3b" in r["run"]) <= 10.0

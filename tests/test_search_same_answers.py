@@ -65,6 +65,16 @@ qwen3_h100x256_tp4pp8 -2.8%, each with its knobs, layers and order unchanged;
 deepseek-v3_h100x2048_tp8pp1 -0.4..-1.0% with ranks 3 and 4 swapped (the selective-recompute
 ZeRO-2 ep 256 plan now ahead of the ZeRO-3 ep 128 one); gpt-oss_h100x32_pp1 +7.9..+8.0% (its
 element-wise terms), its near-equal plans reordered among tp 2 / 4, cp 1 / 2 / 4 and mbs 2-8.
+Step times rewritten for the MoE stall refitted after Blackwell's attention was priced as measured
+(issue 22: MOE_LAYER_OVERHEAD_S 4.61 -> 4.52 ms, MOE_EXPERT_OVERHEAD_S 0.1803 -> 0.2039 ms; every
+instance here is on H100, whose attention did not change): with the two old figures all 11
+instances equal the previous record; with the new ones six move, each keeping its knobs, layers,
+recompute, verdicts and order: mixtral_h100x64_s4096 -0.19%, deepseek-v3_h100x256_fixed
+-0.53..-0.62% (its closest -0.57%), deepseek-v3_h100x2048_tp8pp1 -0.18..-0.37%,
+qwen3_h100x64_tp4 -0.31..-0.34%, qwen3_h100x256_tp4pp8 -0.69..-0.70%, gpt-oss_h100x32_pp1
+-0.62..-0.64%. Only those step times were replaced, and qwen3_h100x64_tp4's `closest`, which the
+search now fills (a tp 4 pp 8 dp 2 ep 8 mbs 8 full-recompute candidate that does not fit, priced
+on the way; it is None with the old figures), written without the later knobs.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

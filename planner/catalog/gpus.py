@@ -19,6 +19,21 @@ from planner.errors import BadInput
 from planner.filecheck import show
 from planner.specs import Gpu
 
+# Blackwell's fused attention, measured: NVIDIA's cuDNN SDPA benchmark on GB200 and GB300
+# (NVIDIA/cudnn-frontend @3929da2 benchmark/sdpa_benchmark_training/results/{llama3.1,dsv3,
+# kimiK26}/{gb200,gb300}/*_20260424_*.csv, cuDNN 9.22: bf16, causal, forward + backward, sequences
+# 2048 to 32768; the rows in benchmarks/data/cudnn_sdpa_blackwell.csv). The efficiency falls
+# with the keys a query attends (planner.cost.compute.attention_efficiency): the long-sequence
+# fraction of the bf16 peak and the keys at which it is halved, least-squares fitted on those 15
+# points per GPU by `python -m benchmarks.attention_fit` (every point within 13.2% of the
+# measured time; benchmarks/results/attention_blackwell_*.md). GB300's (Blackwell Ultra, whose
+# softmax exponentials run twice as fast: NVIDIA, "Inside NVIDIA Blackwell Ultra", 2025) serve
+# B300; GB200's serve B200, the same die at a lower clock (its peak is its own).
+BLACKWELL_ATTENTION = {
+    "gb200": dict(attn_efficiency=0.549, attn_half_keys=472.0),
+    "gb300": dict(attn_efficiency=0.639, attn_half_keys=560.0),
+}
+
 GPUS = {
     # A100 SXM4 80GB. Peak 312 TFLOP/s bf16 dense, 2039 GB/s HBM2e: NVIDIA A100 datasheet.
     # Memory 81920 MiB (nvidia-smi). NVLink3 600 GB/s total = 300 GB/s per direction;
@@ -58,9 +73,10 @@ GPUS = {
     # B200 (HGX B200): 2250 TFLOP/s bf16 dense, 192 GB HBM3e (~179 GiB usable), 8000 GB/s,
     # NVLink5 1800 GB/s total (NVIDIA Blackwell datasheet). Bus bandwidth: twice H100's ring
     # figure, an estimate until measured. Inter-node: 8x400 Gb/s ConnectX-7 as DGX H100.
-    # Efficiencies: H100's, an assumption until a profile says otherwise.
+    # GEMM efficiency: H100's, an assumption until a profile says otherwise. Attention: GB200's
+    # measured figures (BLACKWELL_ATTENTION below; the same die, a fraction of its own peak).
     "b200": Gpu("b200", peak_tflops=2250.0, memory_gib=179.0, hbm_gbps=8000.0,
-                gemm_efficiency=0.70, attn_efficiency=0.40,
+                gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb200"],
                 nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                 internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # ---- Blackwell (Ultra) and GB200/GB300 NVL72 (issue 12) --------------------------------
@@ -70,8 +86,9 @@ GPUS = {
     # Performance", per-GPU table). B200 reads 183359 MiB = 179.06 GiB in nvidia-smi, 0.995 of
     # its 180; the others are their figure x 0.995 in GiB, estimates until a driver reports them.
     # Inter-node: H100's measured 46 of 50 GB/s per 400 Gb/s NIC (92%) applied to each system's
-    # NIC per GPU, an estimate. Latencies and efficiencies: H100's, an assumption (no published
-    # measurement yet); a profile (`plan --profile`) replaces them.
+    # NIC per GPU, an estimate. Latencies and GEMM efficiency: H100's, an assumption (no
+    # published measurement yet); attention: measured (BLACKWELL_ATTENTION); a profile
+    # (`plan --profile`) replaces them.
     #
     # B300 (HGX B300, Blackwell Ultra): 2250 TFLOP/s bf16 dense (HGX B300: 36 PFLOP/s FP16/BF16
     # with sparsity over 8 GPUs; as B200, Blackwell Ultra adds FP4, not bf16), 8000 GB/s HBM3e,
@@ -79,7 +96,7 @@ GPUS = {
     # platform page, HGX B300 / B200 table) so B200's NVLink figures. ConnectX-8 800 Gb/s per
     # GPU (HGX B300 "networking bandwidth 1.6 TB/s" = 8 x 200 GB/s bidirectional): 92 GB/s.
     "b300": Gpu("b300", peak_tflops=2250.0, memory_gib=268.6, hbm_gbps=8000.0,
-                gemm_efficiency=0.70, attn_efficiency=0.40,
+                gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb300"],
                 nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                 internode_gbps_per_gpu=92.0, internode_latency_us=15.0),
     # GB200 (one GPU of GB200 NVL72; catalog clusters gb200xN: 4 GPUs to a host, 72 to an
@@ -90,7 +107,7 @@ GPUS = {
     # NCCL test"); 800 taken for groups up to the whole rack, an estimate there. ConnectX-7
     # 400 Gb/s per GPU (4 per compute tray): 46 GB/s as DGX H100.
     "gb200": Gpu("gb200", peak_tflops=2500.0, memory_gib=185.0, hbm_gbps=8000.0,
-                 gemm_efficiency=0.70, attn_efficiency=0.40,
+                 gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb200"],
                  nvlink_busbw_gbps=800.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                  internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # GB300 (one GPU of GB300 NVL72; clusters gb300xN as gb200xN): 2500 TFLOP/s bf16 dense
@@ -99,7 +116,7 @@ GPUS = {
     # over 72 GPUs = 1.8 TB/s each), so GB200's NVLink figures. 72 ConnectX-8 800 Gb/s, one per
     # GPU (GB300 NVL72 product page): 92 GB/s.
     "gb300": Gpu("gb300", peak_tflops=2500.0, memory_gib=277.5, hbm_gbps=8000.0,
-                 gemm_efficiency=0.70, attn_efficiency=0.40,
+                 gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb300"],
                  nvlink_busbw_gbps=800.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                  internode_gbps_per_gpu=92.0, internode_latency_us=15.0),
     # ---- AMD --------------------------------------------------------------------------------

@@ -117,17 +117,40 @@ def attention_width(model: Model) -> float:
     return model.num_heads * (model.head_dim + model.value_head_dim) / 2.0
 
 
-def mean_attended_keys(model: Model, s: int, causal: bool = True) -> float:
-    """Keys a query attends to, averaged over the queries and the layers: s/2 causal (s
+def attended_keys(s: int, window: int = 0, causal: bool = True) -> float:
+    """Keys a query attends to, averaged over the queries of a sequence of `s`: s/2 causal (s
     non-causal, as Megatron-LM counts model FLOPs); under a sliding window w < s a query sees
     at most w keys: (s*w - w^2/2)/s causal, w non-causal."""
-    full = s / 2.0 if causal else float(s)
+    if not window or window >= s:
+        return s / 2.0 if causal else float(s)
+    return (s * window - window * window / 2.0) / s if causal else float(window)
+
+
+def attention_layer_keys(model: Model, s: int, causal: bool = True) -> tuple:
+    """((share of the layers, attended_keys), ...): the full-attention layers and, under a
+    sliding window, the windowed ones."""
+    full = attended_keys(s, 0, causal)
     w = model.sliding_window
     if not w or w >= s:
-        return full
-    local = (s * w - w * w / 2.0) / s if causal else float(w)
+        return ((1.0, full),)
     share = model.num_sliding_layers / model.num_layers
-    return share * local + (1.0 - share) * full
+    return ((share, attended_keys(s, w, causal)), (1.0 - share, full))
+
+
+def mean_attended_keys(model: Model, s: int, causal: bool = True) -> float:
+    """Keys a query attends to, averaged over the queries and the layers."""
+    return sum(share * keys for share, keys in attention_layer_keys(model, s, causal))
+
+
+def attention_efficiency(gpu: Gpu, keys: float) -> float:
+    """The fraction of the tensor-core peak fused attention reaches when each query attends
+    `keys` keys: gpu.attn_efficiency, the long-sequence figure, times keys / (keys +
+    gpu.attn_half_keys). A query's key loop is the kernel's inner loop; its fixed work per
+    query tile (loading Q, the softmax's final rescale, writing O) and the partly masked tiles
+    on a causal diagonal or a window's edge are amortised over it, so the rate falls with
+    fewer keys (measured: planner.catalog.gpus, Blackwell). attn_half_keys 0: flat."""
+    h = gpu.attn_half_keys
+    return gpu.attn_efficiency * (keys / (keys + h) if h > 0 else 1.0)
 
 
 def attention_flops(model: Model, b: int, s: int) -> float:
@@ -286,18 +309,27 @@ def elementwise_bytes(model: Model, tokens: float, tp: int, sp: bool,
 EAGER_SOFTMAX_BYTES = 2 + 2 + 1 + 2 + 2
 
 
-def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool = True) -> float:
-    """Forward seconds of the attention core (QK^T, softmax, PV) on one GPU."""
+def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool = True,
+                   cp: int = 1) -> float:
+    """Forward seconds of the attention core (QK^T, softmax, PV) on one GPU. Flash: each
+    layer kind's FLOPs (attention_flops) at the efficiency of its attended keys; `cp`: a
+    context-parallel rank's share (1/cp of the FLOPs, load-balanced), its kernels attending
+    one chunk at a time (the ring's steps: a query's keys within a step at most s / (2 cp),
+    the causal mean of one chunk; taken for every CP kind)."""
     heads = model.num_heads / tp
     if flash:
-        return attention_flops(model, b, s) / tp / (gpu.tensor_peak_tflops * 1e12
-                                                     * gpu.attn_efficiency)
+        rank_flops = attention_flops(model, b, s) / tp / cp
+        mean, step = mean_attended_keys(model, s), s / (2.0 * cp)
+        peak = gpu.tensor_peak_tflops * 1e12
+        return sum(rank_flops * share * keys / mean
+                   / (peak * attention_efficiency(gpu, min(keys, step)))
+                   for share, keys in attention_layer_keys(model, s))
     d = model.head_dim
     # two batched GEMMs over the full (unmasked) s x s scores, k = head_dim for QK^T
     gemms = gemm_time(gpu, s, s, d, b * heads) + gemm_time(gpu, s, d, s, b * heads)
     drop = EAGER_SOFTMAX_BYTES if model.dropout > 0 else EAGER_SOFTMAX_BYTES - 3
     softmax = drop * b * heads * s * s / (gpu.hbm_gbps * 1e9)
-    return gemms + softmax
+    return (gemms + softmax) / cp
 
 
 def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
@@ -320,7 +352,7 @@ def layer_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, sp: bool,
     down = gemm_time(gpu, tokens, h, f / tp, lp=lp)
     gated = model.gated_mlp
     gemm = q + k + v + out + (2 if gated else 1) * up + down
-    attn = attention_time(model, gpu, b, s, tp, flash) / cp
+    attn = attention_time(model, gpu, b, s, tp, flash, cp)
     elem = elementwise_bytes(model, tokens, tp, sp, elementwise_traffic, kernels) \
         / (gpu.hbm_gbps * 1e9)
     cast_fwd, cast_bwd = cast_times(model, gpu, tokens, tp, lp)

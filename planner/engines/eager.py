@@ -5,7 +5,7 @@ Megatron-calibrated figures (planner.catalog.gpus).
 Least-squares fitted once (`python -m benchmarks.fidelity --fit fsdp`: mean squared
 log(predicted / published)) on llm-foundry's 8-64 GPU table of H100 runs (52 rows, sequence
 lengths 512-65536, so attention separates from the rest). Held out: llm-foundry's 128-512 GPU
-table and every torchtitan row (benchmarks/results/fidelity_2026-12-04.md); refitted by the same
+table and every torchtitan row (benchmarks/results/fidelity_2026-12-05.md); refitted by the same
 procedure without llm-foundry's rows (`python -m benchmarks.fidelity --loso`, on torchtitan's
 bf16 rows) to score llm-foundry's held out.
 

@@ -520,7 +520,7 @@ def with_compile(engine: Engine) -> Engine:
     """`engine` with its model and loss under torch.compile: Inductor fuses the element-wise
     ops into a few kernels (planner.cost.compute FUSED_KERNELS: torchtitan's eager 8B rows ran
     15.7% / 16.2% slower than their compiled twins, the element-wise kernels counted so 14.5% /
-    14.4%, benchmarks/results/fidelity_2026-12-04.md) and its eager loss becomes COMPILED_LOSS
+    14.4%, benchmarks/results/fidelity_2026-12-05.md) and its eager loss becomes COMPILED_LOSS
     (torchtitan compiles the loss with the model, compile.components ["model", "loss"]; a
     vocabulary-parallel loss keeps its own figure); the TP overlap it runs only compiled is
     offered (Engine.compiled_tp_comm_overlap)."""
