@@ -1479,6 +1479,14 @@ def heldout_markdown(rows, skipped, seconds: float) -> str:
     if rows:
         line("all", "all", rows)
     runs = {r["id"]: r for r in load_runs(DATA_HELDOUT)}
+    flagged = [r for r in rows if runs[r["run"]].get("source_caveat")]
+    if flagged:
+        # what the source's own footnotes say of a row (`source_caveat`): counted above as
+        # published, shown here with what the source says
+        lines += ["", "Rows the source itself flags (counted above as published):", "",
+                  "| run | error % | the source says |", "|:---|---:|:---|"]
+        lines += [f"| {r['run']} | {r['error_pct']:+.1f} | "
+                  f"{runs[r['run']]['source_caveat'].replace('|', '/')} |" for r in flagged]
     lines += ["", verdict_markdown(memory_verdicts([runs[r["run"]] for r in rows], rows))]
     lines += [f"Not evaluated ({len(skipped)} rows)" + (":" if skipped else "."), ""]
     if skipped:

@@ -30,6 +30,7 @@ share for them, fitted, was no better out of sample: docs/benchmarks.md).
 the per-layer graph fields of published_runs_moe.json's rows (the
 other builders need mirrors a machine may not have); build.py adds them on a full rebuild."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,10 +109,33 @@ FULL_ITERATION = {
 GRAPHED_RELEASES = ("26.06", "26.06.01", "26.08")
 
 
+def footnotes(text: str) -> dict:
+    """{name: text} of a markdown file's footnote definitions ("[^name]: text")."""
+    out = {}
+    for ln in text.splitlines():
+        m = re.match(r"\[\^([^\]]+)\]:\s*(.+)", ln)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def source_caveat(line: str, notes: dict) -> str | None:
+    """What the table's own footnotes say of a row (a "[^name]" in one of its cells): the
+    26.06.01 GPT-OSS-120B rows, "Performance regression ... is a known issue" (cudnn-frontend
+    issue 256: a grouped-GEMM dGLU kernel of cudnn-frontend 1.24, 10x slower than 1.23's on
+    GB200-class GPUs, the MoE layer's backward). Recorded with the row, not priced: the row
+    stays scored as published."""
+    names = re.findall(r"\[\^([^\]]+)\]", line)
+    said = [f"[^{n}]: {notes[n]}" for n in names if n in notes]
+    return "; ".join(said) or None
+
+
 def _tables():
-    """(path, release, sub-heading, header, cells, line) of every pre-training table row."""
+    """(path, release, sub-heading, header, cells, line, footnotes) of every pre-training table
+    row."""
     for path in PATHS:
         text = subprocess.check_output(["git", "-C", REPO, "show", f"{COMMIT}:{path}"], text=True)
+        notes = footnotes(text)
         rel = section = sub = hdr = None
         for ln in text.splitlines():
             if ln.startswith("## ") and "NeMo Container" in ln:
@@ -131,12 +155,12 @@ def _tables():
                 continue
             if set(cells[0]) <= set("-") or hdr is None:
                 continue
-            yield path, rel, sub, hdr, cells, ln.strip()
+            yield path, rel, sub, hdr, cells, ln.strip(), notes
 
 
 def rows():
     out = []
-    for path, rel, sub, hdr, cells, line in _tables():
+    for path, rel, sub, hdr, cells, line, notes in _tables():
         pub = dict(zip(hdr, cells))
         system = pub.get("System") or sub.split("System: ")[1]
         name = pub.get("Model") or sub.split("Model: ")[1]
@@ -244,6 +268,9 @@ def rows():
             if config_key(rel, gpu, catalog, prec, n, fixed) in EXISTING:
                 continue
             graph_fields(rid, fixed, extra)
+            caveat = source_caveat(line, notes)
+            if caveat:
+                extra["source_caveat"] = caveat
             pub_rec = dict(pub)
             pub_rec["_variant"] = vname
             url = f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/{COMMIT}/{path}"
