@@ -8,9 +8,11 @@ Source: NVIDIA/cudnn-frontend @3929da2 benchmark/sdpa_benchmark_training/results
 benchmarks/data/cudnn_sdpa_blackwell.csv.
 
 The planner prices attention as its forward FLOPs times (1 + ATTN_BWD_FACTOR) at one efficiency
-(planner.cost.compute.attention_time); cuDNN's FLOP counts are the same (causal: half the
-square; backward 2.5 times the forward), so the measured efficiency of a (config, sequence)
-point is (forward + backward FLOPs) / (forward + backward time) / the GPU's bf16 peak. The fit:
+(planner.cost.compute.attention_time). cuDNN counts the forward as the planner does (causal:
+half the square) but its backward as 2.5 times the forward only where the query-key and value
+heads are alike wide (2.6 times for MLA's 192 / 128), so a point's efficiency is taken in the
+planner's count: forward FLOPs x (1 + ATTN_BWD_FACTOR) / (forward + backward time) / the GPU's
+bf16 peak, the figure that gives the measured seconds when the planner prices them. The fit:
 least squares of log(efficiency(keys) / measured) over the full-attention points of Llama 3.1
 (64 query / 8 key-value heads of 128), DeepSeek-V3 (MLA: 128 heads, 192 / 128) and Kimi K2.6
 (64 heads, 192 / 128), keys = the mean keys a query attends (s / 2); gpt-oss's window of 128
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from benchmarks._common import OUT_HELP, SCRATCH, machine, markdown_table, out_path, run_cli
 from planner.catalog.gpus import get_gpu
-from planner.cost.compute import ATTN_BWD_FACTOR, attended_keys
+from planner.cost.compute import ATTN_BWD_FACTOR, attended_keys, attention_efficiency
 
 DATA = Path(__file__).parent / "data" / "cudnn_sdpa_blackwell.csv"
 FIT_CONFIGS = ("llama3.1", "dsv3", "kimiK26")
@@ -50,18 +53,20 @@ def measured_points(path=DATA) -> list:
     for (config, gpu, s, window, b), p in sorted(pairs.items()):
         if "fwd" not in p or "bwd" not in p:
             continue
-        (tf, rf), (tb, rb) = p["fwd"], p["bwd"]
-        flops = tf * rf + tb * rb
+        (tf, rf), (tb, _) = p["fwd"], p["bwd"]
         peak = get_gpu(gpu).tensor_peak_tflops * 1e12
+        # the planner's count: the forward's FLOPs (cuDNN's), the backward ATTN_BWD_FACTOR x
+        flops = tf * rf * (1 + ATTN_BWD_FACTOR)
         out.append({"config": config, "gpu": gpu, "seq": s, "window": window,
                     "keys": attended_keys(s, window), "fwd_flops": tf * rf,
-                    "bwd_ratio": tb * rb / (tf * rf), "time_s": tf + tb,
-                    "efficiency": flops / (tf + tb) / peak})
+                    "time_s": tf + tb, "efficiency": flops / (tf + tb) / peak})
     return out
 
 
-def model_efficiency(eff: float, half_keys: float, keys: float) -> float:
-    return eff * keys / (keys + half_keys)
+def model_efficiency(gpu: str, eff: float, half_keys: float, keys: float) -> float:
+    """planner.cost.compute.attention_efficiency of `gpu` with these two figures."""
+    g = dataclasses.replace(get_gpu(gpu), attn_efficiency=eff, attn_half_keys=half_keys)
+    return attention_efficiency(g, keys)
 
 
 def fit(points) -> dict:
@@ -71,8 +76,9 @@ def fit(points) -> dict:
     for gpu in sorted({p["gpu"] for p in points}):
         rows = [p for p in points if p["gpu"] == gpu and p["config"] in FIT_CONFIGS]
         res = least_squares(
-            lambda x: [math.log(model_efficiency(x[0], x[1] * 1e3, p["keys"]) / p["efficiency"])
-                       for p in rows], [0.6, 0.8], bounds=([0.05, 0.0], [1.0, 100.0]))
+            lambda x: [math.log(model_efficiency(gpu, x[0], x[1] * 1e3, p["keys"])
+                                / p["efficiency"]) for p in rows],
+            [0.6, 0.8], bounds=([0.05, 0.0], [1.0, 100.0]))
         out[gpu] = (float(res.x[0]), float(res.x[1] * 1e3))
     return out
 
@@ -97,7 +103,7 @@ def markdown(points, figures, seconds: float) -> str:
     table = []
     for p in points:
         e, h = figures[p["gpu"]]
-        pred = model_efficiency(e, h, p["keys"])
+        pred = model_efficiency(p["gpu"], e, h, p["keys"])
         # the planner's seconds: forward FLOPs x (1 + ATTN_BWD_FACTOR) at that efficiency
         peak = get_gpu(p["gpu"]).tensor_peak_tflops * 1e12
         t = p["fwd_flops"] * (1 + ATTN_BWD_FACTOR) / (peak * pred)

@@ -589,14 +589,20 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
         notes.append(f"GEMM efficiency {eff:.2f} of peak (measured "
                      f"{gemm_rate * 1e3:.3g} GFLOP/s, catalog {gpu.gemm_efficiency:.2f})")
     if attn_rate is not None:
-        # measured at its causal keys (seq / 2); where the catalog's GPU has a roll-off with
-        # the keys (planner.cost.compute.attention_efficiency), the long-sequence figure that
-        # gives the measured rate there
+        # measured at its causal keys (seq / 2). Where the catalog's GPU has a roll-off with
+        # the keys (planner.cost.compute.attention_rolloff), the curve is moved to pass through
+        # the measurement: its long-sequence figure scaled, or, were that above the peak, the
+        # peak with the half-way keys that give the measured rate there
+        from planner.cost.compute import attention_efficiency, attention_rolloff
         keys = best["seq_len"] / 2.0
-        h = gpu.attn_half_keys
-        eff = min(1.0, attn_rate / peak * ((keys + h) / keys if h > 0 else 1.0))
+        measured = attn_rate / peak
+        eff = measured / attention_rolloff(gpu, keys)
+        if eff > 1.0:
+            changes["attn_half_keys"] = keys * (1.0 / measured - 1.0)
+            eff = 1.0
         changes["attn_efficiency"] = eff
-        notes.append(f"attention efficiency {eff:.2f} of peak (catalog {gpu.attn_efficiency:.2f})")
+        notes.append(f"attention efficiency {measured:.2f} of peak at {keys:.0f} keys a query "
+                     f"(catalog {attention_efficiency(gpu, keys):.2f} there)")
     if dev.get("memory_bandwidth"):
         changes["hbm_gbps"] = dev["memory_bandwidth"]["gbps"]
         notes.append(f"memory bandwidth {changes['hbm_gbps']:.3g} GB/s (catalog {gpu.hbm_gbps:.3g})")

@@ -25,13 +25,13 @@ from planner.specs import Gpu
 # 2048 to 32768; the rows in benchmarks/data/cudnn_sdpa_blackwell.csv). The efficiency falls
 # with the keys a query attends (planner.cost.compute.attention_efficiency): the long-sequence
 # fraction of the bf16 peak and the keys at which it is halved, least-squares fitted on those 15
-# points per GPU by `python -m benchmarks.attention_fit` (every point within 13.2% of the
+# points per GPU by `python -m benchmarks.attention_fit` (every fitted point within 15.4% of the
 # measured time; benchmarks/results/attention_blackwell_*.md). GB300's (Blackwell Ultra, whose
 # softmax exponentials run twice as fast: NVIDIA, "Inside NVIDIA Blackwell Ultra", 2025) serve
 # B300; GB200's serve B200, the same die at a lower clock (its peak is its own).
 BLACKWELL_ATTENTION = {
-    "gb200": dict(attn_efficiency=0.549, attn_half_keys=472.0),
-    "gb300": dict(attn_efficiency=0.639, attn_half_keys=560.0),
+    "gb200": dict(attn_efficiency=0.539, attn_half_keys=474.0),
+    "gb300": dict(attn_efficiency=0.627, attn_half_keys=560.0),
 }
 
 GPUS = {
@@ -74,7 +74,7 @@ GPUS = {
     # NVLink5 1800 GB/s total (NVIDIA Blackwell datasheet). Bus bandwidth: twice H100's ring
     # figure, an estimate until measured. Inter-node: 8x400 Gb/s ConnectX-7 as DGX H100.
     # GEMM efficiency: H100's, an assumption until a profile says otherwise. Attention: GB200's
-    # measured figures (BLACKWELL_ATTENTION below; the same die, a fraction of its own peak).
+    # measured figures (BLACKWELL_ATTENTION above; the same die, a fraction of its own peak).
     "b200": Gpu("b200", peak_tflops=2250.0, memory_gib=179.0, hbm_gbps=8000.0,
                 gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb200"],
                 nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,

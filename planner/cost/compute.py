@@ -142,15 +142,21 @@ def mean_attended_keys(model: Model, s: int, causal: bool = True) -> float:
     return sum(share * keys for share, keys in attention_layer_keys(model, s, causal))
 
 
+def attention_rolloff(gpu: Gpu, keys: float) -> float:
+    """keys / (keys + gpu.attn_half_keys): the share of its long-sequence rate fused attention
+    keeps when each query attends `keys` keys. A query's key loop is the kernel's inner loop;
+    its fixed work per query tile (loading Q, the softmax's final rescale, writing O) and the
+    partly masked tiles on a causal diagonal or a window's edge are amortised over it, so the
+    rate falls with fewer keys (measured: planner.catalog.gpus, Blackwell). attn_half_keys 0:
+    1 at every length."""
+    h = gpu.attn_half_keys
+    return keys / (keys + h) if h > 0 else 1.0
+
+
 def attention_efficiency(gpu: Gpu, keys: float) -> float:
     """The fraction of the tensor-core peak fused attention reaches when each query attends
-    `keys` keys: gpu.attn_efficiency, the long-sequence figure, times keys / (keys +
-    gpu.attn_half_keys). A query's key loop is the kernel's inner loop; its fixed work per
-    query tile (loading Q, the softmax's final rescale, writing O) and the partly masked tiles
-    on a causal diagonal or a window's edge are amortised over it, so the rate falls with
-    fewer keys (measured: planner.catalog.gpus, Blackwell). attn_half_keys 0: flat."""
-    h = gpu.attn_half_keys
-    return gpu.attn_efficiency * (keys / (keys + h) if h > 0 else 1.0)
+    `keys` keys: gpu.attn_efficiency, the long-sequence figure, times attention_rolloff."""
+    return gpu.attn_efficiency * attention_rolloff(gpu, keys)
 
 
 def attention_flops(model: Model, b: int, s: int) -> float:
@@ -311,19 +317,20 @@ EAGER_SOFTMAX_BYTES = 2 + 2 + 1 + 2 + 2
 
 def attention_time(model: Model, gpu: Gpu, b: int, s: int, tp: int, flash: bool = True,
                    cp: int = 1) -> float:
-    """Forward seconds of the attention core (QK^T, softmax, PV) on one GPU. Flash: each
-    layer kind's FLOPs (attention_flops) at the efficiency of its attended keys; `cp`: a
-    context-parallel rank's share (1/cp of the FLOPs, load-balanced), its kernels attending
-    one chunk at a time (the ring's steps: a query's keys within a step at most s / (2 cp),
-    the causal mean of one chunk; taken for every CP kind)."""
+    """Forward seconds of the attention core (QK^T, softmax, PV) on one GPU. Flash: the FLOPs
+    (attention_flops) at the efficiency of the keys a query attends, the layers' mean: a layer
+    kind's seconds are its FLOPs over a rate proportional to keys / (keys + attn_half_keys),
+    so linear in its keys, and the mean prices a mix of windowed and full layers exactly.
+    `cp`: a context-parallel rank's share, 1/cp of the FLOPs (load-balanced) at the whole
+    sequence's rate. Ulysses (a2a) and the all-gather kind attend the whole sequence; the p2p
+    ring's kernels attend one chunk of s/cp keys a step, which where the GPU has a roll-off
+    (attention_rolloff) runs a little slower, not priced: at most 3% on GB200 for cp 2-8 at
+    8K-128K tokens."""
     heads = model.num_heads / tp
     if flash:
-        rank_flops = attention_flops(model, b, s) / tp / cp
-        mean, step = mean_attended_keys(model, s), s / (2.0 * cp)
-        peak = gpu.tensor_peak_tflops * 1e12
-        return sum(rank_flops * share * keys / mean
-                   / (peak * attention_efficiency(gpu, min(keys, step)))
-                   for share, keys in attention_layer_keys(model, s))
+        return attention_flops(model, b, s) / tp / cp / (
+            gpu.tensor_peak_tflops * 1e12
+            * attention_efficiency(gpu, mean_attended_keys(model, s)))
     d = model.head_dim
     # two batched GEMMs over the full (unmasked) s x s scores, k = head_dim for QK^T
     gemms = gemm_time(gpu, s, s, d, b * heads) + gemm_time(gpu, s, d, s, b * heads)

@@ -72,12 +72,12 @@ from planner.vocab import RECOMPUTE_MODULES
 # bias, the alltoall's low-precision padding copies); 4.71 ms / 0.198 ms (0.0261) with gpt-oss's
 # unfused scaled RoPE; 4.63 ms / 0.180 ms (0.0191) with its clamp run apart; 4.61 ms / 0.1803 ms
 # (0.0179) with its expert bias in fp32 under the flex dispatcher (ROPE_SCALED_UNFUSED_BYTES,
-# CLAMPED_GATED_ACT_BYTES, EXPERT_BIAS_EAGER_FP32_PROBS_BYTES below); 4.52 ms / 0.2039 ms
-# (0.0178) once Blackwell's attention was priced as measured (planner.catalog.gpus
+# CLAMPED_GATED_ACT_BYTES, EXPERT_BIAS_EAGER_FP32_PROBS_BYTES below); 4.52 ms / 0.2031 ms
+# (0.0177) once Blackwell's attention was priced as measured (planner.catalog.gpus
 # BLACKWELL_ATTENTION, in place of H100's assumed figure). Host time: the same seconds on every
 # GPU.
 MOE_LAYER_OVERHEAD_S = 4.52e-3
-MOE_EXPERT_OVERHEAD_S = 0.2039e-3
+MOE_EXPERT_OVERHEAD_S = 0.2031e-3
 
 
 # The routed experts' down-projection bias (gpt-oss, --add-bias-linear) weighted by the routing
