@@ -87,7 +87,10 @@ def _published_key(r):
 def test_held_out_moe_rows_are_not_the_moe_tables_rows():
     """No Megatron-Bridge MoE row is held out and fitted on both: the held-out file's MoE rows
     are table rows published_runs_moe.json does not hold (compared as printed)."""
-    held = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT) if "moe" in r.get("needs", ())]
+    # the performance tables' rows (the verification cards' rows are checked by their builder,
+    # benchmarks/data/heldout_build/mbridge_cards.py, against re-measured table rows)
+    held = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT) if "moe" in r.get("needs", ())
+            and r["family"].startswith("Megatron-Bridge MoE")]
     moe = fidelity.load_runs(fidelity.DATA_MOE)
     assert len(held) >= 80
     assert all(r["id"].startswith("mbridge-") and r["quote"] and r["commit"] for r in held)

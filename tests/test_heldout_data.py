@@ -93,6 +93,8 @@ def test_step_time_follows_from_the_printed_figures(runs):
             continue
         elif "Median tokens/second" in p:    # torchao / torchtitan: per-GPU tokens/s, local batch 1
             expected = r["fixed"]["seq_len"] / float(p["Median tokens/second"])
+        elif "last_10_steps_step_time_ms_avg" in p:   # Megatron-Bridge verification card
+            expected = float(p["last_10_steps_step_time_ms_avg"]) / 1000
         else:                                # Megatron-Bridge, NeMo
             v = p.get("_variant")
             expected = (int(_printed(p["GBS"], v)) * int(_printed(p["Sequence Length"], v))

@@ -77,6 +77,17 @@ qwen3_h100x64_tp4 -0.31..-0.34%, qwen3_h100x256_tp4pp8 -0.69..-0.70%, gpt-oss_h1
 -0.62..-0.64%. Only those step times were replaced, and qwen3_h100x64_tp4's `closest`, which the
 search now fills (a tp 4 pp 8 dp 2 ep 8 mbs 8 full-recompute candidate that does not fit, priced
 on the way; it is None with the old figures), written without the later knobs.
+Rewritten for the EP overlap's memory without pipelining (issue 22, planner.cost.schedule
+in_flight: Megatron-Core's combined 1F1B pairs a micro-batch's forward layers with the previous
+one's backward layers first-with-last, combined_1f1b.py and model_chunk_schedule_plan.py, so one
+micro-batch's activations are held, not two): with that change reverted all 11 instances equal the
+previous record; with it three pp-1 instances move, each now led by plans with the overlap that
+fit where they did not: mixtral_h100x64_s4096 (rank 0 tp 1 dp 64 ZeRO-2 ep 8 with the overlap at
+2.771 s, was tp 2 ZeRO-3 ep 1 at 2.981 s), deepseek-v3_h100x2048_tp8pp1 (rank 0 ZeRO-1 ep 256
+mbs 1 without recompute at 2.732 s, was ZeRO-2 ep 64 mbs 2 at 2.778 s, now rank 2) and
+gpt-oss_h100x32_pp1 (rank 0 tp 8 dp 4 selective recompute with the overlap at 24.31 s, was tp 4
+full recompute at 30.43 s, now rank 1). Those three entries were replaced whole by the search's
+output, without the later knobs.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

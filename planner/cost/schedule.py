@@ -50,15 +50,19 @@ def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1,
     - interleaved: Megatron-LM's warm-up count (p - rank - 1) * 2 + (v - 1) * p, plus the one
       in steady state, in chunk-micro-batches, each 1/v of the rank's layers
       (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving).
-    `ep_overlap` (Megatron-Core's EP all-to-all overlap, combined 1F1B): a micro-batch's
-    forward runs while the previous one's activations still wait for their backward, so one
-    more is held: the interleaved warm-up gains one (schedules.py: "if
-    overlap_moe_expert_parallel_comm: num_warmup_microbatches += 1"), and without pipelining
-    two are in flight instead of one.
+    `ep_overlap` (Megatron-Core's EP all-to-all overlap, combined 1F1B): the interleaved
+    warm-up gains one (schedules.py: "if overlap_moe_expert_parallel_comm:
+    num_warmup_microbatches += 1"). Without pipelining it holds one, as without the overlap:
+    a micro-batch's forward runs beside the previous one's backward layer by layer, first
+    forward layer with last backward layer (megatron/core/pipeline_parallel/combined_1f1b.py
+    combined_1f1b_schedule_for_no_pipelining; models/common/model_chunk_schedule_plan.py
+    TransformerModelChunkSchedulePlan.run: get_layer(i) with pop_layer(), each backward layer's
+    state released after it), so at most the rank's layers plus the one in hand are saved, and
+    that one is the working layer the stage's memory already counts.
     """
     extra = 1 if ep_overlap else 0
     if p == 1:
-        return float(min(1 + extra, m))
+        return float(min(1, m))
     if schedule == "gpipe":
         return float(m)
     if schedule == "1f1b":

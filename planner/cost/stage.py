@@ -392,7 +392,9 @@ def _head_in_flight(schedule: str, p: int, c) -> int:
     in_flight for the layers)."""
     if schedule == "gpipe" and p > 1:
         return c.m
-    return min(2, c.m) if c.ep_comm_overlap else 1
+    # the EP overlap without pipelining runs the next micro-batch's loss after the previous
+    # one's backward has begun (planner.cost.schedule.in_flight): one at a time
+    return min(2, c.m) if c.ep_comm_overlap and p > 1 else 1
 
 
 def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: int) -> tuple:

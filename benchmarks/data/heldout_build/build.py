@@ -9,13 +9,14 @@ def add(rows, family_of):
         FAMILIES.append(r)
 add(llmfoundry.rows(), lambda r: "llm-foundry " + ("A100 80GB" if "80GB" in r["source"] else "A100 40GB"))
 add(mbridge.rows(), lambda r: "Megatron-Bridge " + r["cluster"].rsplit("x", 1)[0].upper())
-import nemo, torchao, bloom, mlperf, mlperf5, mbridge_moe
+import nemo, torchao, bloom, mlperf, mlperf5, mbridge_moe, mbridge_cards
 add(nemo.rows(), nemo.family)
 add(torchao.rows(), torchao.family)
 add(bloom.rows(), bloom.family)
 add(mlperf.rows(), mlperf.family)
 add(mlperf5.rows(), mlperf5.family)
 add(mbridge_moe.rows(), mbridge_moe.family)
+add(mbridge_cards.rows(), mbridge_cards.family)
 ABOUT = (
     "Published training runs from sources none of published_runs.json, published_runs_2.json and "
     "published_runs_moe.json (nor ../shared/validation) holds, for scoring held out of every fit (issue 22 item 5). "
