@@ -87,14 +87,25 @@ def _published_key(r):
 def test_held_out_moe_rows_are_not_the_moe_tables_rows():
     """No Megatron-Bridge MoE row is held out and fitted on both: the held-out file's MoE rows
     are table rows published_runs_moe.json does not hold (compared as printed)."""
-    # the performance tables' rows (the verification cards' rows are checked by their builder,
-    # benchmarks/data/heldout_build/mbridge_cards.py, against re-measured table rows)
+    # the performance tables' rows, as printed (the verification cards' rows below)
     held = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT) if "moe" in r.get("needs", ())
             and r["family"].startswith("Megatron-Bridge MoE")]
     moe = fidelity.load_runs(fidelity.DATA_MOE)
     assert len(held) >= 80
     assert all(r["id"].startswith("mbridge-") and r["quote"] and r["commit"] for r in held)
     assert not {_published_key(r) for r in held} & {_published_key(r) for r in moe}
+    # a verification card's row is no summary-table row re-measured: no table row, in either
+    # file, of the same model, system, GPUs, precision, layout and batch
+    cards = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)
+             if r["family"] == "Megatron-Bridge verification cards"]
+    assert len(cards) == 4
+    tables = held + moe
+
+    def config(r):
+        f = r["fixed"]
+        return (r["catalog_model"], r["cluster"], r["precision"], f["tp"], f["pp"], f["ep"],
+                f["micro_batch"], f["global_batch"])
+    assert not {config(r) for r in cards} & {config(r) for r in tables if "catalog_model" in r}
 
 
 def test_recipe_memory_facts_fit_the_mlperf_405b_runs(scored):

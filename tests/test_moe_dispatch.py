@@ -266,11 +266,11 @@ def test_unpaired_passes_follow_megatrons_warm_up(m, pp, vpp, expect):
 
 @pytest.mark.parametrize("sched,p,m,v", [("interleaved", 8, 128, 4), ("interleaved", 4, 16, 2),
                                          ("1f1b", 1, 16, 1)])
-def test_the_overlap_holds_one_more_micro_batch(sched, p, m, v):
-    """Megatron's combined 1F1B runs a forward beside the previous micro-batch's backward:
-    schedules.py adds one warm-up micro-batch under interleaving; without pipelining one is
-    held, as without the overlap (its forward layers paired first-with-last with the previous
-    one's backward layers, each released: tests/test_ep_overlap_memory.py simulates it)."""
+def test_the_overlap_holds_what_the_schedule_holds_without_it(sched, p, m, v):
+    """Megatron's combined 1F1B runs a forward beside another micro-batch's backward, layers
+    paired first-with-last and released (tests/test_ep_overlap_memory.py simulates it):
+    without pipelining one micro-batch is held; under interleaving schedules.py's extra
+    warm-up forward is the one plain 1F1B's steady state runs before each backward."""
     from planner.cost.schedule import in_flight
     for rank in range(p):
         plain, with_ = in_flight(sched, p, rank, m, v), in_flight(sched, p, rank, m, v, True)
@@ -278,12 +278,12 @@ def test_the_overlap_holds_one_more_micro_batch(sched, p, m, v):
             assert (plain, with_) == (1.0, 1.0)
         else:
             warm = (p - rank - 1) * 2 + (v - 1) * p + 1
-            assert plain == min(warm, m * v) / v and with_ == min(warm + 1, m * v) / v
+            assert plain == with_ == min(warm, m * v) / v
 
 
 def test_the_overlap_prices_its_micro_batches_in_memory():
-    """Without pipelining the overlap holds the activations it holds without it; under
-    interleaving, one more warm-up chunk-micro-batch."""
+    """The overlap holds the activations the schedule holds without it, with and without
+    pipelining."""
     import dataclasses
     from planner.cost.stage import Candidate, stage_coefficients
     from planner.engines import get_engine
@@ -300,7 +300,7 @@ def test_the_overlap_prices_its_micro_batches_in_memory():
     plain2 = stage_coefficients(m, cl, c2, engine=eng)[0].memory(1, 0)
     over2 = stage_coefficients(m, cl, dataclasses.replace(c2, ep_comm_overlap=True),
                                engine=eng)[0].memory(1, 0)
-    assert over2["activations"] > plain2["activations"]
+    assert over2["activations"] == pytest.approx(plain2["activations"])
 
 
 def test_flex_needs_more_than_one_expert_rank(capsys):

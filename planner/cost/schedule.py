@@ -50,17 +50,18 @@ def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1,
     - interleaved: Megatron-LM's warm-up count (p - rank - 1) * 2 + (v - 1) * p, plus the one
       in steady state, in chunk-micro-batches, each 1/v of the rank's layers
       (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving).
-    `ep_overlap` (Megatron-Core's EP all-to-all overlap, combined 1F1B): the interleaved
-    warm-up gains one (schedules.py: "if overlap_moe_expert_parallel_comm:
-    num_warmup_microbatches += 1"). Without pipelining it holds one, as without the overlap:
-    a micro-batch's forward runs beside the previous one's backward layer by layer, first
-    forward layer with last backward layer (megatron/core/pipeline_parallel/combined_1f1b.py
-    combined_1f1b_schedule_for_no_pipelining; models/common/model_chunk_schedule_plan.py
-    TransformerModelChunkSchedulePlan.run: get_layer(i) with pop_layer(), each backward layer's
-    state released after it), so at most the rank's layers plus the one in hand are saved, and
-    that one is the working layer the stage's memory already counts.
+    `ep_overlap` (Megatron-Core's EP all-to-all overlap, combined 1F1B) holds what the same
+    schedule holds without it. Its combined step runs a micro-batch's forward beside another's
+    backward layer by layer, first forward layer with last backward layer, each backward
+    layer's state released after it and the previous logits' backward before the new ones
+    (megatron/core/pipeline_parallel/combined_1f1b.py combined_1f1b_schedule_for_no_pipelining,
+    combined_forward_backward_step; models/common/model_chunk_schedule_plan.py
+    TransformerModelChunkSchedulePlan.run: get_layer(i) with pop_layer()), so a step holds the
+    micro-batches it started with and the layer in hand, the working layer the stage's memory
+    counts apart. Without pipelining that is one; under interleaving the warm-up gains one
+    forward (schedules.py: "if overlap_moe_expert_parallel_comm: num_warmup_microbatches += 1"),
+    the one plain 1F1B's steady state runs before each backward, so the peak is the same.
     """
-    extra = 1 if ep_overlap else 0
     if p == 1:
         return float(min(1, m))
     if schedule == "gpipe":
@@ -68,7 +69,7 @@ def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1,
     if schedule == "1f1b":
         return float(min(p - rank, m))
     if schedule == "interleaved":
-        chunks = min((p - rank - 1) * 2 + (v - 1) * p + 1 + extra, m * v)
+        chunks = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v
     if schedule in ZERO_BUBBLE_SCHEDULES:
         return zero_bubble_in_flight(schedule, p, rank, m, v)

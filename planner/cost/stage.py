@@ -392,9 +392,9 @@ def _head_in_flight(schedule: str, p: int, c) -> int:
     in_flight for the layers)."""
     if schedule == "gpipe" and p > 1:
         return c.m
-    # the EP overlap without pipelining runs the next micro-batch's loss after the previous
-    # one's backward has begun (planner.cost.schedule.in_flight): one at a time
-    return min(2, c.m) if c.ep_comm_overlap and p > 1 else 1
+    # one, with the EP overlap too: its combined step runs the previous micro-batch's logits
+    # backward before the new micro-batch's logits (planner.cost.schedule.in_flight)
+    return 1
 
 
 def selective_reruns(model: Model, c: Candidate, facts, lp, b: int, s: int, t: int) -> tuple:
@@ -604,9 +604,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # full activations in backward; in any case one layer's worth is live.
         work = act_none + cpx.buffer_bytes
         # the last stage holds its head's saved tensors for every micro-batch whose backward
-        # has not run (one under 1F1B, all m under GPipe; one more beside it under the EP
-        # overlap, whose combined step runs a forward with the previous micro-batch's
-        # backward), and the loss's peak beyond them once, as working memory. The embedding
+        # has not run (one under 1F1B, with the EP overlap too; all m under GPipe), and the
+        # loss's peak beyond them once, as working memory. The embedding
         # output is the first layer's input, counted with that layer's activations.
         fixed_act = head.held * head_in_flight if last else 0.0
         if last and p > 1 and engine.pipeline_returns_outputs:

@@ -452,8 +452,8 @@ class SharedCoefficients:
             one = _pipeline_free(c)
             k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
             d = k.moe
-            # per micro-batch: the pp = 1 rank holds in_flight of them (two under the EP
-            # overlap), which the callers multiply in again
+            # per micro-batch: the pp = 1 rank holds in_flight of them, which the callers
+            # multiply in again
             per = 1.0 / in_flight("1f1b", 1, 0, one.m, 1, one.ep_comm_overlap)
             act = k.mem_layer.get("activations", 0.0) * per
             act_moe = act + d.mem_layer.get("activations", 0.0) * per if d else act

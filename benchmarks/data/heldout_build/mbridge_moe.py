@@ -13,10 +13,12 @@ B300) ran full-iteration CUDA graphs with static MoE shapes, which change what r
 stall: `fixed.cuda_graph`, `cuda_graph_source`: FULL_ITERATION). The same configs ran the EP
 overlap and no recompute (DeepSeek-V3 on GB200: mla_up_proj) beside a paged stash of the routed
 experts' activations and CuTeDSL's fused grouped MLP, which the planner does not model; priced
-with the overlap and without recompute the Qwen3-30B rows need 243 GiB of 183 ("does not fit",
-for runs that ran), so those knobs are left as for every held-out row. With the overlap on
-(recompute the planner's), the 26.06-26.08 GB300 DeepSeek-V3 and Qwen3-235B rows go from +16..+19%
-to -4..+2%, and the GB200 ones from -7..-2% to -24..-14%. A printed layout Megatron-Core refuses is not
+with the overlap and without recompute the Qwen3-30B rows come out 15-23% fast (and needed 243
+GiB of 183 while the planner held two micro-batches under the overlap), so those knobs are left
+as for every held-out row. With the overlap on (recompute the planner's), the 26.06-26.08 GB300
+DeepSeek-V3 and Qwen3-235B rows went from +16..+19% to -4..+2%, and the GB200 ones from -7..-2%
+to -24..-14% (before the MoE layer's GPU work and Blackwell's attention were priced as
+measured). A printed layout Megatron-Core refuses is not
 what ran and is left out (`LEFT_OUT`: one, the 25.09 GB200 DeepSeek-V3 MXFP8 variant, PP 8 with
 EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the catalog lacks
 (Kimi-K2, Nemotron 3, DeepSeek-V4) neither.
