@@ -6,13 +6,14 @@ Of the four catalog MoE models' cards (Qwen3-30B-A3B, Qwen3-235B-A22B, GPT-OSS-1
 DeepSeek-V3), the `pretrain_performance` and `pretrain_weak_scaling` items number 14. Nine
 re-measure a configuration a summary table already holds (the same model, system, GPUs,
 precision, TP / PP / EP, micro- and global batch), within 0.1-4% of the table's time: left out.
-Of the other five, four are read here:
+The other five are read here:
 - Qwen3-30B-A3B on 16 H100, BF16 (pretrain_performance.H100);
 - Qwen3-30B-A3B's GB300 weak scaling at 32, 128 and 256 GPUs (the 8-GPU point is the 26.08
-  table's row).
-Left out: DeepSeek-V3 on 1024 H100, BF16. Its recipe runs a custom pipeline layout
-('Et|(tt|)*30mL') and bf16 optimizer states, which its row would have to fix and the fixed
-knobs do not express.
+  table's row);
+- DeepSeek-V3 on 1024 H100, BF16 (pretrain_performance.H100): its pipeline layout
+  'Et|(tt|)*30mL' fixed as decoder layers per pipeline rank (stage_layers, as
+  published_runs_moe.json's 25.09 H100 row of the same layout), its precision-aware optimizer's
+  bf16 moments as 8 bytes of state per parameter (optimizer_state_bytes).
 
 Each row fixes what the recipe at the card's commit sets (RECIPES, each fact cited
 file:line@commit), as published_runs_moe.json's rows do: layout, batch, precision, the
@@ -45,8 +46,13 @@ H100_RECIPE = f"src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py@{Q30_H100}"
 GB300_RECIPE = (f"src/megatron/bridge/perf_recipes/qwen/gb300/qwen3_moe.py and "
                 f"perf_recipes/qwen/common.py @{Q30_GB300_WS}")
 
+DS_H100 = "79308d0d99fb8c09b3f1a22baa68a4ffa4f4ce1e"
+DS_RECIPE = (f"src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py, "
+             f"recipes/deepseek/h100/deepseek_v3.py @{DS_H100} (the card's "
+             "verification_environment.bridge_commit; the item names none)")
+
 # (card model, item path, system, GPUs per node, catalog model, precision, recipe facts,
-# facts' source)
+# facts' source[, row fields])
 RECIPES = [
     ("qwen3-30b-a3b", ("pretrain_performance", "H100"), "h100", 8, "qwen3-30b-a3b", "bf16",
      {"tp": 1, "pp": 1, "ep": 16, "micro_batch": 1, "global_batch": 1024, "seq_len": 4096,
@@ -72,10 +78,34 @@ RECIPES = [
      "26.06-26.08 table rows of this recipe, stay the planner's choice (EP overlap priced off: "
      "mbridge_moe.py's docstring); the distributed optimizer (ZeRO-1)")
     for n in (32, 128, 256)
+] + [
+    ("deepseek-v3", ("pretrain_performance", "H100"), "h100", 8, "deepseek-v3", "bf16",
+     {"tp": 2, "pp": 8, "vpp": 4, "ep": 64, "sequence_parallel": True, "micro_batch": 1,
+      "global_batch": 16384,
+      "seq_len": 4096, "zero": 1, "stage_layers": [7, 8, 8, 8, 8, 8, 8, 6],
+      "recompute": "selective", "recompute_modules": ["mla_up_proj", "mlp"],
+      "moe_dispatcher": "flex", "ep_comm_overlap": False, "tp_comm_overlap": False,
+      "grad_reduce_in_fp32": False, "optimizer_state_bytes": 8.0},
+     f"{DS_RECIPE}: tp 2, pp 8, vp 4, ep 64, sequence parallel (perf_recipes :34-39), gbs 16384 "
+     "/ mbs 1 (:40-41), pipeline layout 'Et|(tt|)*30mL' (:48): per virtual stage [1, 2 x 30, "
+     "0 + MTP + loss] decoder layers, per pipeline rank of 4 virtual stages [7, 8, 8, 8, 8, 8, "
+     "8, 6]; selective recompute of mla_up_proj and mlp (:43, perf_recipes/deepseek/common.py:"
+     "35); moe_token_dispatcher_type 'flex' with HybridEP (recipes :159-160), the EP overlap "
+     "off (recipes :230, the perf recipe does not set it), no TP overlap (:228), no CUDA "
+     "graphs (:179); the distributed optimizer (:245), precision-aware with fp32 main params "
+     "and bf16 moments (:221-224: 4 + 2 + 2 bytes per parameter); grad_reduce_in_fp32 False "
+     "(perf_recipes/_common.py:74,122); mtp_num_layers 1 (recipes :137); overlap_grad_reduce "
+     "False (perf_recipes :45-46: the gradients' reduction not overlapped, which the planner "
+     "prices overlapped: not fixed)",
+     {"model_overrides": {"mtp_layers": 1},
+      "mtp_source": f"recipes/deepseek/h100/deepseek_v3.py:137@{DS_H100} mtp_num_layers=1",
+      "optimizer_source": f"recipes/deepseek/h100/deepseek_v3.py:221-224@{DS_H100}: "
+                          "use_precision_aware_optimizer with main_params fp32, exp_avg and "
+                          "exp_avg_sq bf16"}),
 ]
 # What a row's own run reported of its memory beyond the card: (item path) -> fields
 MEASURED = {
-    ("pretrain_performance", "H100"): {
+    ("qwen3-30b-a3b", "pretrain_performance", "H100"): {
         "measured_allocated_gib": 62.166,
         "memory_source": "NVIDIA-NeMo/Megatron-Bridge pull request 5123 (perf(recipe): tune Qwen3 "
                          "BF16 HybridEP on H100, 2026-07-27), the run of recipe commit 3a9559f01 "
@@ -126,7 +156,7 @@ def _metrics_block(lines: list, value: float) -> list:
 def rows() -> list:
     out = []
     docs = {}
-    for model, path, gpu, gpn, catalog, prec, facts, source in RECIPES:
+    for model, path, gpu, gpn, catalog, prec, facts, source, *more in RECIPES:
         doc, lines = docs.setdefault(model, card(model))
         item, point = _item(doc, path)
         assert item["status"] == "verified", (model, path)
@@ -141,7 +171,7 @@ def rows() -> list:
         if "cuda_graph_scope" in facts:
             fixed["cuda_graph_scope"] = list(facts["cuda_graph_scope"])
         commit = point.get("bridge_commit") or item.get("bridge_commit")
-        vp = "none"
+        vp = facts.get("vpp", "none")
         rid = (f"mbridge-card-{gpu}-{catalog.replace('-', '').replace('.', '')}-{prec}-{n}gpu-"
                f"tp{facts['tp']}pp{facts['pp']}cp1ep{facts['ep']}vp{vp}-gbs{gbs}")
         row = {
@@ -175,11 +205,14 @@ def rows() -> list:
                 "Bridge commit and the base container "
                 f"({(doc.get('verification_environment') or {}).get('base_container')}), not "
                 "which of the container's or the commit's Megatron-Core",
-                "sequence parallelism (off at TP 1) and the pipeline layout (PP 1) need no reading"],
+                "what the recipe sets and the fixed knobs do not hold (RECIPES' source text) is "
+                "the planner's"],
             "notes": "MoE benchmark recipe: tokens force-balanced across experts "
                      "(moe_router_force_load_balancing) and dropless.",
         }
-        row.update(MEASURED.get(path[:2], {}))
+        row.update(MEASURED.get((model,) + path[:2], {}))
+        if more:
+            row.update(more[0])
         if fixed.get("cuda_graph") == "full_iteration":
             row["cuda_graph_source"] = row["recipe_source"]
         elif fixed.get("cuda_graph"):
