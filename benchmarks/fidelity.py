@@ -506,10 +506,11 @@ MOE_NOTES = """Notes.
 - Host stall: the two fitted figures, the Megatron engine's host time exposed by dropless
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
-  4.61 ms; 4.80 before the MoE layer's GPU work was priced as Megatron-Core runs it, 4.33
-  before the rows were mended for issue 22, 4.78 before the collectives' latency counted a
-  ring's hops inside a node at the NVLink latency), and the host's issuing of the grouped
-  GEMMs, per local expert (MOE_EXPERT_OVERHEAD_S = 0.1803 ms; 0.200 and 0.213 before:
+  4.52 ms; 4.61 before Blackwell's attention was priced as measured, 4.80 before the MoE
+  layer's GPU work was priced as Megatron-Core runs it, 4.33 before the rows were mended for
+  issue 22, 4.78 before the collectives' latency counted a ring's hops inside a node at the
+  NVLink latency), and the host's issuing of the grouped GEMMs, per local expert
+  (MOE_EXPERT_OVERHEAD_S = 0.2031 ms; 0.1803, 0.200 and 0.213 before:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
   and EP communication) does not cover it: between two syncs the GPU runs only what the host
@@ -526,9 +527,9 @@ MOE_NOTES = """Notes.
   and micro-batch shrank as the micro-batch grew (6 ms at 1 sequence in 26.02, 3 ms at 4 in
   26.04: two releases, so this is suggestive, not clean), where GPU work would grow: a longer
   layer forward hides more of the host's issuing. Those mbs 1 B200 rows went from -20% / -23%
-  to +6% / +1.5%. The rows still missed most: the 25.09 token-drop rows (12-44% slower than
-  predicted) and the 25.11 and 26.02 H100 Qwen3-30B pp2 rows (-47%, -30%; the 26.02.01 run of
-  the same layout is +23%), all release drift the figures cannot follow.
+  to +6% / +1.5%. The rows still missed most: the 25.09 token-drop rows (12-45% slower than
+  predicted) and the 25.11 and 26.02 H100 Qwen3-30B pp2 rows (-48%, -29%; the 26.02.01 run of
+  the same layout is +26%), all release drift the figures cannot follow.
 - The two TFLOP/s columns count differently (NVIDIA's "Model TFLOP" vs the planner's FLOPs per
   step, recompute included); compare the step times.
 

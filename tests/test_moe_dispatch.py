@@ -264,23 +264,6 @@ def test_unpaired_passes_follow_megatrons_warm_up(m, pp, vpp, expect):
     assert unpaired_pass_share(m, pp, vpp) == pytest.approx(expect)
 
 
-@pytest.mark.parametrize("sched,p,m,v", [("interleaved", 8, 128, 4), ("interleaved", 4, 16, 2),
-                                         ("1f1b", 1, 16, 1)])
-def test_the_overlap_holds_what_the_schedule_holds_without_it(sched, p, m, v):
-    """Megatron's combined 1F1B runs a forward beside another micro-batch's backward, layers
-    paired first-with-last and released (tests/test_ep_overlap_memory.py simulates it):
-    without pipelining one micro-batch is held; under interleaving schedules.py's extra
-    warm-up forward is the one plain 1F1B's steady state runs before each backward."""
-    from planner.cost.schedule import in_flight
-    for rank in range(p):
-        plain, with_ = in_flight(sched, p, rank, m, v), in_flight(sched, p, rank, m, v, True)
-        if p == 1:
-            assert (plain, with_) == (1.0, 1.0)
-        else:
-            warm = (p - rank - 1) * 2 + (v - 1) * p + 1
-            assert plain == with_ == min(warm, m * v) / v
-
-
 def test_the_overlap_prices_its_micro_batches_in_memory():
     """The overlap holds the activations the schedule holds without it, with and without
     pipelining."""

@@ -126,20 +126,14 @@ def attended_keys(s: int, window: int = 0, causal: bool = True) -> float:
     return (s * window - window * window / 2.0) / s if causal else float(window)
 
 
-def attention_layer_keys(model: Model, s: int, causal: bool = True) -> tuple:
-    """((share of the layers, attended_keys), ...): the full-attention layers and, under a
-    sliding window, the windowed ones."""
-    full = attended_keys(s, 0, causal)
-    w = model.sliding_window
-    if not w or w >= s:
-        return ((1.0, full),)
-    share = model.num_sliding_layers / model.num_layers
-    return ((share, attended_keys(s, w, causal)), (1.0 - share, full))
-
-
 def mean_attended_keys(model: Model, s: int, causal: bool = True) -> float:
-    """Keys a query attends to, averaged over the queries and the layers."""
-    return sum(share * keys for share, keys in attention_layer_keys(model, s, causal))
+    """Keys a query attends to, averaged over the queries and the layers (a sliding window's
+    layers and the full-attention ones)."""
+    full, w = attended_keys(s, 0, causal), model.sliding_window
+    if not w or w >= s:
+        return full
+    share = model.num_sliding_layers / model.num_layers
+    return share * attended_keys(s, w, causal) + (1.0 - share) * full
 
 
 def attention_rolloff(gpu: Gpu, keys: float) -> float:

@@ -40,8 +40,7 @@ def pipeline_time(stage_times, m: int, v: int = 1, schedule: str = "", fwd=None,
     return m * tmax + bubble, bubble
 
 
-def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1,
-              ep_overlap: bool = False) -> float:
+def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1) -> float:
     """Micro-batches whose activations pipeline rank `rank` holds at its peak.
 
     In units of one micro-batch through all of the rank's layers.
@@ -50,8 +49,8 @@ def in_flight(schedule: str, p: int, rank: int, m: int, v: int = 1,
     - interleaved: Megatron-LM's warm-up count (p - rank - 1) * 2 + (v - 1) * p, plus the one
       in steady state, in chunk-micro-batches, each 1/v of the rank's layers
       (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving).
-    `ep_overlap` (Megatron-Core's EP all-to-all overlap, combined 1F1B) holds what the same
-    schedule holds without it. Its combined step runs a micro-batch's forward beside another's
+    Megatron-Core's EP all-to-all overlap (combined 1F1B) holds what the same schedule holds
+    without it, so it takes no part here. Its combined step runs a micro-batch's forward beside another's
     backward layer by layer, first forward layer with last backward layer, each backward
     layer's state released after it and the previous logits' backward before the new ones
     (megatron/core/pipeline_parallel/combined_1f1b.py combined_1f1b_schedule_for_no_pipelining,

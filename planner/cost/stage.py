@@ -643,7 +643,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             fixed_parts[place] = fixed_part(*place)
         fixed = dict(fixed_parts[place])
         fixed["mem_fixed"] = dict(fixed["mem_fixed"])
-        infl = in_flight(schedule, p, rank, c.m, v, c.ep_comm_overlap)
+        infl = in_flight(schedule, p, rank, c.m, v)
         if engine.pipeline_recv_buffers:
             # the stage boundary: the hidden state of a micro-batch, sequence-sharded under sp
             fixed["mem_fixed"]["other"] = fixed["mem_fixed"].get("other", 0.0) + (
@@ -657,7 +657,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             mem_rec=(act_none - act_rec) * infl))
     if model.is_moe:
         from planner.cost.moe import with_moe_layers
-        infl = [in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap) for k in coeffs]
+        infl = [in_flight(schedule, p, k.rank, c.m, v) for k in coeffs]
         coeffs = with_moe_layers(model, cluster, c, engine, facts, coeffs, lp=lp, states=states,
                                  tp_pass=tp_pass, infl=infl,
                                  reruns=(rec_mode, attn_rerun, mlp_rerun))
@@ -669,7 +669,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                                     tp_link=tp_link, dp_link=dp_link, extra_emb=extra_emb,
                                     emb=(emb_f, emb_b), head=(head_f, head_b),
                                     head_held=(head.held - head.norm_input) * head_in_flight,
-                                    infl=in_flight(schedule, p, k.rank, c.m, v, c.ep_comm_overlap))
+                                    infl=in_flight(schedule, p, k.rank, c.m, v))
                   if k.rank == head_rank(schedule, p) else k for k in coeffs]
     return coeffs
 

@@ -454,7 +454,7 @@ class SharedCoefficients:
             d = k.moe
             # per micro-batch: the pp = 1 rank holds in_flight of them, which the callers
             # multiply in again
-            per = 1.0 / in_flight("1f1b", 1, 0, one.m, 1, one.ep_comm_overlap)
+            per = 1.0 / in_flight("1f1b", 1, 0, one.m, 1)
             act = k.mem_layer.get("activations", 0.0) * per
             act_moe = act + d.mem_layer.get("activations", 0.0) * per if d else act
             mem_rec = k.mem_rec * per
@@ -491,12 +491,11 @@ class SharedCoefficients:
 
     def in_flight(self, c: Candidate) -> list:
         """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
-        key = (c.schedule, c.pp, c.m, c.vpp, c.ep_comm_overlap)
+        key = (c.schedule, c.pp, c.m, c.vpp)
         got = self._in_flight.get(key)
         if got is None:
             sched = self.engine.effective_schedule(c.schedule, c.pp, c.m)
-            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp,
-                                                    c.ep_comm_overlap)
+            got = self._in_flight[key] = [in_flight(sched, c.pp, i, c.m, c.vpp)
                                           for i in range(c.pp)]
         return got
 

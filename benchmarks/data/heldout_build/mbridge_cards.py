@@ -27,18 +27,16 @@ build.py adds them on a full rebuild."""
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
-REPO = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mbridge_moe import DATA, HF_CONFIG, REPO  # noqa: E402
+
 COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
-DATA = Path(__file__).resolve().parents[1]
 FAMILY = "Megatron-Bridge verification cards"
-MOE_FILE = json.loads((DATA / "published_runs_moe.json").read_text())["runs"]
-HF_CONFIG = {}
-for _r in MOE_FILE:
-    HF_CONFIG.setdefault(_r["catalog_model"], _r["model"])
 
 Q30_H100 = "3a9559f01283190bf16a7a592c1e2c35d908c496"
 Q30_GB300_WS = "fbb7570cf7eec94fd2e6064454d84f7fad07fbfa"
@@ -213,9 +211,7 @@ def rows() -> list:
         row.update(MEASURED.get((model,) + path[:2], {}))
         if more:
             row.update(more[0])
-        if fixed.get("cuda_graph") == "full_iteration":
-            row["cuda_graph_source"] = row["recipe_source"]
-        elif fixed.get("cuda_graph"):
+        if fixed.get("cuda_graph"):
             row["cuda_graph_source"] = row["recipe_source"]
         if prec == "mxfp8":
             row["recipe"] = "mxfp8"
