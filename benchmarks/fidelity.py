@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import (OUT_HELP, SCRATCH, describe, machine, markdown_table, out_path,
-                                run_cli, today)
+from benchmarks._common import (OUT_HELP, RESULTS, SCRATCH, describe, machine, markdown_table,
+                                out_path, run_cli, today)
 from planner.catalog import get_cluster, get_gpu, get_model
 from planner.cost.compute import FUSED_OP_BYTES
 from planner.cost.moe import syncs_token_counts
@@ -1522,7 +1522,8 @@ def main(argv=None):
     ap.add_argument("--loso", action="store_true",
                     help="leave-one-source-out: refit every fitted figure without each source "
                          "family, score the family held out; writes fidelity_loso_<date>.md/csv "
-                         "and planner/engines/trust.json (the trust band `plan` prints)")
+                         "and a trust.json beside them (with --out benchmarks/results: "
+                         "planner/engines/trust.json, the trust band `plan` prints)")
     ap.add_argument("--fit-figures", action="store_true",
                     help="run every fitted figure's procedure on its production fit rows and "
                          "print the values beside the committed ones")
@@ -1564,10 +1565,14 @@ def main(argv=None):
                                              "published_s", "predicted_s",
                                              "in_sample_error_pct", "loso_error_pct", "fits",
                                              "loso_fits"])
+        # the planner's trust band only from the committed tables; a run elsewhere writes its
+        # own beside its table, so that a benchmark run never edits the checkout
+        committed = md_path.parent.resolve() == RESULTS.resolve()
+        trust_path = TRUST_FILE if committed else md_path.parent / "trust.json"
         write_trust(loso_summary(result["rows"]),
-                    str(md_path.relative_to(Path(__file__).parent.parent))
-                    if md_path.is_relative_to(Path(__file__).parent.parent) else str(md_path))
-        print(md + f"wrote {md_path}, {csv_path}, {TRUST_FILE}")
+                    str(md_path.resolve().relative_to(RESULTS.resolve().parent.parent))
+                    if committed else str(md_path), path=trust_path)
+        print(md + f"wrote {md_path}, {csv_path}, {trust_path}")
         return 0
     if a.fit_moe:
         print(json.dumps(fit_moe_overhead(), indent=1))

@@ -164,6 +164,15 @@ def test_fidelity_runs_end_to_end(tmp_path, capsys, args, stem):
         assert "targets: all met" in capsys.readouterr().out
 
 
+def test_loso_elsewhere_leaves_the_planners_trust_band(tmp_path, capsys):
+    """`--loso --out DIR` writes its trust band beside its table; the committed one
+    (planner/engines/trust.json) is written only with the committed tables."""
+    before = fidelity.TRUST_FILE.read_bytes()
+    assert fidelity.main(["--loso", "--out", str(tmp_path)]) == 0
+    assert fidelity.TRUST_FILE.read_bytes() == before
+    assert (tmp_path / "trust.json").exists()
+
+
 def test_fidelity_names_the_target_it_fails():
     rows = [{"engine": "megatron", "fit": "held out", "error_pct": e}
             for e in [1.0] * 9 + [30.0]]
