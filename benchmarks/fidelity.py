@@ -506,11 +506,12 @@ MOE_NOTES = """Notes.
 - Host stall: the two fitted figures, the Megatron engine's host time exposed by dropless
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
-  4.52 ms; 4.61 before Blackwell's attention was priced as measured, 4.80 before the MoE
+  4.39 ms; 4.52 before Blackwell's GEMMs were priced as measured, 4.61 before its attention
+  was, 4.80 before the MoE
   layer's GPU work was priced as Megatron-Core runs it, 4.33 before the rows were mended for
   issue 22, 4.78 before the collectives' latency counted a ring's hops inside a node at the
   NVLink latency), and the host's issuing of the grouped GEMMs, per local expert
-  (MOE_EXPERT_OVERHEAD_S = 0.2031 ms; 0.1803, 0.200 and 0.213 before:
+  (MOE_EXPERT_OVERHEAD_S = 0.1076 ms; 0.2031, 0.1803, 0.200 and 0.213 before:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
   and EP communication) does not cover it: between two syncs the GPU runs only what the host

@@ -141,8 +141,8 @@ def _written(tmp_path, stem):
 
 def test_default_output_is_outside_the_checkout():
     assert not _common.SCRATCH.resolve().is_relative_to(ROOT)
-    from benchmarks import attention_fit
-    for mod in (fidelity, pq, ss, closed_loop, attention_fit):
+    from benchmarks import attention_fit, gemm_fit
+    for mod in (fidelity, pq, ss, closed_loop, attention_fit, gemm_fit):
         ap_defaults = [a for a in mod.__dict__.values() if a is _common.SCRATCH]
         assert ap_defaults, mod.__name__       # each takes the scratch directory by default
 
@@ -184,11 +184,13 @@ def test_fidelity_names_the_target_it_fails():
                       "a published configuration is predicted not to fit"]
 
 
-def test_attention_fit_runs_end_to_end(tmp_path, capsys):
-    from benchmarks import attention_fit
-    assert attention_fit.main(["--out", str(tmp_path)]) == 0
-    assert _written(tmp_path, "attention_blackwell") == [
-        f"attention_blackwell_{_common.today()}.md"]
+@pytest.mark.parametrize("name,stem", [("attention_fit", "attention_blackwell"),
+                                       ("gemm_fit", "gemm_blackwell")])
+def test_blackwell_fits_run_end_to_end(tmp_path, capsys, name, stem):
+    import importlib
+    mod = importlib.import_module(f"benchmarks.{name}")
+    assert mod.main(["--out", str(tmp_path)]) == 0
+    assert _written(tmp_path, stem) == [f"{stem}_{_common.today()}.md"]
     out = capsys.readouterr().out
     assert "gb200 (serves gb200, b200)" in out and "gb300 (serves gb300, b300)" in out
 

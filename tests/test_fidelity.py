@@ -174,9 +174,11 @@ def test_low_precision_rows_within_issue_targets(rows):
     # Megatron's held-out FP8/MXFP8 rows (8B H100/B200, 405B CP 2), tightened once the TP
     # communication overlap the Megatron-Bridge runs used was priced (was 14.8% / 21.0%); the
     # p90 bound 15% -> 16% when B200's attention was priced as cuDNN measures it, faster than
-    # the H100 figure it had, on B200 rows that were already too fast (7.4 / 13.8% -> 8.9 / 15.2%)
+    # the H100 figure it had, on B200 rows that were already too fast (7.4 / 13.8% -> 8.9 / 15.2%),
+    # and back to 15% once B200's GEMMs were priced as measured (planner.catalog.gpus
+    # BLACKWELL_GEMM: 8.9 / 15.2% -> 3.5 / 7.8%)
     mh = [abs(r["error_pct"]) for r in held if r["engine"] == "megatron"]
-    assert len(mh) == 15 and statistics.median(mh) <= 10.0 and fidelity._p90(mh) <= 16.0
+    assert len(mh) == 15 and statistics.median(mh) <= 10.0 and fidelity._p90(mh) <= 15.0
 
 
 def test_torchtitan_low_precision_p90_within_issue_target(rows):

@@ -88,6 +88,17 @@ mbs 1 without recompute at 2.732 s, was ZeRO-2 ep 64 mbs 2 at 2.778 s, now rank 
 gpt-oss_h100x32_pp1 (rank 0 tp 8 dp 4 selective recompute with the overlap at 24.31 s, was tp 4
 full recompute at 30.43 s, now rank 1). Those three entries were replaced whole by the search's
 output, without the later knobs.
+Rewritten for the MoE stall refitted after Blackwell's GEMMs were priced as measured (issue 22:
+planner.catalog.gpus BLACKWELL_GEMM; MOE_LAYER_OVERHEAD_S 4.52 -> 4.39 ms, MOE_EXPERT_OVERHEAD_S
+0.2031 -> 0.1076 ms; every instance here is on H100, whose GEMMs did not change): with the two old
+figures all 11 instances equal the previous record; with the new ones six move, replaced whole by
+the search's output without the later knobs: mixtral_h100x64_s4096 -0.30%,
+deepseek-v3_h100x256_fixed -0.77..-0.89%, deepseek-v3_h100x2048_tp8pp1 -0.27..-0.56%,
+qwen3_h100x256_tp4pp8 -1.0%, each keeping its knobs, layers, recompute, verdicts and order;
+qwen3_h100x64_tp4 -0.45..-0.49% with its ranks unchanged and `closest` now None (the
+non-fitting tp 4 pp 8 candidate is no longer priced on the way); gpt-oss_h100x32_pp1 rank 0
+unchanged (-1.2%), its near-equal full-recompute ranks 1-4 (30.43 s, tied within 0.001 s before)
+reordered to tp 2 first at 30.150 s, tp 4 at 30.157 s.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

@@ -34,6 +34,18 @@ BLACKWELL_ATTENTION = {
     "gb300": dict(attn_efficiency=0.627, attn_half_keys=560.0),
 }
 
+# Blackwell's large-GEMM fraction, measured through H100's: one benchmark on both GPUs (Azure's
+# AI-benchmarking-guide: superbench cublaslt_gemm, FP8 cuBLASLt on random data after 10,000
+# warm-ups; ND H100 v5, ND GB200 v6 (four runs), ND GB300 v6; the rows in
+# benchmarks/data/azure_cublaslt_fp8_gemm.csv). On GEMMs of 4096 and more a side GB200 sustains
+# 0.566 of its FP8 datasheet peak and GB300 0.656, where H100 sustains 0.683: the GPU's clock
+# under load, not the library. gemm_efficiency = H100's 0.70 x that ratio (0.829, 0.961), fitted
+# by `python -m benchmarks.gemm_fit` (benchmarks/results/gemm_blackwell_*.md). Assumed: the ratio
+# measured in FP8 holds in bf16; GB200's serves B200 and GB300's B300 (the same dies, each a
+# fraction of its own datasheet peak). H200, measured 0.964 of H100 (inside GB200's run-to-run
+# spread of 0.93-1.04), keeps H100's figure.
+BLACKWELL_GEMM = {"gb200": dict(gemm_efficiency=0.580), "gb300": dict(gemm_efficiency=0.672)}
+
 GPUS = {
     # A100 SXM4 80GB. Peak 312 TFLOP/s bf16 dense, 2039 GB/s HBM2e: NVIDIA A100 datasheet.
     # Memory 81920 MiB (nvidia-smi). NVLink3 600 GB/s total = 300 GB/s per direction;
@@ -73,10 +85,10 @@ GPUS = {
     # B200 (HGX B200): 2250 TFLOP/s bf16 dense, 192 GB HBM3e (~179 GiB usable), 8000 GB/s,
     # NVLink5 1800 GB/s total (NVIDIA Blackwell datasheet). Bus bandwidth: twice H100's ring
     # figure, an estimate until measured. Inter-node: 8x400 Gb/s ConnectX-7 as DGX H100.
-    # GEMM efficiency: H100's, an assumption until a profile says otherwise. Attention: GB200's
-    # measured figures (BLACKWELL_ATTENTION above; the same die, a fraction of its own peak).
+    # GEMM and attention: GB200's measured figures (BLACKWELL_GEMM, BLACKWELL_ATTENTION above;
+    # the same die, a fraction of its own peak).
     "b200": Gpu("b200", peak_tflops=2250.0, memory_gib=179.0, hbm_gbps=8000.0,
-                gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb200"],
+                **BLACKWELL_GEMM["gb200"], **BLACKWELL_ATTENTION["gb200"],
                 nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                 internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # ---- Blackwell (Ultra) and GB200/GB300 NVL72 (issue 12) --------------------------------
@@ -86,8 +98,8 @@ GPUS = {
     # Performance", per-GPU table). B200 reads 183359 MiB = 179.06 GiB in nvidia-smi, 0.995 of
     # its 180; the others are their figure x 0.995 in GiB, estimates until a driver reports them.
     # Inter-node: H100's measured 46 of 50 GB/s per 400 Gb/s NIC (92%) applied to each system's
-    # NIC per GPU, an estimate. Latencies and GEMM efficiency: H100's, an assumption (no
-    # published measurement yet); attention: measured (BLACKWELL_ATTENTION); a profile
+    # NIC per GPU, an estimate. Latencies: H100's, an assumption (no published measurement
+    # yet); GEMM and attention: measured (BLACKWELL_GEMM, BLACKWELL_ATTENTION); a profile
     # (`plan --profile`) replaces them.
     #
     # B300 (HGX B300, Blackwell Ultra): 2250 TFLOP/s bf16 dense (HGX B300: 36 PFLOP/s FP16/BF16
@@ -96,7 +108,7 @@ GPUS = {
     # platform page, HGX B300 / B200 table) so B200's NVLink figures. ConnectX-8 800 Gb/s per
     # GPU (HGX B300 "networking bandwidth 1.6 TB/s" = 8 x 200 GB/s bidirectional): 92 GB/s.
     "b300": Gpu("b300", peak_tflops=2250.0, memory_gib=268.6, hbm_gbps=8000.0,
-                gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb300"],
+                **BLACKWELL_GEMM["gb300"], **BLACKWELL_ATTENTION["gb300"],
                 nvlink_busbw_gbps=740.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                 internode_gbps_per_gpu=92.0, internode_latency_us=15.0),
     # GB200 (one GPU of GB200 NVL72; catalog clusters gb200xN: 4 GPUs to a host, 72 to an
@@ -107,7 +119,7 @@ GPUS = {
     # NCCL test"); 800 taken for groups up to the whole rack, an estimate there. ConnectX-7
     # 400 Gb/s per GPU (4 per compute tray): 46 GB/s as DGX H100.
     "gb200": Gpu("gb200", peak_tflops=2500.0, memory_gib=185.0, hbm_gbps=8000.0,
-                 gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb200"],
+                 **BLACKWELL_GEMM["gb200"], **BLACKWELL_ATTENTION["gb200"],
                  nvlink_busbw_gbps=800.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                  internode_gbps_per_gpu=46.0, internode_latency_us=15.0),
     # GB300 (one GPU of GB300 NVL72; clusters gb300xN as gb200xN): 2500 TFLOP/s bf16 dense
@@ -116,7 +128,7 @@ GPUS = {
     # over 72 GPUs = 1.8 TB/s each), so GB200's NVLink figures. 72 ConnectX-8 800 Gb/s, one per
     # GPU (GB300 NVL72 product page): 92 GB/s.
     "gb300": Gpu("gb300", peak_tflops=2500.0, memory_gib=277.5, hbm_gbps=8000.0,
-                 gemm_efficiency=0.70, **BLACKWELL_ATTENTION["gb300"],
+                 **BLACKWELL_GEMM["gb300"], **BLACKWELL_ATTENTION["gb300"],
                  nvlink_busbw_gbps=800.0, nvlink_p2p_gbps=800.0, nvlink_latency_us=8.0,
                  internode_gbps_per_gpu=92.0, internode_latency_us=15.0),
     # ---- AMD --------------------------------------------------------------------------------
