@@ -4,7 +4,8 @@ carried from H100's through one benchmark measured on both.
 Source: Azure's AI-benchmarking-guide, Azure_Results/ND_{H100_v5,H200_v5,GB200_v6,GB300_v6}_results.md
 (egmsft/AI-benchmarking-guide, the fork that keeps every GPU's file, and the upstream
 Azure/AI-benchmarking-guide @fa799957 for one more GB200 run): superbench's cublaslt_gemm, FP8
-(e4m3) cuBLASLt GEMMs on random data after 10,000 warm-up iterations, one table per GPU and run.
+(e4m3) cuBLASLt GEMMs on random data after 10,000 warm-up iterations, one table per GPU and run (not one software
+stack: CUDA 12.6 on H100, whose one run is the reference, 12.8 on GB200, 13.0 on GB300).
 Every distinct run of the four files' histories is copied into
 benchmarks/data/azure_cublaslt_fp8_gemm.csv (a re-edit that changed only a small shape is one run).
 
@@ -13,8 +14,8 @@ LOW_PRECISION_PEAK_TFLOPS) on large GEMMs: per run, the median over the shapes w
 dimension is at least LARGE_DIM (4096^3 ... 32768^3 and 6144 x 12288 x 12288: the planner's tile
 roll-off is within 3% there and cancels in a ratio); per GPU, the median over its runs. Blackwell's
 GEMM figure is H100's bf16 `gemm_efficiency` times that fraction over H100's: the same benchmark on
-both, so what differs is the GPU (its sustained clock under load), not the kernel library's
-accounting. Two assumptions, both written where the figures are used:
+both, so what differs is the GPU (its sustained clock under load) and the library's version, not
+the benchmark's accounting. Two assumptions, both written where the figures are used:
 - the ratio measured in FP8 holds in bf16 (the planner's gemm_efficiency is the bf16 figure; a
   low-precision GEMM is priced as a fraction of it on the format's own peak, planner.precision);
 - GB200's fraction serves B200 and GB300's serves B300: the same dies, each at its own datasheet
@@ -44,7 +45,6 @@ LARGE_DIM = 4096
 REFERENCE = "h100"
 # the catalog GPUs each measured GPU's ratio is given to
 SERVES = {"gb200": ("gb200", "b200"), "gb300": ("gb300", "b300")}
-CHECKS = ("h200", "mi300x")
 
 
 def runs(path=DATA) -> dict:

@@ -1,7 +1,10 @@
 """Blackwell's GEMMs, priced through a benchmark measured on H100 and on GB200 / GB300
 (planner.catalog.gpus BLACKWELL_GEMM, benchmarks/gemm_fit.py): the planner's FP8 GEMM seconds on
-the measured shapes, through planner.cost.compute.gemm_time and the engine's FP8 recipe, against
-the measured seconds, GPU against H100 (not the fit's own arithmetic)."""
+the measured shapes, through planner.cost.compute.gemm_time and Megatron's FP8 recipe, against
+the measured seconds, GPU against H100. The recipe's scale and the shape roll-off cancel in the
+ratio, so this holds the catalog and the pricing path to the measurement (per shape, not only the
+fit's median); whether the ratio carries to training is the fidelity tables' question
+(benchmarks/results/fidelity_*: the Blackwell rows), not this file's."""
 import dataclasses
 import statistics
 from collections import defaultdict

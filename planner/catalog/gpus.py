@@ -39,7 +39,8 @@ BLACKWELL_ATTENTION = {
 # warm-ups; ND H100 v5, ND GB200 v6 (four runs), ND GB300 v6; the rows in
 # benchmarks/data/azure_cublaslt_fp8_gemm.csv). On GEMMs of 4096 and more a side GB200 sustains
 # 0.566 of its FP8 datasheet peak and GB300 0.656, where H100 sustains 0.683: the GPU's clock
-# under load, not the library. gemm_efficiency = H100's 0.70 x that ratio (0.829, 0.961), fitted
+# under load (and the cuBLASLt version: CUDA 12.6 on H100, 12.8 on GB200, 13.0 on GB300).
+# gemm_efficiency = H100's 0.70 x that ratio (0.829, 0.961), fitted
 # by `python -m benchmarks.gemm_fit` (benchmarks/results/gemm_blackwell_*.md). Assumed: the ratio
 # measured in FP8 holds in bf16; GB200's serves B200 and GB300's B300 (the same dies, each a
 # fraction of its own datasheet peak). H200, measured 0.964 of H100 (inside GB200's run-to-run
