@@ -95,6 +95,22 @@ def describe(c, layers=None, recompute=None) -> str:
     return s
 
 
+def fit_report_cli(argv, doc: str, stem: str, fit_and_report, out_default=SCRATCH) -> int:
+    """The command line of a catalog figure's fit script (benchmarks.attention_fit, gemm_fit):
+    `--out DIR` (default `out_default`); `fit_and_report(started)` fits, prints its figures and
+    returns the report's markdown, written to DIR/<stem>_<date>.md."""
+    import argparse
+    import time
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=str(out_default), help=OUT_HELP)
+    args = ap.parse_args(argv)
+    text = fit_and_report(time.perf_counter())
+    path = out_path(args.out, stem, "md")
+    path.write_text(text)
+    print(f"wrote {path}")
+    return 0
+
+
 def run_cli(main, prog: str) -> int:
     """A benchmark script's exit status: bad input (a model, a profile, a data file) said in one
     line on stderr with exit 2, as `plan` says it, never a traceback."""

@@ -23,7 +23,6 @@ the efficiency is a fraction of each part's peak), GB300's serve B300 (Blackwell
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import math
@@ -31,7 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks._common import OUT_HELP, SCRATCH, machine, markdown_table, out_path, run_cli
+from benchmarks._common import SCRATCH, fit_report_cli, machine, markdown_table, run_cli
 from planner.catalog.gpus import get_gpu
 from planner.cost.compute import ATTN_BWD_FACTOR, attended_keys, attention_efficiency
 
@@ -115,19 +114,14 @@ def markdown(points, figures, seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(SCRATCH), help=OUT_HELP)
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    points = measured_points()
-    figures = fit(points)
-    for gpu, (e, h) in figures.items():
-        print(f"{gpu} (serves {', '.join(SERVES[gpu])}): attn_efficiency {e:.3f}, "
-              f"attn_half_keys {h:.0f}")
-    path = out_path(args.out, "attention_blackwell", "md")
-    path.write_text(markdown(points, figures, time.perf_counter() - t0))
-    print(f"wrote {path}")
-    return 0
+    def fit_and_report(started):
+        points = measured_points()
+        figures = fit(points)
+        for gpu, (e, h) in figures.items():
+            print(f"{gpu} (serves {', '.join(SERVES[gpu])}): attn_efficiency {e:.3f}, "
+                  f"attn_half_keys {h:.0f}")
+        return markdown(points, figures, time.perf_counter() - started)
+    return fit_report_cli(argv, __doc__, "attention_blackwell", fit_and_report, SCRATCH)
 
 
 if __name__ == "__main__":

@@ -29,14 +29,13 @@ stays; the method's figure is reported beside it.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks._common import OUT_HELP, SCRATCH, machine, markdown_table, out_path, run_cli
+from benchmarks._common import SCRATCH, fit_report_cli, machine, markdown_table, run_cli
 from planner.catalog.gpus import get_gpu
 from planner.precision import LOW_PRECISION_PEAK_TFLOPS
 
@@ -124,18 +123,13 @@ def markdown(data: dict, figures: dict, seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(SCRATCH), help=OUT_HELP)
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    data = runs()
-    figures = fit(data)
-    for gpu, e in figures.items():
-        print(f"{gpu} (serves {', '.join(SERVES[gpu])}): gemm_efficiency {e:.3f}")
-    path = out_path(args.out, "gemm_blackwell", "md")
-    path.write_text(markdown(data, figures, time.perf_counter() - t0))
-    print(f"wrote {path}")
-    return 0
+    def fit_and_report(started):
+        data = runs()
+        figures = fit(data)
+        for gpu, e in figures.items():
+            print(f"{gpu} (serves {', '.join(SERVES[gpu])}): gemm_efficiency {e:.3f}")
+        return markdown(data, figures, time.perf_counter() - started)
+    return fit_report_cli(argv, __doc__, "gemm_blackwell", fit_and_report, SCRATCH)
 
 
 if __name__ == "__main__":
