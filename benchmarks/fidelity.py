@@ -1489,6 +1489,14 @@ def heldout_markdown(rows, skipped, seconds: float) -> str:
                   "| run | error % | the source says |", "|:---|---:|:---|"]
         lines += [f"| {r['run']} | {r['error_pct']:+.1f} | "
                   f"{runs[r['run']]['source_caveat'].replace('|', '/')} |" for r in flagged]
+    unpriced = [r for r in rows if runs[r["run"]].get("unpriced")]
+    if unpriced:
+        # what the row's recipe ran that the planner has no price for (`unpriced`): scored as
+        # published, the error is partly that
+        lines += ["", "Rows whose recipe ran what the planner does not price (counted above as "
+                  "published):", "", "| run | error % | the recipe ran |", "|:---|---:|:---|"]
+        lines += [f"| {r['run']} | {r['error_pct']:+.1f} | "
+                  f"{'; '.join(runs[r['run']]['unpriced']).replace('|', '/')} |" for r in unpriced]
     lines += ["", verdict_markdown(memory_verdicts([runs[r["run"]] for r in rows], rows))]
     lines += [f"Not evaluated ({len(skipped)} rows)" + (":" if skipped else "."), ""]
     if skipped:

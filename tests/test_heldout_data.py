@@ -151,3 +151,24 @@ def test_what_the_source_footnotes_of_a_row_is_recorded_with_it(runs):
             name = re.search(r"\[\^([^\]]+)\]", r["quote"]).group(1)
             assert r["source_caveat"].startswith(f"[^{name}]: Performance regression")
             assert "cudnn-frontend/issues/256" in r["source_caveat"]
+
+
+def test_what_a_recipe_ran_unpriced_is_recorded_and_reported(runs):
+    """The Megatron-Bridge dense rows whose release's recipe offloaded activations to the host
+    (cpu_offloading_num_layers, which the planner does not price) carry it in `unpriced`: the
+    Llama 3 70B FP8 current-scaling rows on 64 GB200 (40 layers) and GB300 (20 layers) of 26.02
+    to 26.04.01 (the V2 presets, GBS 256, on Megatron FSDP), and no other row; the committed
+    held-out table lists exactly those rows with what they ran."""
+    unpriced = {r["id"]: r["unpriced"] for r in runs if r.get("unpriced")}
+    want = {r["id"] for r in runs if re.fullmatch(
+        r"mbridge-26\.0[24](\.01)?-gb[23]00-llama370b-fp8-64gpu-tp1pp1cp1epnonevpnone-gbs256",
+        r["id"])}
+    assert set(unpriced) == want and len(want) == 8
+    for rid, facts in unpriced.items():
+        layers = 40 if "-gb200-" in rid else 20
+        assert facts[0].startswith(f"activation CPU offloading of {layers} layers")
+        assert "_FP8_CS_V2: cpu_offloading_num_layers" in facts[0]
+    results = DATA.parent / "results"
+    text = (results / sorted(p.name for p in results.glob("fidelity_heldout_*.md"))[-1]).read_text()
+    table = text.split("Rows whose recipe ran what the planner does not price")[1].split("\n\n")[1]
+    assert {ln.split(" | ")[0].strip("| ") for ln in table.splitlines()[2:]} == want

@@ -21,6 +21,57 @@ MODEL_KEY = {"LLAMA3_8B": "llama38b", "LLAMA3_70B": "llama370b", "LLAMA3.1_405B"
 HF = {"LLAMA3_8B": "meta-llama/Meta-Llama-3-8B config.json", "LLAMA3_70B": "meta-llama/Meta-Llama-3-70B config.json",
       "LLAMA3.1_405B": "meta-llama/Llama-3.1-405B config.json"}
 
+# What the releases' performance recipes ran that the planner does not price: Megatron-Bridge's
+# activation CPU offloading (WorkloadBaseConfig cpu_offloading_num_layers: the saved activations
+# of that many layers moved to host memory in forward and back in backward), set in the Llama
+# presets of scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py. Read at
+# every tag from v0.3.0 (2026-02-26, the 26.02 release) to v0.5.1 (2026-07-20, after 26.06):
+# each preset's value is the same at all of them, so the rows of 26.02-26.06 are given it
+# whichever tag their release pinned; the 25.09 / 25.11 recipes lived elsewhere and are not read.
+# The preset: V1 for the 64-GPU GBS 128 (70B) and 128-GPU GBS 64 (405B) rows, V2 for GBS 256 /
+# 1536 (the files' own "V2 (... GBS=256)" headings).
+OFFLOAD_TAGS = ("v0.3.0", "v0.3.1", "v0.4.0", "v0.4.1", "v0.4.2", "v0.5.0", "v0.5.1")
+OFFLOAD_RELEASES = ("26.02", "26.02.01", "26.04", "26.04.01", "26.06")
+PRESET_MODEL = {"LLAMA3_70B": ("llama3", "LLAMA3_70B", {128: "V1", 256: "V2"}),
+                "LLAMA3.1_405B": ("llama31", "LLAMA31_405B", {64: "V1", 1536: "V2"})}
+PRESET_PREC = {"fp8": "FP8_CS", "mxfp8": "FP8_MX", "bf16": "BF16"}
+
+
+def _preset_fields(tag: str, family: str) -> dict:
+    """{preset name: (its base preset, {field: value})} of one workload_base_configs file."""
+    text = subprocess.check_output(["git", "-C", REPO, "show",
+                                    f"{tag}:scripts/performance/configs/llama/{family}_workload_base_configs.py"],
+                                   text=True)
+    out = {}
+    for m in re.finditer(r"^(\w+) = replace\(\s*(\w+),(.*?)\n\)", text, re.S | re.M):
+        out[m.group(1)] = (m.group(2), dict(re.findall(r"(\w+)=([^,\n]+)", m.group(3))))
+    return out
+
+
+def offload_layers(rel: str, gpu: str, model: str, prec: str, gbs: int):
+    """(layers, citation) of the activation offloading the row's recipe ran, else None."""
+    if rel not in OFFLOAD_RELEASES or model not in PRESET_MODEL:
+        return None
+    family, prefix, versions = PRESET_MODEL[model]
+    if gbs not in versions:
+        return None
+    name = f"{prefix}_PRETRAIN_CONFIG_{gpu.upper()}_{PRESET_PREC[prec]}_{versions[gbs]}"
+    values = set()
+    for tag in OFFLOAD_TAGS:
+        presets, v, n = _preset_fields(tag, family), None, name
+        while n in presets and v is None:       # a V2 preset inherits its V1's fields
+            base, fields = presets[n]
+            v = fields.get("cpu_offloading_num_layers")
+            n = base
+        values.add(v)
+    assert len(values) == 1, (name, values)
+    v = values.pop()
+    if v in (None, "None"):
+        return None
+    return int(v), (f"Megatron-Bridge scripts/performance/configs/llama/{family}_workload_base_configs.py "
+                    f"{name}: cpu_offloading_num_layers={v} (the same at {OFFLOAD_TAGS[0]}..{OFFLOAD_TAGS[-1]})")
+
+
 def split_paren(v):
     m = re.fullmatch(r"(.+?)\s*\((.+)\)", v.strip())
     return (m.group(1).strip(), m.group(2).strip()) if m else (v.strip(), None)
@@ -142,12 +193,36 @@ def rows():
             }
             if recipe:
                 row["recipe"] = recipe
+            off = offload_layers(rel, gpu, model, prec, gbs)
+            if off:
+                row["unpriced"] = [f"activation CPU offloading of {off[0]} layers ({off[1]}): the "
+                                   "planner has no activation offload and keeps or recomputes those "
+                                   "activations instead"]
             if corrections:
                 row["corrections"] = corrections
             out.append(row)
     return out
 
-if __name__ == "__main__":
+def update_in_place(path=None):
+    """Write every dense Megatron-Bridge row's `unpriced` facts into the held-out file in place
+    (build.py rewrites the whole file only where every source's snapshot is at hand)."""
+    from pathlib import Path
+    path = path or Path(__file__).resolve().parents[1] / "published_runs_heldout.json"
+    doc = json.load(open(path))
+    new = {r["id"]: r.get("unpriced") for r in rows()}
+    for r in doc["runs"]:
+        if r["id"] in new:
+            r.pop("unpriced", None)
+            if new[r["id"]]:
+                r["unpriced"] = new[r["id"]]
+    json.dump(doc, open(path, "w"), indent=1)
+    open(path, "a").write("\n")
+    return sum(bool(v) for v in new.values())
+
+
+if __name__ == "__main__" and "--in-place" in __import__("sys").argv:
+    print(update_in_place(), "rows with unpriced recipe facts")
+elif __name__ == "__main__":
     import collections
     r = rows()
     print(len(r), len(set(x["id"] for x in r)))
