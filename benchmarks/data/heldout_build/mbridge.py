@@ -56,20 +56,55 @@ def offload_layers(rel: str, gpu: str, model: str, prec: str, gbs: int):
     if gbs not in versions:
         return None
     name = f"{prefix}_PRETRAIN_CONFIG_{gpu.upper()}_{PRESET_PREC[prec]}_{versions[gbs]}"
-    values = set()
-    for tag in OFFLOAD_TAGS:
-        presets, v, n = _preset_fields(tag, family), None, name
-        while n in presets and v is None:       # a V2 preset inherits its V1's fields
-            base, fields = presets[n]
-            v = fields.get("cpu_offloading_num_layers")
-            n = base
-        values.add(v)
+    values = {preset_chain(tag, family, name).get("cpu_offloading_num_layers")
+              for tag in OFFLOAD_TAGS}
     assert len(values) == 1, (name, values)
     v = values.pop()
     if v in (None, "None"):
         return None
     return int(v), (f"Megatron-Bridge scripts/performance/configs/llama/{family}_workload_base_configs.py "
                     f"{name}: cpu_offloading_num_layers={v} (the same at {OFFLOAD_TAGS[0]}..{OFFLOAD_TAGS[-1]})")
+
+
+def preset_chain(tag: str, family: str, name: str) -> dict:
+    """The fields a preset sets, its base presets' beneath them (a V2 inherits its V1's)."""
+    presets, out = _preset_fields(tag, family), {}
+    while name in presets:
+        base, fields = presets[name]
+        out = {**fields, **out}
+        name = base
+    return out
+
+
+# The 405B recipe's pipeline split and recompute (Megatron-Bridge src/megatron/bridge/recipes/
+# llama/llama3.py llama31_405b_pretrain_config: account_for_embedding_in_pipeline_split and
+# account_for_loss_in_pipeline_split True at every tag v0.3.0..v0.5.1, so the embedding and the
+# loss each take a layer's place and the 126 layers + 2 split evenly: pp ranks of (128 / pp)
+# places, the first and the last holding one layer fewer; no recompute: the Llama 3.1 405B
+# presets of the rows' precisions set no recompute_num_layers / recompute_modules, from which
+# alone scripts/performance/utils/overrides.py sets a recompute granularity).
+LAYOUT_SOURCE = ("Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py llama31_405b_pretrain_config: "
+                 "account_for_embedding_in_pipeline_split = True, account_for_loss_in_pipeline_split = True "
+                 "(v0.3.0..v0.5.1): 126 layers + embedding + loss over pp ranks evenly")
+
+
+def recipe_layout(rel: str, gpu: str, model: str, prec: str, gbs: int, pp: int):
+    """(stage_layers, recompute source) of a 405B row of 26.02-26.06 with pipelining, else None."""
+    if model != "LLAMA3.1_405B" or rel not in OFFLOAD_RELEASES or pp <= 1 or gbs not in (64, 1536):
+        return None
+    family, prefix, versions = PRESET_MODEL[model]
+    name = f"{prefix}_PRETRAIN_CONFIG_{gpu.upper()}_{PRESET_PREC[prec]}_{versions[gbs]}"
+    for tag in OFFLOAD_TAGS:
+        fields = preset_chain(tag, family, name)
+        assert fields, (tag, name)
+        if any(k.startswith("recompute") for k in fields):
+            return None
+    per = (126 + 2) // pp
+    assert per * pp == 128
+    return ([per - 1] + [per] * (pp - 2) + [per - 1],
+            f"Megatron-Bridge scripts/performance/configs/llama/{family}_workload_base_configs.py {name}: "
+            f"no recompute_num_layers / recompute_modules (v0.3.0..v0.5.1); scripts/performance/utils/"
+            "overrides.py sets a recompute granularity only from them")
 
 
 def split_paren(v):
@@ -193,6 +228,12 @@ def rows():
             }
             if recipe:
                 row["recipe"] = recipe
+            lay = recipe_layout(rel, gpu, model, prec, gbs, pp)
+            if lay:
+                fixed["stage_layers"], fixed["recompute"] = lay[0], "none"
+                row["layout_source"], row["recompute_source"] = LAYOUT_SOURCE, lay[1]
+                row["uncertain"] = [u for u in row["uncertain"] if not u.startswith("recompute,")] + [
+                    "sequence parallelism, CUDA graphs and communication overlaps are not printed in the table"]
             off = offload_layers(rel, gpu, model, prec, gbs)
             if off:
                 row["unpriced"] = [f"activation CPU offloading of {off[0]} layers ({off[1]}): the "
@@ -209,19 +250,23 @@ def update_in_place(path=None):
     from pathlib import Path
     path = path or Path(__file__).resolve().parents[1] / "published_runs_heldout.json"
     doc = json.load(open(path))
-    new = {r["id"]: r.get("unpriced") for r in rows()}
+    new = {r["id"]: r for r in rows()}
+    keys = ("unpriced", "layout_source", "recompute_source")
     for r in doc["runs"]:
         if r["id"] in new:
-            r.pop("unpriced", None)
-            if new[r["id"]]:
-                r["unpriced"] = new[r["id"]]
+            built = new[r["id"]]
+            for k in keys:
+                r.pop(k, None)
+                if built.get(k):
+                    r[k] = built[k]
+            r["fixed"], r["uncertain"] = built["fixed"], built["uncertain"]
     json.dump(doc, open(path, "w"), indent=1)
     open(path, "a").write("\n")
-    return sum(bool(v) for v in new.values())
+    return sum(any(v.get(k) for k in keys) for v in new.values())
 
 
 if __name__ == "__main__" and "--in-place" in __import__("sys").argv:
-    print(update_in_place(), "rows with unpriced recipe facts")
+    print(update_in_place(), "rows with recipe facts")
 elif __name__ == "__main__":
     import collections
     r = rows()
