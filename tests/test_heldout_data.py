@@ -156,19 +156,43 @@ def test_what_the_source_footnotes_of_a_row_is_recorded_with_it(runs):
 def test_what_a_recipe_ran_unpriced_is_recorded_and_reported(runs):
     """The Megatron-Bridge dense rows whose release's recipe offloaded activations to the host
     (cpu_offloading_num_layers, which the planner does not price) carry it in `unpriced`: the
-    Llama 3 70B FP8 current-scaling rows on 64 GB200 (40 layers) and GB300 (20 layers) of 26.02
-    to 26.04.01 (the V2 presets, GBS 256, on Megatron FSDP), and no other row; the committed
-    held-out table lists exactly those rows with what they ran."""
+    Llama 3 70B FP8 current-scaling rows on 64 GB200 (40 layers) and GB300 (20 layers), Megatron
+    FSDP, of 25.09-26.04.01, and 25.09's Llama 3.1 405B FP8 row on 128 GB200 (tp 2, FSDP, 95
+    layers); no other row. The committed held-out table lists exactly those rows."""
     unpriced = {r["id"]: r["unpriced"] for r in runs if r.get("unpriced")}
     want = {r["id"] for r in runs if re.fullmatch(
-        r"mbridge-26\.0[24](\.01)?-gb[23]00-llama370b-fp8-64gpu-tp1pp1cp1epnonevpnone-gbs256",
-        r["id"])}
-    assert set(unpriced) == want and len(want) == 8
+        r"mbridge-(26\.0[24](\.01)?-gb[23]00-llama370b-fp8-64gpu-tp1pp1cp1epnonevpnone-gbs256|"
+        r"25\.(09|11)-gb[23]00-llama370b-fp8cs-64gpu-tp1pp1cp1ep1vp1-gbs(128|256)|"
+        r"25\.09-gb200-llama31405b-fp8cs-128gpu-tp2pp1cp1ep1vp1-gbs64)", r["id"])}
+    assert set(unpriced) == want and len(want) == 12
     for rid, facts in unpriced.items():
-        layers = 40 if "-gb200-" in rid else 20
-        assert facts[0].startswith(f"activation CPU offloading of {layers} layers")
-        assert "_FP8_CS_V2: cpu_offloading_num_layers" in facts[0]
+        layers = 95 if "405b" in rid else 40 if "-gb200-" in rid else 20
+        assert facts[0].startswith(f"activation CPU offloading of {layers} layers"), rid
+        assert "cpu_offloading_num_layers" in facts[0]
     results = DATA.parent / "results"
     text = (results / sorted(p.name for p in results.glob("fidelity_heldout_*.md"))[-1]).read_text()
     table = text.split("Rows whose recipe ran what the planner does not price")[1].split("\n\n")[1]
     assert {ln.split(" | ")[0].strip("| ") for ln in table.splitlines()[2:]} == want
+
+
+def test_the_405b_rows_carry_their_recipe_layout(runs):
+    """Megatron-Bridge's Llama 3.1 405B recipe counts the embedding and the loss as a layer
+    each in its pipeline split (account_for_*_in_pipeline_split): every dense Megatron-Bridge
+    405B row with pipelining carries [per - 1, per x (pp - 2), per - 1] decoder layers per rank
+    with per = 128 / pp (Megatron-Core get_num_layers_to_build), and no recompute exactly where
+    its printed parallelism is a preset's that sets none (`recompute_source`); the prediction
+    honours the layout."""
+    rows = [r for r in runs if r["id"].startswith("mbridge-") and "llama31405b" in r["id"]
+            and r["fixed"]["pp"] > 1]
+    assert len(rows) == 23 and all(r.get("layout_source") for r in rows)
+    for r in rows:
+        pp = r["fixed"]["pp"]
+        per = 128 // pp
+        assert r["fixed"]["stage_layers"] == [per - 1] + [per] * (pp - 2) + [per - 1], r["id"]
+        assert (r["fixed"].get("recompute") == "none") == bool(r.get("recompute_source")), r["id"]
+    no_rec = {r["id"] for r in rows if not r.get("recompute_source")}
+    assert no_rec == {"mbridge-26.02.01-gb300-llama31405b-fp8-256gpu-tp2pp8cp2epnonevp4-gbs1536",
+                      "mbridge-25.11-gb200-llama31405b-fp8cs-256gpu-tp4pp16cp1ep1vp4-gbs1536",
+                      "mbridge-25.11-gb300-llama31405b-fp8cs-256gpu-tp2pp8cp2ep1vp4-gbs1536"}
+    row = next(r for r in rows if r["id"].startswith("mbridge-26.06-gb200-llama31405b-mxfp8"))
+    assert fidelity.predict(row)["layers"] == row["fixed"]["stage_layers"]

@@ -45,11 +45,15 @@ def _preset_fields(tag: str, family: str) -> dict:
     out = {}
     for m in re.finditer(r"^(\w+) = replace\(\s*(\w+),(.*?)\n\)", text, re.S | re.M):
         out[m.group(1)] = (m.group(2), dict(re.findall(r"(\w+)=([^,\n]+)", m.group(3))))
+    for m in re.finditer(r"^(\w+) = (\w+)\s*$", text, re.M):     # an alias: its base's fields
+        out.setdefault(m.group(1), (m.group(2), {}))
     return out
 
 
-def offload_layers(rel: str, gpu: str, model: str, prec: str, gbs: int):
+def offload_layers(rel: str, gpu: str, model: str, prec: str, gbs: int, n: int = 0):
     """(layers, citation) of the activation offloading the row's recipe ran, else None."""
+    if (rel, gpu, model, prec, n) in EARLY:
+        return EARLY[(rel, gpu, model, prec, n)].get("offload")
     if rel not in OFFLOAD_RELEASES or model not in PRESET_MODEL:
         return None
     family, prefix, versions = PRESET_MODEL[model]
@@ -88,23 +92,84 @@ LAYOUT_SOURCE = ("Megatron-Bridge src/megatron/bridge/recipes/llama/llama3.py ll
                  "(v0.3.0..v0.5.1): 126 layers + embedding + loss over pp ranks evenly")
 
 
-def recipe_layout(rel: str, gpu: str, model: str, prec: str, gbs: int, pp: int):
-    """(stage_layers, recompute source) of a 405B row of 26.02-26.06 with pipelining, else None."""
-    if model != "LLAMA3.1_405B" or rel not in OFFLOAD_RELEASES or pp <= 1 or gbs not in (64, 1536):
-        return None
-    family, prefix, versions = PRESET_MODEL[model]
-    name = f"{prefix}_PRETRAIN_CONFIG_{gpu.upper()}_{PRESET_PREC[prec]}_{versions[gbs]}"
-    for tag in OFFLOAD_TAGS:
-        fields = preset_chain(tag, family, name)
-        assert fields, (tag, name)
-        if any(k.startswith("recompute") for k in fields):
-            return None
+def even_split(pp: int) -> list:
+    """Decoder layers per pipeline rank of the 405B recipe's split: 126 layers, the embedding and
+    the loss each in a layer's place, (126 + 2) / pp places a rank (Megatron-Core
+    transformer_block.py get_num_layers_to_build)."""
     per = (126 + 2) // pp
     assert per * pp == 128
-    return ([per - 1] + [per] * (pp - 2) + [per - 1],
-            f"Megatron-Bridge scripts/performance/configs/llama/{family}_workload_base_configs.py {name}: "
-            f"no recompute_num_layers / recompute_modules (v0.3.0..v0.5.1); scripts/performance/utils/"
-            "overrides.py sets a recompute granularity only from them")
+    return [per - 1] + [per] * (pp - 2) + [per - 1]
+
+
+# The 25.09 and 25.11 releases' recipes, read where they lived then (25.09: Megatron-Bridge
+# 0.1.0rc3, the version its container ships: scripts/performance/configs/*/..._llm_pretrain.yaml
+# perf_matrix; 25.11: v0.2.0, scripts/performance/configs/llama3*/workload_base_configs.py), for
+# the rows whose printed configuration is that release's preset. The 405B model recipe splits
+# with the embedding and the loss counted at both (v0.1.0rc3 src/megatron/bridge/recipes/llama/
+# llama31_405b.py model_config defaults; v0.2.0 llama3.py llama31_405b_pretrain_config).
+EARLY = {
+    ("25.09", "gb200", "LLAMA3_70B", "fp8", 64): {"offload": (40, (
+        "Megatron-Bridge v0.1.0rc3 scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml "
+        "perf_matrix.gb200.num_gpus_64.fp8_cs: mbs 2, tp 1, pp 1, use_megatron_fsdp true, "
+        "cpu_offloading_num_layers 40"))},
+    ("25.09", "gb200", "LLAMA3.1_405B", "fp8", 128): {"offload": (95, (
+        "Megatron-Bridge v0.1.0rc3 scripts/performance/configs/llama31/llama31_405b_llm_pretrain.yaml "
+        "perf_matrix.gb200.num_gpus_128.fp8_cs: tp 2, pp 1, use_megatron_fsdp true, "
+        "cpu_offloading_num_layers 95"))},
+    ("25.09", "gb200", "LLAMA3.1_405B", "mxfp8", 128): {"layout": (
+        "Megatron-Bridge v0.1.0rc3 src/megatron/bridge/recipes/llama/llama31_405b.py model_config: "
+        "account_for_embedding_in_pipeline_split = True, account_for_loss_in_pipeline_split = True"),
+        "recompute": ("Megatron-Bridge v0.1.0rc3 scripts/performance/configs/llama31/"
+                      "llama31_405b_llm_pretrain.yaml perf_matrix.gb200.num_gpus_128.fp8_mx: tp 4, "
+                      "pp 8, cp 2, vp 8 and no recompute key")},
+    ("25.11", "gb200", "LLAMA3_70B", "fp8", 64): {"offload": (40, (
+        "Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py "
+        "LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG: micro_batch_size=2, use_megatron_fsdp=True, "
+        "cpu_offloading_num_layers=40 (its global batch 128; the table prints 256)"))},
+    ("25.11", "gb300", "LLAMA3_70B", "fp8", 64): {"offload": (20, (
+        "Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py "
+        "LLAMA3_70B_GB300_FP8_CS_BASE_CONFIG: micro_batch_size=2, use_megatron_fsdp=True, "
+        "cpu_offloading_num_layers=20 (its global batch 128; the table prints 256)"))},
+    # printed tp 4 pp 16 vp 4 (GB200) and tp 2 pp 8 cp 2 vp 4 (GB300) on 256 GPUs, which no v0.2.0
+    # preset is (FP8_CS: tp 2, FSDP, 128 GPUs): the model recipe's split holds, its recompute is
+    # not known
+    ("25.11", "gb300", "LLAMA3.1_405B", "fp8", 256): {"layout": (
+        "Megatron-Bridge v0.2.0 src/megatron/bridge/recipes/llama/llama3.py "
+        "llama31_405b_pretrain_config: account_for_embedding_in_pipeline_split and "
+        "account_for_loss_in_pipeline_split True")},
+    ("25.11", "gb200", "LLAMA3.1_405B", "fp8", 256): {"layout": (
+        "Megatron-Bridge v0.2.0 src/megatron/bridge/recipes/llama/llama3.py "
+        "llama31_405b_pretrain_config: account_for_embedding_in_pipeline_split and "
+        "account_for_loss_in_pipeline_split True")},
+}
+
+
+def recipe_layout(rel: str, gpu: str, model: str, prec: str, gbs: int, n: int, fixed: dict):
+    """(stage_layers, layout source, recompute source or None) of a 405B row with pipelining
+    whose release's recipe is read, else None. The recompute ("none") only where the row's
+    printed parallelism is its preset's; otherwise left to the planner."""
+    if model != "LLAMA3.1_405B" or fixed["pp"] <= 1:
+        return None
+    if rel in OFFLOAD_RELEASES and gbs in (64, 1536):
+        family, prefix, versions = PRESET_MODEL[model]
+        name = f"{prefix}_PRETRAIN_CONFIG_{gpu.upper()}_{PRESET_PREC[prec]}_{versions[gbs]}"
+        rec = (f"Megatron-Bridge scripts/performance/configs/llama/{family}_workload_base_configs.py {name}: "
+               f"no recompute_num_layers / recompute_modules (v0.3.0..v0.5.1); scripts/performance/utils/"
+               "overrides.py sets a recompute granularity only from them")
+        keys = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+                "context_parallel_size": "cp", "virtual_pipeline_model_parallel_size": "vpp"}
+        for tag in OFFLOAD_TAGS:
+            fields = preset_chain(tag, family, name)
+            assert fields, (tag, name)
+            if any(k.startswith("recompute") for k in fields):
+                rec = None
+            if any(k in fields and int(fields[k]) != fixed.get(v, 1) for k, v in keys.items()):
+                rec = None      # the printed run is not this preset
+        return even_split(fixed["pp"]), LAYOUT_SOURCE, rec
+    early = EARLY.get((rel, gpu, model, prec, n), {})
+    if "layout" in early:
+        return even_split(fixed["pp"]), early["layout"], early.get("recompute")
+    return None
 
 
 def split_paren(v):
@@ -228,13 +293,14 @@ def rows():
             }
             if recipe:
                 row["recipe"] = recipe
-            lay = recipe_layout(rel, gpu, model, prec, gbs, pp)
+            lay = recipe_layout(rel, gpu, model, prec, gbs, n, fixed)
             if lay:
-                fixed["stage_layers"], fixed["recompute"] = lay[0], "none"
-                row["layout_source"], row["recompute_source"] = LAYOUT_SOURCE, lay[1]
-                row["uncertain"] = [u for u in row["uncertain"] if not u.startswith("recompute,")] + [
-                    "sequence parallelism, CUDA graphs and communication overlaps are not printed in the table"]
-            off = offload_layers(rel, gpu, model, prec, gbs)
+                fixed["stage_layers"], row["layout_source"] = lay[0], lay[1]
+                if lay[2]:
+                    fixed["recompute"], row["recompute_source"] = "none", lay[2]
+                    row["uncertain"] = [u for u in row["uncertain"] if not u.startswith("recompute,")] + [
+                        "sequence parallelism, CUDA graphs and communication overlaps are not printed in the table"]
+            off = offload_layers(rel, gpu, model, prec, gbs, n)
             if off:
                 row["unpriced"] = [f"activation CPU offloading of {off[0]} layers ({off[1]}): the "
                                    "planner has no activation offload and keeps or recomputes those "
