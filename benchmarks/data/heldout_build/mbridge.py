@@ -27,7 +27,7 @@ HF = {"LLAMA3_8B": "meta-llama/Meta-Llama-3-8B config.json", "LLAMA3_70B": "meta
 # presets of scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py. Read at
 # every tag from v0.3.0 (2026-02-26, the 26.02 release) to v0.5.1 (2026-07-20, after 26.06):
 # each preset's value is the same at all of them, so the rows of 26.02-26.06 are given it
-# whichever tag their release pinned; the 25.09 / 25.11 recipes lived elsewhere and are not read.
+# whichever tag their release pinned; the 25.09 / 25.11 recipes lived elsewhere (EARLY below).
 # The preset: V1 for the 64-GPU GBS 128 (70B) and 128-GPU GBS 64 (405B) rows, V2 for GBS 256 /
 # 1536 (the files' own "V2 (... GBS=256)" headings).
 OFFLOAD_TAGS = ("v0.3.0", "v0.3.1", "v0.4.0", "v0.4.1", "v0.4.2", "v0.5.0", "v0.5.1")
@@ -107,6 +107,9 @@ def even_split(pp: int) -> list:
 # the rows whose printed configuration is that release's preset. The 405B model recipe splits
 # with the embedding and the loss counted at both (v0.1.0rc3 src/megatron/bridge/recipes/llama/
 # llama31_405b.py model_config defaults; v0.2.0 llama3.py llama31_405b_pretrain_config).
+V020_LAYOUT = ("Megatron-Bridge v0.2.0 src/megatron/bridge/recipes/llama/llama3.py "
+               "llama31_405b_pretrain_config: account_for_embedding_in_pipeline_split and "
+               "account_for_loss_in_pipeline_split True")
 EARLY = {
     ("25.09", "gb200", "LLAMA3_70B", "fp8", 64): {"offload": (40, (
         "Megatron-Bridge v0.1.0rc3 scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml "
@@ -133,14 +136,8 @@ EARLY = {
     # printed tp 4 pp 16 vp 4 (GB200) and tp 2 pp 8 cp 2 vp 4 (GB300) on 256 GPUs, which no v0.2.0
     # preset is (FP8_CS: tp 2, FSDP, 128 GPUs): the model recipe's split holds, its recompute is
     # not known
-    ("25.11", "gb300", "LLAMA3.1_405B", "fp8", 256): {"layout": (
-        "Megatron-Bridge v0.2.0 src/megatron/bridge/recipes/llama/llama3.py "
-        "llama31_405b_pretrain_config: account_for_embedding_in_pipeline_split and "
-        "account_for_loss_in_pipeline_split True")},
-    ("25.11", "gb200", "LLAMA3.1_405B", "fp8", 256): {"layout": (
-        "Megatron-Bridge v0.2.0 src/megatron/bridge/recipes/llama/llama3.py "
-        "llama31_405b_pretrain_config: account_for_embedding_in_pipeline_split and "
-        "account_for_loss_in_pipeline_split True")},
+    ("25.11", "gb300", "LLAMA3.1_405B", "fp8", 256): {"layout": V020_LAYOUT},
+    ("25.11", "gb200", "LLAMA3.1_405B", "fp8", 256): {"layout": V020_LAYOUT},
 }
 
 
