@@ -183,9 +183,10 @@ TORCHAO_RECIPES = {
 # per linear parameter beyond a bf16 weight are the copies' less the bf16 weight's.
 BF16_WEIGHT_BYTES = 2.0
 def fp8_param_recipe(r: Recipe) -> Recipe:
-    """`r` with FP8 primary weights: the copies are the weights, no bf16 weight beside them."""
-    return dataclasses.replace(r, weight_copy_bytes=max(r.weight_copy_bytes - BF16_WEIGHT_BYTES,
-                                                        0.0))
+    """`r` with FP8 primary weights: the copies are the weights, no bf16 weight beside them
+    (bytes per linear parameter beyond a bf16 weight: below 0 where the copies are smaller
+    than it, as one FP8 copy without its transpose: `on_gpu`)."""
+    return dataclasses.replace(r, weight_copy_bytes=r.weight_copy_bytes - BF16_WEIGHT_BYTES)
 
 
 FP8_PARAM_RECIPE_NAMES = ("tensorwise", "delayed", "mxfp8")
@@ -302,9 +303,37 @@ class LowPrecision:
     element_bytes: float
 
 
+# Transformer Engine's per-tensor FP8 on GPUs whose FP8 GEMMs take every operand layout:
+# Hopper's take only TN, so each quantised tensor the backward reads transposed is kept twice
+# (the FP8 data and its transpose: the 1 + 1 B of the casts and the weight copies above);
+# Blackwell's (compute capability 10.x) take any, and TE's per-tensor quantizers then make no
+# transpose (transformer_engine/pytorch/csrc/quantizer.cpp, Float8Quantizer and
+# Float8CurrentScalingQuantizer create_tensor: with_transpose = columnwise_usage &&
+# !is_non_tn_fp8_gemm_supported; utils.py is_non_tn_fp8_gemm_supported: (10, 0) <= capability
+# < (12, 0), since c7702309f, 2025-04). So on them the cast writes 1 B, not 2, and the weight
+# is kept once in FP8: the recipes' transpose byte off the casts and the copies. MXFP8 keeps
+# both its row- and column-wise copies (their blocks run along different axes), NVFP4 too.
+NON_TN_FP8_ARCHS = ("blackwell",)
+TE_FP8_TRANSPOSE_BYTES = 1.0
+PER_TENSOR_FP8_RECIPES = ("tensorwise", "delayed")
+
+
+def on_gpu(recipe: Recipe, library: str, gpu) -> Recipe:
+    """`recipe` (of `library`) as it runs on `gpu`: Transformer Engine's per-tensor FP8 without
+    the transposes on GPUs whose FP8 GEMMs take every layout (NON_TN_FP8_ARCHS)."""
+    if ((library or "").startswith("te") and recipe.name in PER_TENSOR_FP8_RECIPES
+            and arch_of(gpu) in NON_TN_FP8_ARCHS):
+        t = TE_FP8_TRANSPOSE_BYTES
+        return dataclasses.replace(recipe, cast_in_bytes=recipe.cast_in_bytes - t,
+                                   cast_grad_bytes=recipe.cast_grad_bytes - t,
+                                   weight_copy_bytes=recipe.weight_copy_bytes - t)
+    return recipe
+
+
 def low_precision(engine, gpu, precision: str, recipe: str | None = None) -> LowPrecision | None:
     if precision == "bf16":
         return None
     check_precision(engine, gpu, precision, recipe)
-    return LowPrecision(precision, recipe_of(engine, precision, recipe),
+    return LowPrecision(precision, on_gpu(recipe_of(engine, precision, recipe),
+                                          engine.lowp_library, gpu),
                         low_precision_peak(gpu, precision), ELEMENT_BYTES[precision])

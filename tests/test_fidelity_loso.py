@@ -80,7 +80,8 @@ def _stats(rows, col):
 #   they gained); with the held-out file's 11 torchao rows, the trust band's 54, it is 23.9%
 #   since those rows' 750 W B200s are priced at their power limit;
 # (megatron was one until Blackwell's GEMMs were priced as measured, planner.catalog.gpus
-# BLACKWELL_GEMM: on the fitted-on files' 44 rows 10.1% / 15.5% then, 4.8% / 12.5% since; with
+# BLACKWELL_GEMM: on the fitted-on files' 44 rows 10.1% / 15.5% then, 4.8% / 12.5% since, 3.2% /
+# 12.5% once TE's Blackwell FP8 kept no transposes (planner.precision on_gpu); with
 # H100's figure assumed on Blackwell, Megatron-Bridge's H100 rows left out had Transformer
 # Engine's low-precision GEMM figure refitted on Blackwell rows that were too fast.)
 OPEN_DENSE_SCOPES = {"fsdp": (10.0, 40.0), "torchtitan": (10.0, 30.0)}

@@ -1,0 +1,54 @@
+"""Transformer Engine's per-tensor FP8 keeps no transposes on Blackwell (planner.precision
+on_gpu): its FP8 GEMMs take every operand layout there, so TE's quantizers make the FP8 data
+alone (transformer_engine/pytorch/csrc/quantizer.cpp: with_transpose = columnwise_usage &&
+!is_non_tn_fp8_gemm_supported), where Hopper's TN-only GEMMs need the transpose too."""
+import dataclasses
+
+import pytest
+
+from benchmarks import fidelity
+from planner.catalog.gpus import get_gpu
+from planner.engines import get_engine
+from planner.precision import low_precision
+
+MEGATRON = get_engine("megatron")
+
+
+@pytest.mark.parametrize("gpu", ["b200", "b300", "gb200", "gb300"])
+def test_blackwell_drops_the_transpose_byte(gpu):
+    for recipe, cast in (("tensorwise", 6.0), ("delayed", 4.0)):
+        hopper = low_precision(MEGATRON, get_gpu("h100"), "fp8", recipe).recipe
+        blackwell = low_precision(MEGATRON, get_gpu(gpu), "fp8", recipe).recipe
+        assert (hopper.cast_in_bytes, hopper.cast_grad_bytes, hopper.weight_copy_bytes) == (
+            cast, cast, 2.0)
+        # one byte less written by each cast, one FP8 copy of the weight, not two
+        assert (blackwell.cast_in_bytes, blackwell.cast_grad_bytes,
+                blackwell.weight_copy_bytes) == (cast - 1, cast - 1, 1.0)
+    # MXFP8 keeps its row- and column-wise copies (blocks along different axes)
+    mx = low_precision(MEGATRON, get_gpu(gpu), "mxfp8", "mxfp8").recipe
+    assert mx.weight_copy_bytes == pytest.approx(2 * (1 + 1 / 32))
+
+
+def test_fp8_primary_weights_on_blackwell_are_one_byte():
+    """With FP8 primary weights (Megatron --fp8-param-gather) the FP8 weight replaces the bf16
+    one: on Hopper its data and transpose (2 B, as much as the bf16 weight), on Blackwell its
+    data alone, a byte less than bf16."""
+    fp8_params = dataclasses.replace(MEGATRON, lowp_library="te_fp8_params")
+    assert low_precision(fp8_params, get_gpu("h100"), "fp8", "tensorwise").recipe \
+        .weight_copy_bytes == 0.0
+    assert low_precision(fp8_params, get_gpu("gb200"), "fp8", "tensorwise").recipe \
+        .weight_copy_bytes == -1.0
+
+
+def test_the_gb200_405b_fp8_runs_fit_as_they_ran():
+    """Megatron-Bridge's Llama 3.1 405B FP8 runs on 256 GB200 (tp 4, pp 16 x vp 4, FP8 primary
+    weights, the recipe's even layout, no recompute) ran: priced with TE's FP8 weights and
+    casts as Blackwell keeps them they fit with no margin (with the transposes counted they
+    needed 183.8 GiB of 183.0)."""
+    runs = [r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)
+            if "-gb200-llama31405b-fp8-256gpu-tp4pp16cp1epnonevp4-" in r["id"]]
+    assert len(runs) == 5
+    for r in runs:
+        p = fidelity.predict(r, margin_gib=0.0)
+        assert p["fits"] and p["layers"] == r["fixed"]["stage_layers"], r["id"]
+        assert p["reserved_gib"] < p["capacity_gib"] - 5.0
