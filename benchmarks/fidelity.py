@@ -325,6 +325,14 @@ RECIPE_MEMORY_FACTS = (
      "mlcommons/training_results_v4.1 @b87b9e39 NVIDIA/benchmarks/gpt3/implementations/"
      "{eos_n32_ngc24.09_nemo,eos_n64_ngc24.09_nemo,b200_n8_preview_nemo}/conf/optim/"
      "distributed_fused_adam.yaml: grad_sync_dtype: bf16"),
+    # NVIDIA's MLPerf v4.1 B200 preview (submitted 2024-10): its NeMo container predates
+    # Transformer Engine 2.0 (2025-02, 544dd14b4), from which TE's per-tensor FP8 keeps no
+    # transposes on Blackwell (planner.precision on_gpu): TE 1.x kept them on every GPU
+    ("mlcommons/training_results_v4.1 NVIDIA/results/b200_n8_preview_nemo/",
+     {"lowp_library": "te_v1"},
+     "mlcommons/training_results_v4.1 @b87b9e39 NVIDIA/benchmarks/gpt3/implementations/"
+     "b200_n8_preview_nemo (MLPerf Training v4.1, 2024-10; TransformerEngine 544dd14b4 "
+     "'Update main branch with TE 2.0 code', 2025-02-07, first with is_non_tn_fp8_gemm_supported)"),
     ("mlcommons/training_results_v5.0 NVIDIA/results/eos-dfw_",
      {"grad_reduce_in_fp32": False, "fp8_param_gather": True},
      "mlcommons/training_results_v5.0 @0fdc28f0 NVIDIA/benchmarks/llama31_405b/implementations/"
@@ -421,6 +429,9 @@ def engine_of(run, engine=None):
             e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
+    if recipe_fact(run, "lowp_library") is not None:
+        # the row's Transformer Engine as its recipe's container had it (RECIPE_MEMORY_FACTS)
+        e = dataclasses.replace(e, lowp_library=recipe_fact(run, "lowp_library"))
     if full_iteration_graph(run):
         # the row's recipe replayed the whole iteration as one CUDA graph, its MoE layers with
         # static shapes (HybridEP's per-rank capacity, `cuda_graph_source`): no kernel is issued

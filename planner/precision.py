@@ -192,7 +192,8 @@ def fp8_param_recipe(r: Recipe) -> Recipe:
 FP8_PARAM_RECIPE_NAMES = ("tensorwise", "delayed", "mxfp8")
 TE_FP8_PARAM_RECIPES = {k: fp8_param_recipe(r) if k in FP8_PARAM_RECIPE_NAMES else r
                         for k, r in TE_RECIPES.items()}
-LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES, "te_fp8_params": TE_FP8_PARAM_RECIPES}
+LIBRARIES = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES, "te_fp8_params": TE_FP8_PARAM_RECIPES,
+             "te_v1": TE_RECIPES}
 RECIPES = tuple(dict.fromkeys([*TE_RECIPES, *TORCHAO_RECIPES]))
 
 
@@ -309,11 +310,13 @@ class LowPrecision:
 # Blackwell's (compute capability 10.x) take any, and TE's per-tensor quantizers then make no
 # transpose (transformer_engine/pytorch/csrc/quantizer.cpp, Float8Quantizer and
 # Float8CurrentScalingQuantizer create_tensor: with_transpose = columnwise_usage &&
-# !is_non_tn_fp8_gemm_supported; utils.py is_non_tn_fp8_gemm_supported: (10, 0) <= capability
-# < (12, 0), since c7702309f, 2025-04). So on them the cast writes 1 B, not 2, and the weight
-# is kept once in FP8: the recipes' transpose byte off the casts and the copies. MXFP8 keeps
-# both its row- and column-wise copies (their blocks run along different axes), NVFP4 too.
+# !is_non_tn_fp8_gemm_supported; compute capability 10.x, from TE 2.0, 544dd14b4, 2025-02; TE
+# 1.x kept it on every GPU). So on them the cast writes 1 B, not 2, and the weight is kept
+# once in FP8: the recipes' transpose byte off the casts and the copies. MXFP8 keeps both its
+# row- and column-wise copies (their blocks run along different axes), NVFP4 too. "te_v1":
+# TE 1.x (runs before 2025-02: benchmarks.fidelity RECIPE_MEMORY_FACTS), transposes kept.
 NON_TN_FP8_ARCHS = ("blackwell",)
+NON_TN_FP8_LIBRARIES = ("te", "te_fp8_params")
 TE_FP8_TRANSPOSE_BYTES = 1.0
 PER_TENSOR_FP8_RECIPES = ("tensorwise", "delayed")
 
@@ -321,7 +324,7 @@ PER_TENSOR_FP8_RECIPES = ("tensorwise", "delayed")
 def on_gpu(recipe: Recipe, library: str, gpu) -> Recipe:
     """`recipe` (of `library`) as it runs on `gpu`: Transformer Engine's per-tensor FP8 without
     the transposes on GPUs whose FP8 GEMMs take every layout (NON_TN_FP8_ARCHS)."""
-    if ((library or "").startswith("te") and recipe.name in PER_TENSOR_FP8_RECIPES
+    if (library in NON_TN_FP8_LIBRARIES and recipe.name in PER_TENSOR_FP8_RECIPES
             and arch_of(gpu) in NON_TN_FP8_ARCHS):
         t = TE_FP8_TRANSPOSE_BYTES
         return dataclasses.replace(recipe, cast_in_bytes=recipe.cast_in_bytes - t,

@@ -211,3 +211,28 @@ def test_suggestions_skip_hopeless_gpu_counts_with_the_same_answer(monkeypatch):
     assert sg.suggestions(model, cluster, Fixed(), s, gbs, eng) == fast
     assert fast and fast[0].change == "gpus" and fast[0].num_gpus == 6
     assert fast[0].best.candidate.offload_optimizer == "cpu"
+
+
+@pytest.mark.parametrize("name,cluster_name", [("llama70b", "gb200x64"), ("llama3-8b", "gb200x8")])
+def test_states_bound_holds_with_fp8_weights_smaller_than_bf16(name, cluster_name):
+    """With FP8 primary weights on Blackwell a weight is a byte under bf16 (planner.precision
+    on_gpu: Transformer Engine keeps no transpose there), so the priced states fall below the
+    bf16 count: the states bound and the cluster-wide one still stay below them."""
+    import dataclasses
+    model, cluster = get_model(name), get_cluster(cluster_name)
+    engine = dataclasses.replace(get_engine("megatron"), lowp_library="te_fp8_params")
+    shared = SharedCoefficients(model, cluster, engine)
+    s = default_seq_len(model)
+    cands = enumerate_candidates(model, cluster, Fixed(precision="fp8", recipe="tensorwise"), s,
+                                 default_global_batch(s, cluster.num_gpus), engine)
+    rng = random.Random(2)
+    L = model.num_layers
+    for c in rng.sample(cands, min(SAMPLES, len(cands))):
+        coeffs = stage_coefficients(model, cluster, c, engine)
+        layers, rec = random_placement(rng, c, L, rules_for(engine, c))
+        for k, n, r, b in zip(coeffs, layers, rec, rank_states_bound(shared, c, layers,
+                                                                      [0] * c.pp)):
+            mem = k.memory(n, r)
+            assert b <= sum(mem[x] for x in STATE_KEYS) * (1 + 1e-12), (c, k.rank)
+        assert states_per_gpu_bound(model, engine, c.num_gpus) <= max(
+            rank_states_bound(shared, c, layers, [0] * c.pp)) * (1 + 1e-12)

@@ -19,6 +19,7 @@ from planner.cost.facts import facts_for
 from planner.cost.schedule import in_flight
 from planner.cost.stage import Candidate, exposed_comm_array, stage_coefficients
 from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
+from planner.precision import TE_FP8_TRANSPOSE_BYTES, low_precision
 
 from planner.specs import Cluster, Model
 from planner.vocab import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
@@ -526,12 +527,19 @@ class SharedCoefficients:
             return c.m * mean
         return c.m * mean + (p - 1) * mean / c.vpp
 
+    def _copy_floor(self, c: Candidate) -> float:
+        """Bytes per linear parameter a low-precision recipe's weight copies take off a dense
+        layer's states (planner.cost.stage: negative where the FP8 primary weight is smaller
+        than the bf16 one, planner.precision on_gpu), else 0: what keeps `states` a lower bound."""
+        lp = low_precision(self.engine, self.cluster.gpu, c.precision, c.recipe)
+        return min(0.0, lp.recipe.weight_copy_bytes) if lp is not None else 0.0
+
     def states(self, c: Candidate) -> list:
         """Per pipeline rank: (model states of its fixed parts, of one dense layer, of one MoE
         layer), bytes, each at most what planner.cost.stage charges."""
         v_shape = c.schedule in V_SCHEDULES and c.pp > 1   # the head on rank 0
         layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, v_shape, c.offload_optimizer,
-                  c.offload_params, c.dp_shard)
+                  c.offload_params, c.dp_shard, c.precision, c.recipe)
         out = self._states.get(layout)
         if out is not None:
             return out
@@ -543,7 +551,8 @@ class SharedCoefficients:
         def held(params, dp=dpc):
             return sum(model_state_bytes(params, dp, c.zero, **kw))
 
-        dense = held((m.attn_matmul_params() + m.mlp_matmul_params()) / t)
+        linear = (m.attn_matmul_params() + m.mlp_matmul_params()) / t
+        dense = held(linear)
         moe = dense
         if m.is_moe:
             edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
@@ -553,6 +562,10 @@ class SharedCoefficients:
         emb = held(m.vocab_size * m.hidden / t)
         head = held(m.vocab_size * m.hidden / t) if (not m.tied_embeddings or p > 1) else 0.0
         mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
+        # a dense layer's weight copies where they are below 0 (an MoE layer prices none)
+        dense += self._copy_floor(c) * linear / (dpc if c.zero >= 3 else 1)
+        if not m.is_moe:
+            moe = dense
         last = 0 if v_shape else p - 1
         out = [((emb if i == 0 else 0.0) + (head + mtp if i == last else 0.0), dense, moe)
                for i in range(p)]
@@ -566,7 +579,7 @@ class SharedCoefficients:
     def pooled_states(self, c: Candidate) -> float:
         """The model states of all ranks together: every layer held once."""
         layout = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.offload_optimizer,
-                  c.offload_params, c.dp_shard)
+                  c.offload_params, c.dp_shard, c.precision, c.recipe)
         got = self._pooled.get(layout)
         if got is None:
             got = self._pooled[layout] = self._pooled_of(self.states(c))
@@ -595,7 +608,7 @@ class SharedCoefficients:
         only where states_can_fit is False; needs no layer figures."""
         key = (c.tp, c.cp, c.pp, c.dp, c.zero, c.ep, c.etp, c.vpp, cap,   # states' layout
                c.schedule in V_SCHEDULES and c.pp > 1,                   # (head on rank 0)
-               c.offload_optimizer, c.offload_params, c.dp_shard)
+               c.offload_optimizer, c.offload_params, c.dp_shard, c.precision, c.recipe)
         got = self._states_alone.get(key)
         if got is None:
             got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),
@@ -673,7 +686,10 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
     params = (D * dense + Q * moe + m.vocab_size * m.hidden
               + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
               + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
-    per = engine.weight_bytes + engine.grad_bytes + engine.optimizer_bytes
+    # FP8 primary weights may be a byte under bf16 (planner.precision on_gpu: Blackwell)
+    weight = engine.weight_bytes - (TE_FP8_TRANSPOSE_BYTES if engine.lowp_library == "te_fp8_params"
+                                    else 0.0)
+    per = weight + engine.grad_bytes + engine.optimizer_bytes
     if offload and not m.is_moe:
         # what the engine's offloads may leave on the GPUs (planner.cost.offload
         # gpu_state_bytes): no optimizer states, no gradients where they live on the host, no
