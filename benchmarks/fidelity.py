@@ -518,10 +518,10 @@ MOE_NOTES = """Notes.
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
   4.39 ms; 4.52 before Blackwell's GEMMs were priced as measured, 4.61 before its attention
-  was, 4.80 before the MoE
-  layer's GPU work was priced as Megatron-Core runs it, 4.33 before the rows were mended for
-  issue 22, 4.78 before the collectives' latency counted a ring's hops inside a node at the
-  NVLink latency), and the host's issuing of the grouped GEMMs, per local expert
+  was, 4.80 before the MoE layer's GPU work was priced as Megatron-Core runs it, 4.33 before
+  the rows were mended for issue 22, 4.78 before the collectives' latency counted a ring's
+  hops inside a node at the NVLink latency), and the host's issuing of the grouped GEMMs, per
+  local expert
   (MOE_EXPERT_OVERHEAD_S = 0.1076 ms; 0.2031, 0.1803, 0.200 and 0.213 before:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
@@ -1492,22 +1492,21 @@ def heldout_markdown(rows, skipped, seconds: float) -> str:
     if rows:
         line("all", "all", rows)
     runs = {r["id"]: r for r in load_runs(DATA_HELDOUT)}
-    flagged = [r for r in rows if runs[r["run"]].get("source_caveat")]
-    if flagged:
-        # what the source's own footnotes say of a row (`source_caveat`): counted above as
-        # published, shown here with what the source says
-        lines += ["", "Rows the source itself flags (counted above as published):", "",
-                  "| run | error % | the source says |", "|:---|---:|:---|"]
-        lines += [f"| {r['run']} | {r['error_pct']:+.1f} | "
-                  f"{runs[r['run']]['source_caveat'].replace('|', '/')} |" for r in flagged]
-    unpriced = [r for r in rows if runs[r["run"]].get("unpriced")]
-    if unpriced:
-        # what the row's recipe ran that the planner has no price for (`unpriced`): scored as
-        # published, the error is partly that
-        lines += ["", "Rows whose recipe ran what the planner does not price (counted above as "
-                  "published):", "", "| run | error % | the recipe ran |", "|:---|---:|:---|"]
-        lines += [f"| {r['run']} | {r['error_pct']:+.1f} | "
-                  f"{'; '.join(runs[r['run']]['unpriced']).replace('|', '/')} |" for r in unpriced]
+    # rows counted above as published, shown again with what is known of them: what the
+    # source's own footnotes say (`source_caveat`), what the row's recipe ran that the planner
+    # has no price for (`unpriced`: the error is partly that)
+    for field, title, column in (
+            ("source_caveat", "Rows the source itself flags", "the source says"),
+            ("unpriced", "Rows whose recipe ran what the planner does not price",
+             "the recipe ran")):
+        marked = [r for r in rows if runs[r["run"]].get(field)]
+        if marked:
+            lines += ["", f"{title} (counted above as published):", "",
+                      f"| run | error % | {column} |", "|:---|---:|:---|"]
+            for r in marked:
+                said = runs[r["run"]][field]
+                said = "; ".join(said) if isinstance(said, list) else said
+                lines.append(f"| {r['run']} | {r['error_pct']:+.1f} | {said.replace('|', '/')} |")
     lines += ["", verdict_markdown(memory_verdicts([runs[r["run"]] for r in rows], rows))]
     lines += [f"Not evaluated ({len(skipped)} rows)" + (":" if skipped else "."), ""]
     if skipped:

@@ -45,6 +45,7 @@ import math
 from planner import limits as B
 from planner import filecheck as S
 from planner.cost import comm
+from planner.cost.compute import attention_efficiency, attention_rolloff
 from planner.errors import BadInput
 from planner.specs import GPU_FIELDS, MODEL_SCHEMA, Cluster, Model
 
@@ -593,7 +594,6 @@ def apply_profile(profile: Profile, cluster: Cluster, model: Model, statistic: s
         # the keys (planner.cost.compute.attention_rolloff), the curve is moved to pass through
         # the measurement: its long-sequence figure scaled, or, were that above the peak, the
         # peak with the half-way keys that give the measured rate there
-        from planner.cost.compute import attention_efficiency, attention_rolloff
         keys = best["seq_len"] / 2.0
         measured = attn_rate / peak
         eff = measured / attention_rolloff(gpu, keys)

@@ -20,7 +20,6 @@ from planner.cost.schedule import in_flight
 from planner.cost.stage import Candidate, exposed_comm_array, stage_coefficients
 from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
 from planner.precision import TE_FP8_TRANSPOSE_BYTES, low_precision
-
 from planner.specs import Cluster, Model
 from planner.vocab import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.search.enumeration import Fixed
