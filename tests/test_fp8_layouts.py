@@ -52,3 +52,41 @@ def test_the_gb200_405b_fp8_runs_fit_as_they_ran():
         p = fidelity.predict(r, margin_gib=0.0)
         assert p["fits"] and p["layers"] == r["fixed"]["stage_layers"], r["id"]
         assert p["reserved_gib"] < p["capacity_gib"] - 5.0
+
+
+MIXTRAL_8X7B = dict(hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128, experts=8,
+                    layers=32)   # mistralai/Mixtral-8x7B-v0.1 config.json
+
+
+@pytest.mark.parametrize("gpu,library,copy_bytes", [
+    ("h100", "te", 2.0),              # the FP8 weight and its transpose beside the bf16 one
+    ("gb200", "te", 1.0),             # no transpose on Blackwell
+    ("gb200", "te_fp8_params", -1.0)])  # FP8 primary weights: one byte in place of bf16's two
+def test_moe_layers_keep_the_experts_fp8_weight_copies(gpu, library, copy_bytes):
+    """Megatron-Core's TEGroupedLinear caches its experts' FP8 weights across micro-batches as
+    TELinear caches a dense layer's (is_first_microbatch; Transformer Engine's grouped_linear.py
+    cache_weight), so an FP8 MoE layer holds the copies of its attention's and of its local
+    experts' linears. Mixtral 8x7B at tp 2, ep 4, pp 4: each of a middle rank's 8 layers holds
+    q, k, v, o over tp and 2 of the 8 experts (w1, w3, w2) whole. Before, the MoE layers priced
+    no copy: the FP8 plan's weights were the bf16 plan's."""
+    from planner.catalog import get_cluster
+    from planner.catalog.models import MODELS
+    from planner.search import Fixed, search
+    d = MIXTRAL_8X7B
+    h = d["hidden"]
+    attn = h * (d["heads"] + 2 * d["kv_heads"]) * d["head_dim"] + d["heads"] * d["head_dim"] * h
+    experts = 3 * h * d["ffn"]
+    tp, ep, pp = 2, 4, 4
+    per_layer = attn / tp + d["experts"] // ep * experts
+    engine = dataclasses.replace(MEGATRON, lowp_library=library)
+    cluster = get_cluster(f"{gpu}x32")
+    params = {}
+    for precision in ("bf16", "fp8"):
+        fixed = Fixed(tp=tp, pp=pp, ep=ep, mbs=1, recompute="full", zero=1,
+                      precision=precision, recipe="tensorwise" if precision == "fp8" else None)
+        best = search(MODELS["mixtral-8x7b"], cluster, fixed, seq_len=4096, global_batch=64,
+                      engine=engine, top=1).best
+        assert best.layers[1] == d["layers"] // pp
+        params[precision] = best.estimate.stage_memory_gib[1]["params"] * 2 ** 30
+    assert params["fp8"] - params["bf16"] == pytest.approx(
+        copy_bytes * per_layer * (d["layers"] // pp), rel=1e-9)

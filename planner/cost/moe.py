@@ -65,7 +65,7 @@ full-iteration CUDA graphs with static MoE shapes (HybridEP's moe_expert_rank_ca
 paged stash) that remove it, which the planner neither prices nor exports (the fidelity
 benchmark prices its published rows that ran them without the stall: benchmarks/fidelity.py
 engine_of),
-HybridEP's own figures, the FP8 weight copies of the experts and the precision-aware
+HybridEP's own figures and the precision-aware
 optimizer's bf16 moments (Megatron's fine-grained recompute modules: planner.cost.recompute).
 An MTP module's MoE layer is this module's layer, added to the last pipeline rank
 (planner.cost.stage, _with_mtp_modules).
@@ -173,6 +173,11 @@ class MoeLayer:
     # backward; planner.cost.compute.linear_cast_times)
     cast_fwd: float = 0.0
     cast_bwd: float = 0.0
+    # of dense_params and expert_params, the linears' weights a low-precision recipe
+    # quantises (attention and shared experts; the routed experts), which its weight copies
+    # follow (planner.precision Recipe.weight_copy_bytes)
+    linear_params: float = 0.0
+    expert_linear_params: float = 0.0
 
 
 def groups_per_token(num_experts: int, k: int, groups: int) -> float:
@@ -379,10 +384,10 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     # the casts of the experts' linears (the routed ones' rows, the shared expert's tokens)
     r_in, r_out = mlp_io_elements(rows, h, f / etp, model.gated_mlp)
     s_in, s_out = mlp_io_elements(b * s, h, sf / tp, model.gated_mlp) if sf else (0.0, 0.0)
+    expert_linear = local_experts * gated * h * f / etp
     cast_fwd, cast_bwd = linear_cast_times(
         gpu, lp, r_in + s_in, r_out + s_out,
-        local_experts * gated * h * f / etp
-        + model.shared_expert_params() / tp)
+        expert_linear + model.shared_expert_params() / tp)
     # each expert's FFN split over etp; its down-projection bias (gpt-oss) is not split
     down_bias = model.hidden if model.expert_bias else 0
     expert_params = local_experts * ((model.expert_params() - down_bias) / etp + down_bias)
@@ -405,7 +410,9 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
              + FP32 * T * E + mlp_act * b * s * sf / tp)
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
                     dense_params, saved, per_expert, same_bytes_back_fwd=perm, cast_fwd=cast_fwd,
-                    cast_bwd=cast_bwd)
+                    cast_bwd=cast_bwd,
+                    linear_params=(model.attn_matmul_params() + model.shared_expert_params()) / tp,
+                    expert_linear_params=expert_linear)
 
 
 def flops_per_token_layer(model: Model) -> float:
@@ -519,6 +526,16 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     for params, shards in ((nonexpert, dp), (expert, edp)):
         wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
             engine, c, params, states, shards)))
+    if lp is not None and lp.recipe.weight_copy_bytes:
+        # the quantised weight copies, as a dense layer's (planner.cost.stage), of the
+        # attention's and shared experts' linears and of the routed experts': Megatron-Core's
+        # TEGroupedLinear caches its FP8 weights across micro-batches as TELinear does
+        # (megatron/core/extensions/transformer_engine.py @d98e8a64: is_first_microbatch
+        # passed unless disable_parameter_transpose_cache; Transformer Engine's
+        # module/grouped_linear.py @d0067d0da: cache_weight = is_first_microbatch is not None)
+        wl += lp.recipe.weight_copy_bytes * (
+            ml.linear_params / (dp if c.zero >= 3 else 1)
+            + ml.expert_linear_params / (edp if c.zero >= 3 else 1))
     gb = states["grad_bytes"]
     dp_link = comm.group_link(cluster, dp, t)
     edp_link = comm.group_link(cluster, edp, c.ep * c.etp)

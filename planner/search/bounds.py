@@ -527,7 +527,7 @@ class SharedCoefficients:
         return c.m * mean + (p - 1) * mean / c.vpp
 
     def _copy_floor(self, c: Candidate) -> float:
-        """Bytes per linear parameter a low-precision recipe's weight copies take off a dense
+        """Bytes per linear parameter a low-precision recipe's weight copies take off a
         layer's states (planner.cost.stage: negative where the FP8 primary weight is smaller
         than the bf16 one, planner.precision on_gpu), else 0: what keeps `states` a lower bound."""
         lp = low_precision(self.engine, self.cluster.gpu, c.precision, c.recipe)
@@ -560,11 +560,17 @@ class SharedCoefficients:
                    + held((m.num_experts // c.ep) * m.expert_params() / c.etp, edp))
         emb = held(m.vocab_size * m.hidden / t)
         head = held(m.vocab_size * m.hidden / t) if (not m.tied_embeddings or p > 1) else 0.0
-        mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
-        # a dense layer's weight copies where they are below 0 (an MoE layer prices none)
-        dense += self._copy_floor(c) * linear / (dpc if c.zero >= 3 else 1)
-        if not m.is_moe:
+        # the weight copies of a layer's linears where they are below 0
+        floor, z3 = self._copy_floor(c), c.zero >= 3
+        dense += floor * linear / (dpc if z3 else 1)
+        if m.is_moe:
+            moe += floor * ((m.attn_matmul_params() + m.shared_expert_params()) / t
+                            / (dpc if z3 else 1)
+                            + (m.num_experts // c.ep) * (3 if m.gated_mlp else 2) * m.hidden
+                            * m.moe_ffn_hidden / c.etp / (edp if z3 else 1))
+        else:
             moe = dense
+        mtp = m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense)
         last = 0 if v_shape else p - 1
         out = [((emb if i == 0 else 0.0) + (head + mtp if i == last else 0.0), dense, moe)
                for i in range(p)]
