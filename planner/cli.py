@@ -28,7 +28,7 @@ from planner.precision import DEFAULT_PRECISION, PRECISIONS, RECIPES
 from planner.search import Fixed, search, to_plan
 from planner.specs import MixedCluster
 from planner.precision_choice import AUTO, choice_record, search_formats
-from planner.vocab import OFFLOAD_DEVICES, SCHEDULES, schedule_name
+from planner.vocab import OFFLOAD_DEVICES, RECOMPUTE, SCHEDULES, schedule_name
 
 EXPORT_FORMATS = ("megatron", "deepspeed", "torchtitan")
 SUBCOMMANDS = """subcommands (each with --help):
@@ -122,10 +122,12 @@ def plan_parser() -> argparse.ArgumentParser:
                    help="expert parallelism (MoE models; searched when absent)")
     p.add_argument("--etp", type=_positive("--etp"),
                    help="expert tensor parallelism (MoE models; searched when absent)")
-    p.add_argument("--recompute", choices=("none", "selective", "full", "op"),
+    p.add_argument("--recompute", choices=RECOMPUTE,
                    help="activation recompute: none, selective (modules of every layer), full "
-                        "(whole layers, as many as memory needs) or op (torchtitan's per-op "
-                        "selective checkpointing) (default: searched)")
+                        "(whole layers, as many as memory needs), op (torchtitan's per-op "
+                        "selective checkpointing), or offload (whole layers' activations to "
+                        "host memory, as many as memory needs: Megatron's "
+                        "--cpu-offloading-num-layers, pp 1) (default: searched)")
     p.add_argument("--recompute-modules", type=_module_names, metavar="M,M",
                    help="what selective recompute recomputes of every layer (Megatron's "
                         "--recompute-modules; implies --recompute selective; default "

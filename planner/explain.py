@@ -26,7 +26,8 @@ from planner.plan import Plan
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
          "pp_comm": "PP comm",
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
-         "ep_comm": "EP dispatch+combine", "offload": "exposed offload copies"}
+         "ep_comm": "EP dispatch+combine", "offload": "exposed offload copies",
+         "activation_offload": "exposed activation offload copies"}
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 NOT_DIVISIBLE_SHOWN = 3
 

@@ -189,6 +189,7 @@ ENGINE_RULES = frozenset((
     "engine_offload", "offload_param_zero3", "offload_distributed_optimizer", "engine_hsdp",
     "zeropp_zero3", "offload_together", "offload_zero",
     "recompute_all_or_none", "recompute_per_chunk", "partition_stage_layers",
+    "offload_activations_pp", "offload_activations_kept",
     "tp_splits_model", "zero_bubble_zero"))
 
 # where each engine lists what it runs: the citation of a rule of what it offers at all
@@ -402,7 +403,10 @@ def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
     (--overlap-moe-expert-parallel-comm) in this layout, as phrases: its checks in
     megatron/core/transformer/transformer_config.py (expert parallelism, the alltoall or flex
     dispatcher, no full recompute and no recompute of the whole MoE layer, which re-runs the
-    dispatch, virtual pipeline stages when pp > 1)."""
+    dispatch, virtual pipeline stages when pp > 1); and no layer-level activation offload: the
+    overlap runs the layers through its own schedule plan (megatron/core/models/gpt/
+    fine_grained_callables.py), outside TransformerBlock's CPU-offload context
+    (transformer_block.py offload_context), so they would not be offloaded as priced."""
     out = []
     if ep <= 1:
         out.append("needs expert parallelism (ep > 1)")
@@ -412,6 +416,8 @@ def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
         out.append("does not run with full recompute")
     if recompute == "selective" and "moe" in recompute_modules:
         out.append("does not run with the moe recompute module")
+    if recompute == "offload":
+        out.append("runs its layers outside the activation offload (--cpu-offloading-num-layers)")
     if pp > 1 and schedule != "interleaved":
         out.append("needs the interleaved schedule when pp > 1")
     if mtp_layers > 1:
@@ -565,6 +571,35 @@ def zero_under_pp_problem(engine, zero: int, head: str) -> Problem | None:
 
 # ---- offload (planner.cost.offload) --------------------------------------------------------
 
+# The layers of a rank whose activations an activation offload keeps on the GPU at least: the
+# one engine that offloads them, Megatron-Core, offloads fewer than the layers it builds
+# (transformer_config.py, `offload_activations_kept` in planner.engines.megatron sources)
+OFFLOAD_KEPT_LAYERS = 1
+
+
+def activation_offload_problem(engine, cluster, pp: int) -> Problem | None:
+    """Why `engine` cannot offload activations (recompute "offload") at pipeline size `pp` on
+    this cluster: none without pipeline parallelism, or the host link unknown (nothing to
+    price the copies with). Whether the engine offloads at all is recompute_problem's."""
+    if pp > 1:
+        return Problem("offload_activations_pp", ("recompute", "pp"),
+                       f"{engine.name} offloads activations only without pipeline "
+                       f"parallelism (pp {pp})", source=engine.source_of("offload_activations_pp"),
+                       fix="use --pp 1, or recompute instead")
+    return host_figures_problem(cluster, ("host_link_gbps", "host_memory_gib"), ("recompute",))
+
+
+def host_figures_problem(cluster, names: tuple, knobs: tuple) -> Problem | None:
+    """The host figures (planner.specs.Gpu host_* / nvme_*) among `names` that the cluster
+    leaves unknown (0), which an offload is priced with."""
+    missing = [k for k in names if getattr(cluster.gpu, k) <= 0]
+    if not missing:
+        return None
+    return Problem("offload_host_known", knobs,
+                   f"cluster {cluster.name} gives no {', '.join(missing)} of its hosts, "
+                   f"which an offload is priced with", source=RULE_SOURCES["offload_host_known"],
+                   fix="give them in a cluster JSON (--cluster FILE)")
+
 
 
 def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | None,
@@ -575,7 +610,7 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
     must give to price it, a dense model (`model`, when given)."""
     if optimizer == "none" and params == "none":
         return None
-    e, g = engine.name, cluster.gpu
+    e = engine.name
     src = engine.source_of("offload") or rule_source("engine_offload", engine)
     for knob, dev, have in (("offload_optimizer", optimizer, engine.offload_optimizer_devices),
                             ("offload_params", params, engine.offload_param_devices)):
@@ -610,18 +645,9 @@ def offload_problem(engine, cluster, optimizer: str, params: str, zero: int | No
     if model is not None and model.is_moe:
         return Problem("offload_moe", ("model",), f"offload is not priced for MoE models "
                        f"({model.name})", source=RULE_SOURCES["offload_moe"])
-    need = [("host_link_gbps", g.host_link_gbps), ("host_memory_gib", g.host_memory_gib),
-            ("host_memory_gbps", g.host_memory_gbps)]
-    if "nvme" in (optimizer, params):
-        need += [("nvme_gbps", g.nvme_gbps), ("nvme_tib", g.nvme_tib)]
-    missing = [k for k, v in need if v <= 0]
-    if missing:
-        return Problem("offload_host_known", ("cluster",),
-                       f"cluster {cluster.name} gives no {', '.join(missing)} of its hosts, "
-                       f"which an offload is priced with",
-                       source=RULE_SOURCES["offload_host_known"],
-                       fix="give them in a cluster JSON (--cluster FILE)")
-    return None
+    need = ("host_link_gbps", "host_memory_gib", "host_memory_gbps") + (
+        ("nvme_gbps", "nvme_tib") if "nvme" in (optimizer, params) else ())
+    return host_figures_problem(cluster, need, ("cluster",))
 
 
 def hsdp_problem(engine, dp_shard: int, dp: int, cp: int, zero: int | None,
@@ -889,6 +915,10 @@ def engine_problems(plan, engine) -> list:
     problem = recompute_problem(plan, engine)
     if problem:
         out.append(problem)
+    elif p.recompute == "offload" and any(s.recompute_layers for s in plan.stages):
+        problem = activation_offload_problem(engine, plan.cluster, p.pp)
+        if problem:
+            out.append(problem)
     return [cited(x, engine) for x in out]
 
 
@@ -925,6 +955,13 @@ def recompute_problem(plan, engine) -> Problem | None:
                        f"selectively; the plan asks for {', '.join(p.recompute_modules)}")
     rule = engine.recompute_count(p.recompute)
     sizes = [s.num_layers for s in plan.stages]
+    if p.recompute == "offload":
+        kept = [n - r for n, r in zip(sizes, rec)]
+        if min(kept) < OFFLOAD_KEPT_LAYERS:
+            return Problem("offload_activations_kept", ("recompute", "stages"),
+                           f"{e} offloads the activations of fewer layers than a rank holds; "
+                           f"the plan offloads {rec} of {sizes} per stage",
+                           source=engine.source_of("offload_activations_kept"))
     if rule == ALL_OR_NONE and rec != sizes:
         return Problem("recompute_all_or_none", ("recompute", "stages"),
                        f"{e} recomputes every layer or none; the plan recomputes {rec} of "

@@ -25,7 +25,12 @@ def _p(rule: str, knobs: tuple, message: str, source: str = "", fix: str = "") -
 
 
 def offload_fixed_problems(model, cluster, engine, f):
-    """The fixed offload (--offload-optimizer, --offload-params) the engine cannot run here."""
+    """The fixed offload (--offload-optimizer, --offload-params, --recompute offload) the
+    engine cannot run here."""
+    if f.recompute == "offload" and f.recompute in engine.recompute_modes:
+        problem = V.activation_offload_problem(engine, cluster, f.pp or 1)
+        if problem:
+            yield V.cited(problem, engine)
     if f.offload_optimizer is None and f.offload_params is None:
         return
     problem = V.offload_problem(engine, cluster, f.offload_optimizer or "none",

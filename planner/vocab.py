@@ -34,9 +34,12 @@ ZERO_BUBBLE_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
 SCHEDULE_ALIASES = {"interleaved1f1b": "interleaved", "interleaved_1f1b": "interleaved",
                     "virtual": "interleaved", "trainschedule": "1f1b",
                     "interleavedzerobubble": "interleaved-zb", "zbvzerobubble": "zbv"}
-# activation recompute modes: none, "selective" (the modules of RECOMPUTE_MODULES asked for),
-# "full" (every layer's forward again), "op" (planner.cost.compute.op_recomputed_gemms)
-RECOMPUTE = ("none", "selective", "full", "op")
+# how a rank's layers avoid holding their activations: "none" holds them; recomputed,
+# "selective" (the modules of RECOMPUTE_MODULES asked for), "full" (every layer's forward
+# again), "op" (planner.cost.compute.op_recomputed_gemms); or "offload", moved to host memory
+# and back (Megatron-Core's activation CPU offloading, which it runs only without recompute:
+# planner.cost.offload). A plan's per-stage counts are the layers each applies to.
+RECOMPUTE = ("none", "selective", "full", "op", "offload")
 # rank order, outermost first: tp innermost, so a tensor-parallel group sits inside one node,
 # then cp, dp and pp (Megatron-Core's "tp-cp-ep-dp-pp", megatron/core/parallel_state.py)
 RANK_ORDER = ("pp", "dp", "cp", "tp")

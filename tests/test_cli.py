@@ -37,7 +37,8 @@ def test_json_and_out_roundtrip(capsys, tmp_path):
     assert d["estimate"]["fits"] and d["search"]["solver_status"] in ("OPTIMAL", "FEASIBLE")
     assert set(d["estimate"]["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm",
                                                       "dp_comm_exposed", "bubble", "optimizer"
-                                                      } | ({"cp_comm"} if par["cp"] > 1 else set())
+                                                      } | ({"cp_comm"} if par["cp"] > 1 else set()) | (
+        {"activation_offload"} if par["recompute"] == "offload" else set())
     plan = Plan.load(path)
     assert plan.to_dict() == d
     assert sum(s.num_layers for s in plan.stages) == 80

@@ -442,6 +442,9 @@ def megatron_parser():
     a("--recompute-granularity", type=str, default=None, choices=["full", "selective"])
     a("--recompute-method", type=str, default=None, choices=["uniform", "block"])
     a("--recompute-num-layers", type=int, default=None)
+    # a TransformerConfig field (megatron/training/arguments.py ArgumentGroupFactory); > 0
+    # sets cpu_offloading (arguments.py validate_args)
+    a("--cpu-offloading-num-layers", type=int, default=0)
     a("--recompute-modules", nargs="*", type=str, default=None)
     a("--micro-batch-size", type=int, default=None)
     a("--global-batch-size", type=int, default=None)
@@ -546,7 +549,13 @@ def megatron_stage_counts(a, num_layers):
 
 
 def megatron_recomputed(a, counts):
-    """Layers Megatron recomputes in each model chunk."""
+    """Layers Megatron recomputes in each model chunk, or whose activations it offloads."""
+    if a.cpu_offloading_num_layers > 0:
+        # megatron/core/transformer/transformer_config.py: no recompute, no pipelining, fewer
+        # layers than the model's; TE's context offloads the first N layers
+        assert a.recompute_granularity is None and a.pipeline_model_parallel_size == 1
+        assert len(counts) == 1 and a.cpu_offloading_num_layers < counts[0]
+        return [a.cpu_offloading_num_layers]
     if a.recompute_granularity is None:
         assert a.recompute_method is None and a.recompute_num_layers is None
         return [0] * len(counts)
@@ -660,7 +669,8 @@ def check_megatron(plan, text):
     # recompute: every stage recomputes exactly its planned layers
     assert megatron_recomputed(a, counts) == expected_recompute(plan)
     if any(expected_recompute(plan)):
-        assert a.recompute_granularity == p.recompute
+        assert (a.cpu_offloading_num_layers > 0 if p.recompute == "offload"
+                else a.recompute_granularity == p.recompute)
 
     # ZeRO: 1 is the distributed optimizer, 2/3 Megatron-FSDP (no pipelining)
     if p.zero_stage == 0:

@@ -99,6 +99,18 @@ qwen3_h100x64_tp4 -0.45..-0.49% with its ranks unchanged and `closest` now None 
 non-fitting tp 4 pp 8 candidate is no longer priced on the way); gpt-oss_h100x32_pp1 rank 0
 unchanged (-1.2%), its near-equal full-recompute ranks 1-4 (30.43 s, tied within 0.001 s before)
 reordered to tp 2 first at 30.150 s, tp 4 at 30.157 s.
+Rewritten for activation offload (issue 22: recompute "offload", Megatron-Core's
+--cpu-offloading-num-layers at pp 1, priced on Transformer Engine's offload schedule,
+planner.cost.offload) and the FP8 weight copies of MoE layers: with the offload removed from the
+Megatron engine's granularities all 11 instances equal the previous record (the FP8 copies move
+none: every instance is bf16); with it five pp-1 instances move, their offload plans entering
+or leading, replaced whole by the search's output without the later knobs: llama3-8b_h100x8
+(rank 0 tp 1 cp 2 offloading 9 of 32 layers at 49.20 s, was tp 2 recomputing none at 49.97 s),
+llama70b_h100x32 (rank 0 unchanged; ranks 1-3 tp 4 pp 1 ZeRO-3 offloading 55 of 80 layers at
+106.71-106.96 s ahead of tp 8 pp 2 at 107.33 s; a `closest` now), mixtral_h100x64_s4096 (rank 4
+an offload plan at 2.766 s), deepseek-v3_h100x2048_tp8pp1 (ranks 1 and 4 ZeRO-2 ep 64 / ZeRO-1
+ep 128 offload plans) and gpt-oss_h100x32_pp1 (every rank an offload plan, 20.81 s against
+24.01 s with selective recompute and the EP overlap).
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

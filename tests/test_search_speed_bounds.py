@@ -135,7 +135,7 @@ def brute_force_steps(model, cluster, c, engine):
         elif rules.all_layers_recomputed:
             options = [layers]
         else:
-            options = itertools.product(*[range(n + 1) for n in layers])
+            options = itertools.product(*[range(rules.most_recomputed(n) + 1) for n in layers])
         for rec in options:
             e = evaluate(model, cluster, c, layers, list(rec), coeffs, engine, 0.0)
             if e.fits:
@@ -187,7 +187,9 @@ def test_pruned_search_equals_every_candidate_solved(model, gib, n):
     times, least = [], None
     for c in enumerate_candidates(model, cluster, Fixed(), default_seq_len(model), 8, eng):
         res, fits = solve_candidate(model, cluster, c, engine=eng, margin_gib=0.0)
-        if fits:
+        # (an activation offload of no layer is the plan without recompute, which the search
+        # ranks once: as the count-based granularity's at 0 layers)
+        if fits and (c.recompute != "offload" or any(res.recompute)):
             times.append(res.estimate.step_time_s)
         coeffs = stage_coefficients(model, cluster, c, eng)
         over = max(heuristic(model, cluster, c, coeffs, cap, rules_for(eng, c), engine=eng,

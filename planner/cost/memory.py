@@ -83,7 +83,8 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
 
     mode: "none" keeps everything; "selective" recomputes the attention core, so the s^2 score
     terms are not kept; "full" keeps only the layer input (2sbh, /t under sequence parallel);
-    "op" is torchtitan's per-op policy (`op_saved_terms`).
+    "op" is torchtitan's per-op policy (`op_saved_terms`); "offload" keeps nothing on the GPU
+    (planner.cost.offload).
     `flash=False` reproduces the paper, which materialises the attention scores.
     `gathered_inputs`: under sequence parallelism the QKV and MLP-in linears keep their
     all-gathered input (planner.engines.spec sp_keeps_gathered_inputs), not a 1/t shard.
@@ -91,6 +92,8 @@ def activation_bytes(model: Model, b: int, s: int, tp: int, sp: bool, mode: str,
     and log-sum-exp are then not kept (planner.engines.spec op_recomputes_attention).
     """
     tokens = b * s
+    if mode == "offload":     # every tensor the layer saves goes to the host (offload.py)
+        return 0.0
     if mode == "full":
         return 2.0 * tokens * model.hidden / (tp if sp else 1)
     rep, shard, scores = (op_saved_terms(model, op_recomputes_attention) if mode == "op"

@@ -511,7 +511,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     eb = facts.compute_elem_bytes
     moe_rerun = _moe_rerun(model, c, facts, ml, gemm + ml.elem_fwd + ml.cast_fwd + stall,
                            b, s, t)
-    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem + d_cast_fwd}.get(
+    d_rec = {"full": d_fwd, "op": ml.elem_fwd - dm_elem + d_cast_fwd, "offload": 0.0}.get(
         c.recompute, moe_rerun.fwd_s - dense_mlp_rerun.fwd_s)
     ep_fwd = ml.comm_fwd
     ep_rec = ep_fwd if c.recompute == "full" or moe_rerun.dispatch else 0.0
@@ -560,12 +560,16 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute, eb) + ml.activation_bytes)
     if c.recompute == "none":
         act_rec = act_none
+    elif c.recompute == "offload":    # every saved tensor to the host (planner.cost.offload)
+        act_rec = 0.0
     dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
                     + model.bias_params()) / t + 2 * model.norm_params()
     all_moe = layer_kinds(model) is None
     # working memory: the larger layer's full activations are live while it computes; under
     # ZeRO-3 a layer's unsharded weights and gradients (zero3_layer_bytes), the larger kind's
     other = max(0.0, act_none - act_none_d)
+    if c.recompute == "offload":     # and the offloaded layer whose copy is in flight
+        other *= 2                   # (planner.cost.stage, the dense layer's likewise)
     if c.zero == 3 and dp > 1:
         delta = nonexpert + expert - dense_params
         other += max(0.0, zero3_layer_bytes(engine.zero3_is_fsdp2, delta,

@@ -14,6 +14,14 @@ parallelism and, where ZeRO shards them, data parallelism):
   Memory Wall for Extreme Scale Deep Learning", Sec. 5): under ZeRO-3 the bf16 parameter
   shard lives on the host (or NVMe) and comes up before each all-gather, in the forward and
   again in the backward of every micro-batch.
+- activation offload (Megatron-Core --cpu-offloading-num-layers N, Transformer Engine's
+  cpu_offload context: megatron/core/transformer/transformer_block.py get_cpu_offload_context):
+  the tensors the first N layers of a rank save for backward go to pinned host memory on a
+  side stream once each layer's forward ends, and come back one layer ahead of its backward.
+  Priced as a recompute mode, "offload" (planner.vocab RECOMPUTE; Megatron refuses it with
+  recompute): a rank's offloaded layers keep no activations on the GPU but one layer's, whose
+  copy may be in flight (planner.cost.stage), and the copies cost what of them the compute
+  does not hide on Transformer Engine's schedule (`activation_offload_stall`).
 - NVMe (ZeRO-Infinity): what lives there is read and written through host memory at the
   node's NVMe bandwidth, shared by its GPUs; DeepSpeed pipelines the optimizer's swap with
   the CPU step (its pipeline_read / pipeline_write), so the slower of the two counts.
@@ -78,6 +86,40 @@ def gpu_state_bytes(engine, states: dict, c) -> dict:
 def _per_gpu(node_gbps: float, gpus_per_node: int) -> float:
     """Bytes/s one GPU's process gets of a node's shared bandwidth."""
     return node_gbps * 1e9 / gpus_per_node
+
+
+def activation_offload_stall(fwd: list, bwd: list, copy: list, offloaded: int) -> float:
+    """Seconds per micro-batch a rank's activation offload adds, its layers' forward and
+    backward passes `fwd` / `bwd` and the host copy of each one's activations `copy` (seconds,
+    each way) in model order, the first `offloaded` of them offloaded, on Transformer Engine's
+    schedule (transformer_engine/pytorch/cpu_offload.py DefaultOffloadSynchronizer, TE >= 2.10,
+    what Megatron-Core's --cpu-offloading-num-layers drives): with K = layers - offloaded, layer
+    i's copy to the host starts on one side stream once its forward ends (after the previous
+    copy) and must end before layer K + i's forward, which waits for it; its reload starts
+    before layer K - 1 + i's backward and must end before its own backward. The copies run on
+    the copy engines beside the compute, which they do not slow; what the compute waits for
+    is the stall."""
+    n = len(fwd)
+    keep = n - offloaded
+    t, stream, done = 0.0, 0.0, {}
+    for j in range(n):
+        if 1 <= j <= offloaded:          # fwd_step(j) starts layer j - 1's copy
+            stream = max(t, stream) + copy[j - 1]
+            done[j - 1] = stream
+        if 0 <= j - keep < offloaded:    # ... and waits for layer j - K's to finish
+            t = max(t, done[j - keep])
+        t += fwd[j]
+    stall = t - sum(fwd)
+    t, stream, ready = 0.0, 0.0, {}
+    for j in reversed(range(n)):
+        i = j - (keep - 1)               # bwd_step(j) starts layer i's reload
+        if 0 <= i < offloaded:
+            stream = max(t, stream) + copy[i]
+            ready[i] = stream
+        if j < offloaded:                # its backward waits for its activations
+            t = max(t, ready[j])
+        t += bwd[j]
+    return stall + t - sum(bwd)
 
 
 def per_param(engine, cluster, c) -> OffloadCosts:
@@ -147,12 +189,39 @@ class HostUse:
                 and self.nvme_tib <= self.nvme_capacity_tib)
 
 
-def host_use(model, cluster, c, engine, layers: list | None = None) -> HostUse:
+def pinned_round_factor(model, tokens: int, tp: int) -> float:
+    """At most how much more pinned host memory than their bytes offloaded activations take:
+    Transformer Engine copies each saved tensor into its own pinned buffer (cpu_offload.py:
+    torch.empty_like(tensor, device="cpu", pin_memory=True)), which PyTorch's caching host
+    allocator rounds up to a power of two (ATen/core/CachingHostAllocator.h allocate:
+    PowerOf2Ceil under the default pinned_max_round_threshold, no limit). The worst rounding
+    of a layer's tensor shapes: `tokens` (a micro-batch's, this rank's) x each width a dense
+    layer saves (the hidden size, whole or over tp, q, k/v and the FFN over tp, gated twice)
+    x 1, 2 or 4 bytes; 2 for an MoE model, whose expert tensors' rows vary with the routing."""
+    if model.is_moe:
+        return 2.0
+    f = model.ffn_hidden / tp
+    widths = (model.hidden, model.hidden / tp, model.q_dim / tp, model.kv_dim / tp, f,
+              2 * f if model.gated_mlp else f)
+    worst = 1.0
+    for w in widths:
+        for elem in (1, 2, 4):
+            n = int(math.ceil(tokens * w * elem))
+            if n > 0:
+                worst = max(worst, (1 << (n - 1).bit_length()) / n)
+    return worst
+
+
+def host_use(model, cluster, c, engine, layers: list | None = None,
+             activation_bytes: float = 0.0) -> HostUse:
     """What one node's GPUs hold on the host and its NVMe under `c`'s offload (each GPU its
-    busiest rank's shard: shard_params, of the placement `layers` where given), host memory
-    with HOST_BUFFER_FACTOR."""
+    busiest rank's shard: shard_params, of the placement `layers` where given), the states in
+    host memory with HOST_BUFFER_FACTOR, and the `activation_bytes` its busiest rank offloads
+    (recompute "offload") in pinned buffers (pinned_round_factor)."""
     opt, par = shard_params(model, c, layers)
-    host = nvme = 0.0
+    act = activation_bytes * (pinned_round_factor(model, c.mbs * c.seq_len // c.cp, c.tp)
+                              if activation_bytes else 0.0)
+    host, nvme = 0.0, 0.0
     if c.offload_optimizer != "none":
         b = engine.optimizer_bytes + HOST_GRAD_BYTES
         if c.offload_optimizer == "nvme":
@@ -166,5 +235,6 @@ def host_use(model, cluster, c, engine, layers: list | None = None) -> HostUse:
             host += engine.weight_bytes * par
     n = min(cluster.gpus_per_node, c.tp * c.pp * c.dp * c.cp)
     g = cluster.gpu
-    return HostUse(host_gib=n * host * HOST_BUFFER_FACTOR / GIB, nvme_tib=n * nvme / 2 ** 40,
+    return HostUse(host_gib=n * (host * HOST_BUFFER_FACTOR + act) / GIB,
+                   nvme_tib=n * nvme / 2 ** 40,
                    host_capacity_gib=g.host_memory_gib, nvme_capacity_tib=g.nvme_tib)

@@ -20,7 +20,8 @@ from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collecti
                                        zero3_end_bytes, zero3_unsharded_bytes)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
-from planner.cost.offload import gpu_state_bytes, host_use, offloads, per_param
+from planner.cost.offload import (activation_offload_stall, gpu_state_bytes, host_use,
+                                  offloads, per_param)
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
                                     dense_mlp_rerun)
 from planner.cost.schedule import (forward_and_wgrad, head_rank, in_flight, pipeline_time,
@@ -603,6 +604,13 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         # working memory of the layer being computed: a recomputed layer re-materialises its
         # full activations in backward; in any case one layer's worth is live.
         work = act_none + cpx.buffer_bytes
+        if rec_mode == "offload":
+            # an offloaded layer's activations stay until their copy to the host ends, beside
+            # the next layers': one layer's more, as Transformer Engine's first offload handler
+            # held (cpu_offload_v1.py, double-buffered groups); its schedule from TE 2.10
+            # holds no more than the kept layers' (each copy ends before the kept layers'
+            # count of layers later: cpu_offload.py DefaultOffloadSynchronizer)
+            work += act_none
         # the last stage holds its head's saved tensors for every micro-batch whose backward
         # has not run (one under 1F1B, with the EP overlap too; all m under GPipe), and the
         # loss's peak beyond them once, as working memory. The embedding
@@ -611,8 +619,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         if last and p > 1 and engine.pipeline_returns_outputs:
             # the logits of every micro-batch whose backward has run, kept to the step's end
             fixed_act += head.output * max(c.m - head_in_flight, 0)
-        if last and c.recompute == "none":
-            # no layer recomputed: a layer's working set (its backward's temporaries, within
+        if last and c.recompute in ("none", "offload"):
+            # no layer recomputed (an offloaded one is reloaded, not run again): a layer's
+            # working set (its backward's temporaries, within
             # one layer's activations) and the loss's peak are of different moments: the loss
             # peaks with its micro-batch's head held; the layers' backward runs after the
             # head's has freed that micro-batch's head (autograd frees saved tensors as their
@@ -829,6 +838,28 @@ class Estimate:
                    if self.host is not None else {})}
 
 
+def offload_stalls(model: Model, cluster: Cluster, c: Candidate, engine: Engine, coeffs: list,
+                   layers: list, recompute: list) -> list:
+    """Per pipeline rank, the seconds per micro-batch its activation offload (recompute
+    "offload": its first `recompute` layers') adds (planner.cost.offload
+    activation_offload_stall), its layers in model order, each with its kind's passes and
+    activations (a layer's freed activations: mem_rec, per micro-batch in flight)."""
+    sched = engine.effective_schedule(c.schedule, c.pp, c.m)
+    link = cluster.gpu.host_link_gbps * 1e9
+    out, start = [], 0
+    for k, n, r in zip(coeffs, layers, recompute):
+        per = 1.0 / in_flight(sched, c.pp, k.rank, c.m, c.vpp)
+        fwd, bwd, copy = [], [], []
+        for idx in range(start, start + n):
+            d = k.moe if k.moe is not None and model.moe_layer(idx) else None
+            fwd.append(k.fwd_layer + (d.fwd_layer if d else 0.0))
+            bwd.append(k.bwd_layer + (d.bwd_layer if d else 0.0))
+            copy.append((k.mem_rec + (d.mem_rec if d else 0.0)) * per / link)
+        out.append(activation_offload_stall(fwd, bwd, copy, r) if r else 0.0)
+        start += n
+    return out
+
+
 def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
              coeffs: list | None = None, engine: Engine | None = None,
              margin_gib: float | None = None) -> Estimate:
@@ -842,6 +873,10 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     else:
         qs = rqs = [0] * len(coeffs)
     times = [k.time(n, r, q, rq) for k, n, r, q, rq in zip(coeffs, layers, recompute, qs, rqs)]
+    stalls = [0.0] * len(coeffs)
+    if c.recompute == "offload" and any(recompute):
+        stalls = offload_stalls(model, cluster, c, engine, coeffs, layers, recompute)
+        times = [x + s for x, s in zip(times, stalls)]
     fwd, wgrad = forward_and_wgrad(coeffs, layers, qs)
     pipe, bubble = pipeline_time(times, c.m, c.vpp,
                                  engine.effective_schedule(c.schedule, c.pp, c.m), fwd, wgrad)
@@ -871,6 +906,8 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         breakdown["optimizer"] = opt - moved
         breakdown["offload"] = moved + per_mb
         breakdown["dp_comm_exposed"] -= per_mb
+    if c.recompute == "offload":   # the offloaded layers' host copies that stick out
+        breakdown["activation_offload"] = c.m * stalls[crit]
     if c.cp > 1:   # the exposed context-parallel exchange (a plan without CP has no entry)
         breakdown["cp_comm"] = c.m * (n * k.cp_layer + r * k.cp_rec)
     if model.is_moe:   # expert-parallel dispatch and combine (all-to-all or all-gather)
@@ -889,7 +926,12 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    host = host_use(model, cluster, c, engine, layers) if offloads(c) else None
+    # what the busiest rank's offloaded layers hold on the host: the activations they free
+    act_host = max(rr * kk.mem_rec + (rqq * kk.moe.mem_rec if kk.moe else 0.0)
+                   for kk, rr, rqq in zip(coeffs, recompute, rqs)) \
+        if c.recompute == "offload" else 0.0
+    host = (host_use(model, cluster, c, engine, layers, activation_bytes=act_host)
+            if offloads(c) or act_host else None)
     return Estimate(fits=fits and (host is None or host.fits),
                     host=host, step_time_s=step, tokens_per_s=tokens / step,
                     tflops_per_gpu=tflops, mfu=tflops / cluster.peak_tflops_per_gpu,

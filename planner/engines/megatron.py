@@ -46,7 +46,7 @@ the distributed optimizer (Megatron-LM docs, distributed optimizer).
 from planner.cost.compute import FUSED_GATED_ACT_BYTES, ElementwiseKernels
 from planner.engines.eager import RELU2_EAGER_BYTES
 from planner.engines.spec import (ALL_OR_NONE, ALLOCATOR_RESERVE, ANY_SPLIT, CONTEXT_GIB,
-                                  PER_CHUNK, Engine)
+                                  PER_CHUNK, PER_STAGE, Engine)
 from planner.engines.trust import validation_of
 # --recompute-modules choices, default ["core_attn"] (planner.vocab)
 from planner.vocab import RECOMPUTE_MODULES
@@ -139,7 +139,10 @@ MEGATRON = Engine(
     # stage one decoder layer fewer (it may hold none), the last likewise (get_num_layers_to_
     # build); Megatron-Bridge's Llama 3.1 405B recipes run 126 layers at pp 16, vpp 8 so
     end_chunks_may_be_empty=True,
-    recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE)),
+    # --cpu-offloading-num-layers N: the activations of a rank's first N layers to host memory
+    # (transformer_block.py get_cpu_offload_context), N < its layers, pp 1, no recompute
+    # (transformer_config.py; planner.rules activation_offload_problem)
+    recompute=(("full", PER_CHUNK), ("selective", ALL_OR_NONE), ("offload", PER_STAGE)),
     # --recompute-modules (megatron/core/transformer/transformer_config.py)
     recompute_modules=RECOMPUTE_MODULES,
     overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
@@ -165,6 +168,12 @@ MEGATRON = Engine(
                               "path\" (examples/multimodal_dev/scripts/run_qwen35_vl.sh, "
                               "NVIDIA/Megatron-LM#6081)"),
              ("stage_layers", "megatron/training/arguments.py --pipeline-model-parallel-layout"),
+             ("offload_activations_pp",
+              "megatron/core/transformer/transformer_config.py __post_init__ (\"Currently there "
+              "is no support for Pipeline parallelism with CPU offloading\")"),
+             ("offload_activations_kept",
+              "megatron/core/transformer/transformer_config.py __post_init__ (\"CPU offloading "
+              "can be done only for layers less than\" num_layers)"),
              ("end_chunks_may_be_empty",
               "megatron/core/transformer/transformer_block.py get_num_layers_to_build (\"Reduce "
               "the number of layers to construct by 1 on the first (or last) stage if the "

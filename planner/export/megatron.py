@@ -15,6 +15,8 @@ and megatron-core (>= 0.14, where Megatron-FSDP and --pipeline-model-parallel-la
   (stage i on rank i % pp, chunk i // pp), 'E' (embedding) first and 'L' (loss) last.
 * --recompute-method block recomputes the first --recompute-num-layers layers of every model
   chunk (all of a shorter chunk): a Megatron plan recomputes min(N, layers) in every stage.
+* recompute "offload" is --cpu-offloading-num-layers N (the activations of a rank's first N
+  layers to host memory; Megatron runs it at pp 1 without recompute, N < the layers).
 * ZeRO-1 is --use-distributed-optimizer; ZeRO-2/3 are Megatron-FSDP sharding strategies
   (optim_grads / optim_grads_params), which Megatron does not combine with pipeline parallelism.
 * --overlap-grad-reduce and --overlap-param-gather: the overlaps the megatron engine prices.
@@ -119,6 +121,13 @@ def _recompute(plan: Plan, args: list, notes: list) -> None:
     if p.recompute == "none":
         return
     if not recompute_active(plan):
+        return
+    if p.recompute == "offload":
+        # the activations of the first N layers to host memory (sets --cpu-offloading:
+        # megatron/training/arguments.py); pp 1, so one stage
+        args.append(("--cpu-offloading-num-layers", plan.stages[0].recompute_layers))
+        notes.append(f"activations of {plan.stages[0].recompute_layers} of "
+                     f"{plan.stages[0].num_layers} layers offloaded to host memory")
         return
     if p.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))

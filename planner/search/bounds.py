@@ -62,6 +62,13 @@ class Rules:
     fixed_split: tuple | None = None
     # the fewest layers each rank may hold (planner.rules.rank_min_layers); None: vpp each
     min_layers: tuple | None = None
+    # the fewest of a rank's layers it may not recompute (offload: planner.rules
+    # OFFLOAD_KEPT_LAYERS)
+    kept_layers: int = 0
+
+    def most_recomputed(self, n: int) -> int:
+        """The most of a rank's n layers it may recompute (or offload)."""
+        return max(0, n - self.kept_layers)
 
     def least_layers(self, p: int, vpp: int, kinds: bool = False) -> list:
         """The fewest layers each of p ranks holds in a placement: `min_layers`, but one a
@@ -75,13 +82,16 @@ class Rules:
 
 
 def rules_for(engine: Engine, c: Candidate, f: Fixed | None = None) -> Rules:
-    recompute_fixed = f is not None and f.recompute not in (None, "none")
+    # a fixed recompute granularity recomputes every layer (a published "full"); a fixed
+    # offload is the granularity, its count placed like any (Megatron's own knob)
+    recompute_fixed = f is not None and f.recompute not in (None, "none", "offload")
     return Rules(all_layers_recomputed=(recompute_fixed
                                         or engine.all_layers_recomputed(c.recompute)),
                  per_chunk=engine.recompute_count(c.recompute) == PER_CHUNK,
                  equal_split=engine.stage_layers == BALANCED_SPLIT,
                  fixed_split=f.stage_layers if f is not None and c.pp > 1 else None,
-                 min_layers=tuple(V.rank_min_layers(engine, c.pp, c.vpp)))
+                 min_layers=tuple(V.rank_min_layers(engine, c.pp, c.vpp)),
+                 kept_layers=V.OFFLOAD_KEPT_LAYERS if c.recompute == "offload" else 0)
 
 
 def _recompute_bounds(c: Candidate, rules: Rules):
@@ -137,7 +147,8 @@ def _least_recompute(mem0, save, n, cap: float, c: Candidate, rules: Rules):
     pos = save > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.maximum(0.0, np.ceil((mem0 - cap) / np.where(pos, save, 1.0)))
-    return np.where(pos, np.where(r <= n, r, np.inf), np.where(mem0 <= cap, 0.0, np.inf))
+    return np.where(pos, np.where(r <= n - rules.kept_layers, r, np.inf),
+                    np.where(mem0 <= cap, 0.0, np.inf))
 
 
 def _with_exposures(t, coeffs, n):
@@ -372,7 +383,7 @@ def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
     if k.mem_rec <= 0:
         return None
     r = math.ceil(over / k.mem_rec)
-    return r if r <= n else None
+    return r if r <= rules.most_recomputed(n) else None
 
 
 def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, counts):
@@ -386,9 +397,10 @@ def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, coun
     if c.recompute == "none" or rules.all_layers_recomputed:
         r = 0 if c.recompute == "none" else n
         return r if fits(r) else None
-    if not fits(n):
+    most = rules.most_recomputed(n)
+    if not fits(most):
         return None
-    lo, hi = 0, n        # memory does not grow with r: the least r that fits, by bisection
+    lo, hi = 0, most     # memory does not grow with r: the least r that fits, by bisection
     while lo < hi:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -444,9 +456,11 @@ class SharedCoefficients:
         recomputing a layer frees; per kind (dense, MoE added) where the kinds mix."""
         # every field that changes a layer's figures (the MoE dispatch, overlap, capacity and
         # imbalance included); pp, the schedule and ZeRO are the class's own (laid out at pp 1)
+        # (and the micro-batches under the EP overlap, whose first forward and last backward
+        # run unpaired: planner.cost.moe unpaired_pass_share)
         key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap, c.recompute,
                c.recompute_modules, c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor,
-               c.moe_imbalance)
+               c.moe_imbalance, c.m if c.ep_comm_overlap else 0)
         got = self._times.get(key)
         if got is None:
             one = _pipeline_free(c)
@@ -477,7 +491,8 @@ class SharedCoefficients:
         per shape. A hair below, so that last-bit differences between two choices' builds
         cannot lift it above."""
         key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap,
-               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance)
+               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance,
+               c.m if c.ep_comm_overlap else 0)
         fig = self._shape_times.get(key)
         if fig is None:
             fig = self._shape_times[key] = self._layer_figures(c)

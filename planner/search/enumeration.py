@@ -87,16 +87,26 @@ class Fixed:
     zeropp: bool | None = None
 
 
-def searched_recompute(engine: Engine, f: Fixed, model: Model) -> list:
-    """(granularity, selective modules) pairs to try. A count-based granularity (any number of
-    a rank's layers, 0 included) covers "none"; an every-layer-or-none one needs "none" beside
-    it. Selective recompute of the attention core only saves memory when attention scores are
-    materialised (no flash); where the engine recomputes modules (Megatron), the
-    output-discarding ones that apply to the model are tried too (planner.cost.recompute)."""
+def searched_recompute(engine: Engine, f: Fixed, model: Model, cluster: Cluster | None = None,
+                       pp: int = 1) -> list:
+    """(granularity, selective modules) pairs to try at pipeline size `pp`. A count-based
+    granularity (any number of a rank's layers, 0 included) covers "none"; an every-layer-or-
+    none one needs "none" beside it. Selective recompute of the attention core only saves
+    memory when attention scores are materialised (no flash); where the engine recomputes
+    modules (Megatron), the output-discarding ones that apply to the model are tried too
+    (planner.cost.recompute). Activation offload only where the engine runs it at `pp` on
+    `cluster` (planner.rules.activation_offload_problem)."""
+    def offload_ok():
+        return cluster is not None and not V.activation_offload_problem(engine, cluster, pp)
+
     if f.recompute:
+        if f.recompute == "offload" and not offload_ok():
+            return []
         return [(f.recompute, f.recompute_modules or DEFAULT_MODULES)]
-    modes = [g for g in engine.recompute_modes if not (g == "selective" and f.flash)]
-    if all(engine.all_layers_recomputed(g) for g in modes):
+    modes = [g for g in engine.recompute_modes if not (g == "selective" and f.flash)
+             and (g != "offload" or offload_ok())]
+    if all(engine.all_layers_recomputed(g) for g in modes if g != "offload"):
+        # (an offload of no layer is not ranked: planner.search)
         modes = ["none"] + modes
     out = [(g, DEFAULT_MODULES) for g in modes]
     cheap = tuple(x for x in cheap_modules(model) if x in engine.recompute_modules)
@@ -221,7 +231,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                                    model.num_layers, pp, v, f.stage_layers, engine))]
                 elif f.vpp in (None, 1):
                     scheds.append((sch, 1))
-        recs = searched_recompute(engine, f, model)
+        recs = searched_recompute(engine, f, model, cluster, pp)
         experts = expert_layouts(model, f, engine, tp, dp, cp)
         dispatcher_fixed = (f.moe_dispatcher or "") if model.is_moe else ""
         capacity = f.moe_capacity_factor if model.is_moe else None

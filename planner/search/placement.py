@@ -83,7 +83,8 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
                                                                for j in range(c.pp)])
                 return q[i], rq[i]
             r = _min_recompute_kinds(k, n, cap, c, rules, counts)
-        rec.append(r if r is not None else (n if c.recompute != "none" else 0))
+        rec.append(r if r is not None else (rules.most_recomputed(n) if c.recompute != "none"
+                                             else 0))
     rec = engine_recompute(rec, split, c, rules)
     est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
     return Result(c, split, rec, est)
@@ -248,7 +249,7 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.Add(vr == v * per_chunk)
             mdl.AddMinEquality(r, [vr, n])             # chunk_recompute
         else:
-            mdl.Add(r <= n)
+            mdl.Add(r <= n - rules.kept_layers)
         mem_expr = (int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
                     - int(k.mem_rec) * r)
         t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r

@@ -21,9 +21,10 @@ MODEL_KEY = {"LLAMA3_8B": "llama38b", "LLAMA3_70B": "llama370b", "LLAMA3.1_405B"
 HF = {"LLAMA3_8B": "meta-llama/Meta-Llama-3-8B config.json", "LLAMA3_70B": "meta-llama/Meta-Llama-3-70B config.json",
       "LLAMA3.1_405B": "meta-llama/Llama-3.1-405B config.json"}
 
-# What the releases' performance recipes ran that the planner does not price: Megatron-Bridge's
-# activation CPU offloading (WorkloadBaseConfig cpu_offloading_num_layers: the saved activations
-# of that many layers moved to host memory in forward and back in backward), set in the Llama
+# Megatron-Bridge's activation CPU offloading in the releases' performance recipes
+# (WorkloadBaseConfig cpu_offloading_num_layers: the saved activations of that many layers moved
+# to host memory in forward and back in backward; priced as the planner's recompute "offload",
+# which places its own count, the recipe's in `recompute_source`), set in the Llama
 # presets of scripts/performance/configs/llama/llama3{,1}_workload_base_configs.py. Read at
 # every tag from v0.3.0 (2026-02-26, the 26.02 release) to v0.5.1 (2026-07-20, after 26.06):
 # each preset's value is the same at all of them, so the rows of 26.02-26.06 are given it
@@ -299,9 +300,16 @@ def rows():
                         "sequence parallelism, CUDA graphs and communication overlaps are not printed in the table"]
             off = offload_layers(rel, gpu, model, prec, gbs, n)
             if off:
-                row["unpriced"] = [f"activation CPU offloading of {off[0]} layers ({off[1]}): the "
-                                   "planner has no activation offload and keeps or recomputes those "
-                                   "activations instead"]
+                # Megatron runs it without recompute (transformer_config.py): the row's
+                # recompute is the offload; the count is the planner's to place
+                fixed["recompute"] = "offload"
+                row["recompute_source"] = (f"activation CPU offloading of {off[0]} layers ({off[1]}), "
+                                           "without recompute (Megatron-Core transformer_config.py "
+                                           "refuses cpu_offloading with recompute_granularity)")
+                row["uncertain"] = [u for u in row["uncertain"] if not u.startswith("recompute,")] + [
+                    "sequence parallelism, CUDA graphs and communication overlaps are not printed in the table",
+                    f"the planner places its own count of offloaded layers; the recipe's is {off[0]}"]
+                row["uncertain"] = list(dict.fromkeys(row["uncertain"]))
             if corrections:
                 row["corrections"] = corrections
             out.append(row)
