@@ -522,7 +522,9 @@ MOE_NOTES = """Notes.
   the rows were mended for issue 22, 4.78 before the collectives' latency counted a ring's
   hops inside a node at the NVLink latency), and the host's issuing of the grouped GEMMs, per
   local expert
-  (MOE_EXPERT_OVERHEAD_S = 0.1076 ms; 0.2031, 0.1803, 0.200 and 0.213 before:
+  (MOE_EXPERT_OVERHEAD_S = 0.0864 ms, a term the fit barely identifies: 1e-8 of loss;
+  0.1076 before FP8 primary weights were gathered as their 1-byte data, 0.2031, 0.1803, 0.200
+  and 0.213 before that:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP
   and EP communication) does not cover it: between two syncs the GPU runs only what the host

@@ -120,7 +120,9 @@ class Recipe:
     backward) where weights are cast every micro-batch; weight_copy_bytes: quantised weight
     copies kept beside the bf16 weights, per linear parameter; saves_lowp_inputs: the linears
     save their quantised inputs for backward (instead of bf16); fsdp_lowp_all_gather: FSDP
-    gathers the linear weights already quantised (1 byte each)."""
+    gathers the linear weights already quantised (1 byte each) and holds them so;
+    lowp_param_sync: the data-parallel parameter all-gathers move the FP8 primary weights'
+    1-byte data (held as the weight copies say once gathered)."""
     name: str
     gemm_scale: float
     cast_in_bytes: float
@@ -130,6 +132,7 @@ class Recipe:
     weight_copy_bytes: float = 0.0
     saves_lowp_inputs: bool = False
     fsdp_lowp_all_gather: bool = False
+    lowp_param_sync: bool = False
 
 
 # Transformer Engine (Megatron-Core, llm-foundry). Current ("tensorwise") scaling computes the
@@ -181,12 +184,22 @@ TORCHAO_RECIPES = {
 # and its transpose (Hopper) or row- and column-wise copies (MXFP8) are the parameters, so no
 # bf16 linear weight is kept beside them (the fp32 master stays in the optimizer): the bytes
 # per linear parameter beyond a bf16 weight are the copies' less the bf16 weight's.
+# The data-parallel parameter all-gathers then move the per-tensor FP8 weights' 1-byte data
+# (`lowp_param_sync`): Megatron-Core's param buffer is uint8 for them (megatron/core/
+# distributed/param_and_grad_buffer.py @d98e8a64: "param_dtype: storage dtype (torch.uint8 for
+# FP8/NVFP4 parameters"), NeMo's MegatronDistributedFusedAdam syncs Float8Tensor params with
+# param_sync_dtype=torch.uint8 (nemo/core/optim/distributed_adam.py init_params); MXFP8 primary
+# weights gather through a bf16 buffer and are quantised again (param_and_grad_buffer.py
+# reuse_grad_buf_for_mxfp8_param_ag), so 2 B.
 BF16_WEIGHT_BYTES = 2.0
+LOWP_PARAM_SYNC_RECIPES = ("tensorwise", "delayed")
 def fp8_param_recipe(r: Recipe) -> Recipe:
     """`r` with FP8 primary weights: the copies are the weights, no bf16 weight beside them
     (bytes per linear parameter beyond a bf16 weight: below 0 where the copies are smaller
-    than it, as one FP8 copy without its transpose: `on_gpu`)."""
-    return dataclasses.replace(r, weight_copy_bytes=r.weight_copy_bytes - BF16_WEIGHT_BYTES)
+    than it, as one FP8 copy without its transpose: `on_gpu`); per-tensor FP8 weights are
+    gathered as their 1-byte data (`lowp_param_sync`)."""
+    return dataclasses.replace(r, weight_copy_bytes=r.weight_copy_bytes - BF16_WEIGHT_BYTES,
+                               lowp_param_sync=r.name in LOWP_PARAM_SYNC_RECIPES)
 
 
 FP8_PARAM_RECIPE_NAMES = ("tensorwise", "delayed", "mxfp8")

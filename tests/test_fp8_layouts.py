@@ -90,3 +90,31 @@ def test_moe_layers_keep_the_experts_fp8_weight_copies(gpu, library, copy_bytes)
         params[precision] = best.estimate.stage_memory_gib[1]["params"] * 2 ** 30
     assert params["fp8"] - params["bf16"] == pytest.approx(
         copy_bytes * per_layer * (d["layers"] // pp), rel=1e-9)
+
+
+def test_fp8_primary_weights_are_gathered_as_their_one_byte_data():
+    """Megatron-Core keeps FP8 primary weights in a uint8 param buffer (param_and_grad_buffer.py
+    param_dtype) and NeMo's distributed Adam syncs them with param_sync_dtype uint8, so the
+    distributed optimizer's parameter all-gather moves a byte per linear weight and two per
+    norm weight: for a Llama 3 8B layer (config.json: hidden 4096, 8 of 32 heads for k and v
+    of 128, FFN 14336) at ZeRO-1, the all-gather of 218.1M linear bytes + 2 x 8192
+    norm bytes (on 8 B200, where MXFP8 runs too). MXFP8 primary weights gather through a bf16
+    buffer: 2 B each."""
+    from planner.catalog import get_cluster
+    from planner.catalog.models import MODELS
+    from planner.cost import comm
+    from planner.cost.stage import Candidate, stage_coefficients
+    h, q, kv, f = 4096, 32 * 128, 8 * 128, 14336
+    linear = h * (q + 2 * kv) + q * h + 3 * h * f
+    cluster = get_cluster("b200x8")
+    link = comm.group_link(cluster, 8, 1)
+    engine = dataclasses.replace(MEGATRON, lowp_library="te_fp8_params")
+    gathered = {}
+    for precision, recipe in (("fp8", "tensorwise"), ("mxfp8", "mxfp8"), ("bf16", None)):
+        c = Candidate(tp=1, pp=1, dp=8, zero=1, sp=False, mbs=1, seq_len=8192, global_batch=64,
+                      recompute="full", precision=precision, recipe=recipe)
+        k = stage_coefficients(MODELS["llama3-8b"], cluster, c, engine)[0]
+        gathered[precision] = k.gather_layer
+    assert gathered["fp8"] == pytest.approx(comm.all_gather(linear + 2 * 2 * h, 8, link))
+    assert gathered["mxfp8"] == pytest.approx(gathered["bf16"])
+    assert gathered["bf16"] == pytest.approx(comm.all_gather(2 * (linear + 2 * h), 8, link))

@@ -66,6 +66,20 @@ def dp_collectives(zero: int, engine: Engine, dp: int, dp_link, g_layer: float, 
     return z
 
 
+def weight_gather_bytes(lp, zero: int, elem: float, params: float, linear: float) -> float:
+    """Bytes a data-parallel all-gather of `params` weights moves (`linear` of them the block
+    linears' a low-precision recipe quantises): `elem` each (the compute dtype), but the
+    linears' quantised where the recipe gathers them so: FSDP's float8 all-gather under ZeRO-2/3
+    (Recipe.fsdp_lowp_all_gather), FP8 primary weights' 1-byte data wherever parameters are
+    gathered (Recipe.lowp_param_sync; ZeRO-1 gathers the updated parameters too, Megatron's
+    distributed optimizer and NeMo's distributed Adam alike)."""
+    out = elem * params
+    if lp is not None and ((lp.recipe.lowp_param_sync and zero >= 1)
+                           or (lp.recipe.fsdp_lowp_all_gather and zero >= 2)):
+        out -= (elem - lp.element_bytes) * linear
+    return out
+
+
 # ZeRO++ (Wang et al. 2023, "ZeRO++: Extremely Efficient Collective Communication for Giant
 # Model Training", arXiv 2306.10209): qwZ gathers weights as int8 (1 byte an element, "half
 # the communication volume" of fp16: Sec. 3.1; the per-block scales, one fp32 per 2048

@@ -80,7 +80,8 @@ from planner.cost import comm
 from planner.cost.compute import (BF16, ELEMENTWISE_BWD_FACTOR, FUSED_KERNELS,
                                   GEMM_BWD_FACTOR, activation_bytes_per_element, gemm_time,
                                   linear_cast_times, mlp_activation_bytes, mlp_io_elements)
-from planner.cost.dataparallel import dp_collectives, pipelined_fsdp_unsharded, zero3_layer_bytes
+from planner.cost.dataparallel import (dp_collectives, pipelined_fsdp_unsharded,
+                                       weight_gather_bytes, zero3_layer_bytes)
 from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
 from planner.layout import make_stages
@@ -540,8 +541,11 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     dp_link = comm.group_link(cluster, dp, t)
     edp_link = comm.group_link(cluster, edp, c.ep * c.etp)
     z_ne = dp_collectives(c.zero, engine, dp, dp_link, gb * nonexpert, 0.0,
-                          BF16 * nonexpert, 0.0)
-    z_ex = dp_collectives(c.zero, engine, edp, edp_link, gb * expert, 0.0, BF16 * expert, 0.0)
+                          weight_gather_bytes(lp, c.zero, BF16, nonexpert, ml.linear_params),
+                          0.0)
+    z_ex = dp_collectives(c.zero, engine, edp, edp_link, gb * expert, 0.0,
+                          weight_gather_bytes(lp, c.zero, BF16, expert, ml.expert_linear_params),
+                          0.0)
     local = (lambda x, d: x / d) if c.zero >= 1 else (lambda x, d: x)   # noqa: E731
     opt_layer = facts.optimizer_time(local(nonexpert, dp)) + facts.optimizer_time(
         local(expert, edp))

@@ -17,7 +17,8 @@ from planner.cost.compute import (BF16, GEMM_BWD_FACTOR, attention_width, mean_a
 from planner.cost.context import cp_exchange
 from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collectives, hpz_size,
                                        effective_fsdp_outer_wrap, pipelined_fsdp_unsharded,
-                                       zero3_end_bytes, zero3_unsharded_bytes)
+                                       weight_gather_bytes, zero3_end_bytes,
+                                       zero3_unsharded_bytes)
 from planner.cost.facts import facts_for
 from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.offload import (activation_offload_stall, gpu_state_bytes, host_use,
@@ -535,8 +536,12 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     g_layer = grad_bytes * layer_params
     w_layer = facts.compute_elem_bytes * layer_params
     if lp is not None and lp.recipe.fsdp_lowp_all_gather and c.zero >= 2:
-        # FSDP2 gathers the linear weights in FP8 (torchtitan enable_fsdp_float8_all_gather)
+        # FSDP2 gathers the linear weights in FP8 and holds them so (torchtitan
+        # enable_fsdp_float8_all_gather)
         w_layer -= (BF16 - lp.element_bytes) * linear_params
+    # what one all-gather of a layer's weights moves (FP8 primary weights' 1-byte data too)
+    w_gather = weight_gather_bytes(lp, c.zero, facts.compute_elem_bytes, layer_params,
+                                   linear_params)
     local = (lambda x: x / dp) if c.zero >= 1 else (lambda x: x)   # noqa: E731
     # memory of a layer, the same on every rank but for the micro-batches in flight
     wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **gpu_states)
@@ -580,7 +585,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         fwd_fixed = (emb_f if first else 0.0) + (head_f if last else 0.0)
         g_fixed = grad_bytes * fixed_params
         w_fixed = facts.compute_elem_bytes * fixed_params
-        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_layer, w_fixed,
+        z = dp_collectives(c.zero, engine, dp, dp_link, g_layer, g_fixed, w_gather, w_fixed,
                            c.replicas, rep_link, zpp)
         wf, gf, of = model_state_bytes(fixed_params, dp, c.zero, **gpu_states)
         if zpp is not None:     # hpZ's secondary partition of the embedding and head

@@ -76,10 +76,12 @@ from planner.vocab import RECOMPUTE_MODULES
 # (0.0177) once Blackwell's attention was priced as measured (planner.catalog.gpus
 # BLACKWELL_ATTENTION, in place of H100's assumed figure); 4.39 ms / 0.1076 ms (0.0127) once
 # Blackwell's GEMMs were (BLACKWELL_GEMM: B200 0.58 of peak where H100's 0.70 was assumed; the
-# per-expert term now lowers the loss by 1e-8 only: the fit barely identifies it). Host time:
-# the same seconds on every GPU.
+# per-expert term now lowers the loss by 1e-8 only: the fit barely identifies it); 4.39 ms /
+# 0.0864 ms (0.0127, the per-expert term again worth 1e-8) once FP8 primary weights were
+# gathered as their 1-byte data (planner.precision Recipe.lowp_param_sync; the H100 Qwen3 FP8
+# fit rows' ZeRO-1 gathers). Host time: the same seconds on every GPU.
 MOE_LAYER_OVERHEAD_S = 4.39e-3
-MOE_EXPERT_OVERHEAD_S = 0.1076e-3
+MOE_EXPERT_OVERHEAD_S = 0.0864e-3
 
 
 # The routed experts' down-projection bias (gpt-oss, --add-bias-linear) weighted by the routing
