@@ -138,3 +138,24 @@ def test_no_offload_beside_the_ep_overlap():
     rep = search(model, get_cluster("h100x64"), Fixed(pp=1, recompute="offload"),
                  seq_len=4096, global_batch=256, top=5)
     assert rep.ranked and all(not r.candidate.ep_comm_overlap for r in rep.ranked)
+
+
+def test_an_offload_of_no_layer_is_ranked_as_the_plan_without_recompute():
+    """Found by review: with room for a Llama 3 8B layer's activations but not for Megatron's
+    full-recompute bookkeeping (the loss's peak beside a layer's working set, counted apart
+    under recompute), the offload candidate's best placement offloads nothing; that plan is
+    the one without recompute, and the search must return it (priced as "none": no copy in
+    flight, no offload flag), not a plan recomputing a layer. The brute force: the candidate
+    priced without recompute fits and nothing is faster."""
+    from planner.cost.price import price
+    from tests.test_moe_planner import cluster_with_memory
+    model, cluster = get_model("llama3-8b"), cluster_with_memory(103.5, n=8)
+    rep = search(model, cluster, Fixed(tp=1, pp=1, mbs=1, zero=1), seq_len=8192,
+                 global_batch=64, top=2, margin_gib=0.0)
+    plain = dataclasses.replace(rep.best.candidate, recompute="none")
+    est = price(model, cluster, plain, [32], [0], margin_gib=0.0).estimate
+    full = price(model, cluster, dataclasses.replace(plain, recompute="full"), [32], [0],
+                 margin_gib=0.0).estimate
+    assert est.fits and not full.fits
+    assert rep.best.candidate.recompute == "none" and rep.best.recompute == [0]
+    assert rep.best.estimate.step_time_s == pytest.approx(est.step_time_s)

@@ -81,7 +81,8 @@ def test_70b_plans_with_optimizer_offload(plans70, engine):
         r = plan.stages[0].recompute_layers
         per_layer = off[0].memory(n, 0)["activations"] / n
         tokens = plan.batch.micro_batch_size * plan.batch.seq_len // p.cp
-        acts = 8 * r * per_layer * pinned_round_factor(L70, tokens, p.tp)
+        acts = 8 * r * per_layer * pinned_round_factor(L70, tokens, p.tp,
+                                                       p.sequence_parallel)
     assert est["host_memory_gib_per_node"] == pytest.approx(
         L70.num_params() * 16 * 1.5 / GIB + acts / GIB, rel=0.03)
     assert est["host_memory_gib_per_node"] <= est["host_capacity_gib_per_node"]

@@ -111,6 +111,15 @@ llama70b_h100x32 (rank 0 unchanged; ranks 1-3 tp 4 pp 1 ZeRO-3 offloading 55 of 
 an offload plan at 2.766 s), deepseek-v3_h100x2048_tp8pp1 (ranks 1 and 4 ZeRO-2 ep 64 / ZeRO-1
 ep 128 offload plans) and gpt-oss_h100x32_pp1 (every rank an offload plan, 20.81 s against
 24.01 s with selective recompute and the EP overlap).
+Rewritten for the review of the activation offload (an MoE layer's expert-side activations kept
+on the GPU under it, as Transformer Engine's first offload handler leaves them; an offload of no
+layer priced and ranked as the plan without recompute; the pinned host memory rounded per tensor
+width): llama3-8b_h100x8 and llama70b_h100x32 keep their knobs, layers and times; the three MoE
+pp-1 instances' offload plans grow dearer: mixtral_h100x64_s4096 rank 4 is tp 2 selective
+recompute at 2.775 s again, deepseek-v3_h100x2048_tp8pp1 offloads 36 (rank 1) and 19 (rank 4,
+ZeRO-2) layers at unchanged times, gpt-oss_h100x32_pp1 is led by tp 8 selective recompute with
+the EP overlap at 24.01 s again, its offload plans at 26.3-27.8 s behind; replaced whole by the
+search's output without the later knobs.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

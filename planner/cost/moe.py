@@ -564,8 +564,14 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         act_rec_d - dense_mlp_saved(model, b, s, t, c.recompute, eb) + ml.activation_bytes)
     if c.recompute == "none":
         act_rec = act_none
-    elif c.recompute == "offload":    # every saved tensor to the host (planner.cost.offload)
-        act_rec = 0.0
+    elif c.recompute == "offload":
+        # the attention's and norms' saved tensors go to the host (planner.cost.offload); the
+        # MoE side's stay on the GPU: Transformer Engine's first offload handler, which
+        # Megatron-Core drives for TE < 2.10 or with NVTE_CPU_OFFLOAD_V1=1 (Megatron-Bridge's
+        # DeepSeek recipes set it), moves only tensors marked for it (cpu_offload_v1.py), and
+        # neither the grouped linears' inputs (module/grouped_linear.py) nor Megatron's router
+        # and permutations mark theirs
+        act_rec = ml.activation_bytes
     dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
                     + model.bias_params()) / t + 2 * model.norm_params()
     all_moe = layer_kinds(model) is None

@@ -94,11 +94,13 @@ def activation_offload_stall(fwd: list, bwd: list, copy: list, offloaded: int) -
     each way) in model order, the first `offloaded` of them offloaded, on Transformer Engine's
     schedule (transformer_engine/pytorch/cpu_offload.py DefaultOffloadSynchronizer, TE >= 2.10,
     what Megatron-Core's --cpu-offloading-num-layers drives): with K = layers - offloaded, layer
-    i's copy to the host starts on one side stream once its forward ends (after the previous
-    copy) and must end before layer K + i's forward, which waits for it; its reload starts
-    before layer K - 1 + i's backward and must end before its own backward. The copies run on
-    the copy engines beside the compute, which they do not slow; what the compute waits for
-    is the stall."""
+    i's copy to the host runs on one side stream after the previous copy and must end before
+    layer K + i's forward, which waits for it; its reload starts before layer K - 1 + i's
+    backward and must end before its own backward. The copies run on the copy engines beside
+    the compute, which they do not slow; what the compute waits for is the stall. Taken to
+    start once the layer's forward ends: TE starts each tensor's copy as soon as the tensor is
+    saved (an event per tensor, cpu_offload.py start_offload), during the layer, so this is
+    an upper bound on the stall."""
     n = len(fwd)
     keep = n - offloaded
     t, stream, done = 0.0, 0.0, {}
@@ -189,27 +191,32 @@ class HostUse:
                 and self.nvme_tib <= self.nvme_capacity_tib)
 
 
-def pinned_round_factor(model, tokens: int, tp: int) -> float:
-    """At most how much more pinned host memory than their bytes offloaded activations take:
-    Transformer Engine copies each saved tensor into its own pinned buffer (cpu_offload.py:
-    torch.empty_like(tensor, device="cpu", pin_memory=True)), which PyTorch's caching host
-    allocator rounds up to a power of two (ATen/core/CachingHostAllocator.h allocate:
-    PowerOf2Ceil under the default pinned_max_round_threshold, no limit). The worst rounding
-    of a layer's tensor shapes: `tokens` (a micro-batch's, this rank's) x each width a dense
-    layer saves (the hidden size, whole or over tp, q, k/v and the FFN over tp, gated twice)
-    x 1, 2 or 4 bytes; 2 for an MoE model, whose expert tensors' rows vary with the routing."""
+def _pow2_ceil_ratio(n: float) -> float:
+    """PowerOf2Ceil(n) / n for a buffer of n bytes (1 for an empty one)."""
+    n = int(math.ceil(n))
+    return (1 << (n - 1).bit_length()) / n if n > 0 else 1.0
+
+
+def pinned_round_factor(model, tokens: int, tp: int, sp: bool = False) -> float:
+    """How much more pinned host memory than their bytes a dense layer's offloaded activations
+    take: Transformer Engine copies each saved tensor into its own pinned buffer
+    (cpu_offload.py: torch.empty_like(tensor, device="cpu", pin_memory=True)), which PyTorch's
+    caching host allocator rounds up to a power of two (ATen/core/CachingHostAllocator.h
+    allocate: PowerOf2Ceil under the default pinned_max_round_threshold, no limit). Each of
+    the layer's saved tensors (`tokens`, this rank's micro-batch, x its width: the norms' and
+    the QKV and MLP inputs at the hidden size, over tp under sequence parallelism; the fused
+    QKV output TE offloads as one base tensor, start_offload offload_base_tensor; the
+    attention output; the FFN's gate and up outputs and its activation output, over tp)
+    rounded, weighted by its width (the rounding does not depend on the element's bytes: a
+    power of two times 1, 2 or 4); 2, the most it can be, for an MoE model, whose expert
+    tensors' rows vary with the routing."""
     if model.is_moe:
         return 2.0
+    h = model.hidden / (tp if sp else 1)
     f = model.ffn_hidden / tp
-    widths = (model.hidden, model.hidden / tp, model.q_dim / tp, model.kv_dim / tp, f,
-              2 * f if model.gated_mlp else f)
-    worst = 1.0
-    for w in widths:
-        for elem in (1, 2, 4):
-            n = int(math.ceil(tokens * w * elem))
-            if n > 0:
-                worst = max(worst, (1 << (n - 1).bit_length()) / n)
-    return worst
+    widths = [h] * 4 + [(model.q_dim + 2 * model.kv_dim) / tp, model.attn_out_dim / tp,
+                        (2 if model.gated_mlp else 1) * f, f]
+    return sum(w * _pow2_ceil_ratio(tokens * w) for w in widths) / sum(widths)
 
 
 def host_use(model, cluster, c, engine, layers: list | None = None,
@@ -219,7 +226,7 @@ def host_use(model, cluster, c, engine, layers: list | None = None,
     host memory with HOST_BUFFER_FACTOR, and the `activation_bytes` its busiest rank offloads
     (recompute "offload") in pinned buffers (pinned_round_factor)."""
     opt, par = shard_params(model, c, layers)
-    act = activation_bytes * (pinned_round_factor(model, c.mbs * c.seq_len // c.cp, c.tp)
+    act = activation_bytes * (pinned_round_factor(model, c.mbs * c.seq_len // c.cp, c.tp, c.sp)
                               if activation_bytes else 0.0)
     host, nvme = 0.0, 0.0
     if c.offload_optimizer != "none":

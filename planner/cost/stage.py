@@ -931,8 +931,11 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
-    # what the busiest rank's offloaded layers hold on the host: the activations they free
-    act_host = max(rr * kk.mem_rec + (rqq * kk.moe.mem_rec if kk.moe else 0.0)
+    # what the busiest rank's offloaded layers hold on the host: every tensor they save (an
+    # MoE layer's expert side too, which Transformer Engine's current offload moves and its
+    # first handler leaves on the GPU, planner.cost.moe: counted on both sides)
+    act_host = max(rr * kk.mem_layer.get("activations", 0.0)
+                   + (rqq * kk.moe.mem_layer.get("activations", 0.0) if kk.moe else 0.0)
                    for kk, rr, rqq in zip(coeffs, recompute, rqs)) \
         if c.recompute == "offload" else 0.0
     host = (host_use(model, cluster, c, engine, layers, activation_bytes=act_host)

@@ -262,12 +262,15 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             return None
         return coeffs
 
-    def ranks(res) -> bool:
-        # an activation offload of no layer is the plan without recompute, which a count-
-        # based granularity at 0 layers or "none" gives with less memory: not ranked twice
-        # (nor counted twice in the thresholds the ranking prunes with)
-        return (f.recompute == "offload" or res.candidate.recompute != "offload"
-                or any(res.recompute))
+    def plain(res):
+        # an activation offload of no layer is the plan without recompute: priced and ranked
+        # as that ("none": no layer's copy in flight, no offload flag exported), unless asked for
+        if (res is None or f.recompute == "offload" or res.candidate.recompute != "offload"
+                or any(res.recompute)):
+            return res
+        c = dataclasses.replace(res.candidate, recompute="none")
+        est = price(model, cluster, c, res.layers, res.recompute, engine, margin_gib).estimate
+        return dataclasses.replace(res, candidate=c, estimate=est)
 
     # Heuristic placements in bound order: once a candidate's bound exceeds the K-th best
     # heuristic so far, so does every later one's full bound, so the loop below would prune
@@ -309,7 +312,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 if alt.estimate.fits and (known is None or alt.estimate.step_time_s
                                           < known.estimate.step_time_s):
                     known = alt
-        if known is not None and ranks(known):
+        known = plain(known)
+        if known is not None:
             best_heur.add(known.estimate.step_time_s, key=c)
         scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test
@@ -323,7 +327,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # planner.search.placement.solve_cpsat).
     scored.sort(key=lambda x: x[0])
     # best known plan per candidate: the better of its heuristic and bottleneck-split plans
-    plans = {x[1]: x[6] for x in scored if x[6] is not None and ranks(x[6])}
+    plans = {x[1]: x[6] for x in scored if x[6] is not None}
     best_plans = TopTimes(top)
     for c, r in plans.items():
         best_plans.add(r.estimate.step_time_s, c)
@@ -376,7 +380,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 known = dataclasses.replace(known, status=res.status, gap=gap,
                                             bound_s=res.bound_s)
             res, fits = known, True
-        if fits and ranks(res):
+        if fits:
+            res = plain(res)
             plans[c] = res
             best_plans.add(res.estimate.step_time_s, c)
     ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
