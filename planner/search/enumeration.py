@@ -106,7 +106,7 @@ def searched_recompute(engine: Engine, f: Fixed, model: Model, cluster: Cluster 
     modes = [g for g in engine.recompute_modes if not (g == "selective" and f.flash)
              and (g != "offload" or offload_ok())]
     if all(engine.all_layers_recomputed(g) for g in modes if g != "offload"):
-        # (an offload of no layer is not ranked: planner.search)
+        # (an offload of no layer is ranked as the plan without recompute: planner.search)
         modes = ["none"] + modes
     out = [(g, DEFAULT_MODULES) for g in modes]
     cheap = tuple(x for x in cheap_modules(model) if x in engine.recompute_modules)
