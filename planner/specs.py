@@ -300,6 +300,22 @@ class Model:
             return q + kv + self.attn_out_dim * h
         return h * (self.q_dim + 2 * self.kv_dim) + self.attn_out_dim * h
 
+    def tp_replicated_attn_params(self) -> int:
+        """Of attn_matmul_params, what every tensor-parallel rank holds whole: MLA's down
+        projections (q_a, kv_a), which Megatron-Core builds duplicated over tp
+        (megatron/core/transformer/multi_latent_attention.py: linear_q_down_proj /
+        linear_kv_down_proj as TELinear with parallel_mode="duplicated"; torchtitan's
+        DeepSeek-V3 leaves wq_a / wkv_a unsharded likewise)."""
+        if not self.is_mla:
+            return 0
+        return self.hidden * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+
+    def attn_matmul_params_on_rank(self, tp: int) -> float:
+        """attn_matmul_params on one of `tp` tensor-parallel ranks: sharded but the
+        replicated down projections (tp_replicated_attn_params)."""
+        rep = self.tp_replicated_attn_params()
+        return (self.attn_matmul_params() - rep) / tp + rep
+
     def attn_extra_params(self) -> int:
         """MLA's q_a / kv_a RMSNorms and gpt-oss's per-head sinks."""
         mla = (self.q_lora_rank + self.kv_lora_rank) if self.is_mla else 0

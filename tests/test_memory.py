@@ -193,3 +193,25 @@ def test_fp8_primary_weights_and_bf16_gradients_count_what_they_remove():
     linear = layers * (h * (h + 2 * kv) + h * h + 3 * h * f) / 4          # per tp rank
     assert p_plain - p_fp8 == pytest.approx(2 * linear / 2 ** 30, rel=1e-3)
     assert g_fp32 == pytest.approx(2 * g_bf16, rel=1e-6)
+
+
+def test_mla_down_projections_are_whole_on_every_tensor_parallel_rank():
+    """Megatron-Core builds MLA's linear_q_down_proj / linear_kv_down_proj as TELinear with
+    parallel_mode="duplicated" (multi_latent_attention.py): at tp 8 each rank holds them whole.
+    DeepSeek-V3's first (dense) layer by hand from its config.json (hidden 7168, q_lora_rank
+    1536, kv_lora_rank 512, rope 64, nope 128, v 128, 128 heads, FFN 18432, RMSNorm): q_a and
+    kv_a whole, q_b, kv_b, the output and the MLP over 8, two norms. Before, the down
+    projections were divided by tp too (13.2M parameters a layer short)."""
+    from planner.catalog import get_cluster, get_model
+    from planner.cost.stage import Candidate, stage_coefficients
+    from planner.engines import get_engine
+    h, heads = 7168, 128
+    replicated = h * 1536 + h * (512 + 64)
+    sharded = 1536 * heads * (128 + 64) + 512 * heads * (128 + 128) + heads * 128 * h
+    mlp = 3 * h * 18432
+    want = replicated + (sharded + mlp) / 8 + 2 * h
+    engine = get_engine("megatron")
+    c = Candidate(tp=8, pp=1, dp=1, zero=0, sp=True, mbs=1, seq_len=4096, global_batch=8,
+                  recompute="full", ep=1)
+    k = stage_coefficients(get_model("deepseek-v3"), get_cluster("h100x8"), c, engine)[0]
+    assert k.mem_layer["params"] == pytest.approx(engine.weight_bytes * want, rel=1e-12)

@@ -90,8 +90,10 @@ def test_mixed_moe_last_rank_gains_one_moe_layer():
     t, dp, h = c.tp, c.dp_cp, m.hidden
     edp = t * c.dp // (c.ep * c.etp)
     experts = m.num_experts // c.ep * m.expert_params() / c.etp
-    # non-expert: attention and shared expert split by tp; the router and norms replicated
-    replicated = m.router_params() + 5 * m.norm_params()
+    # non-expert: attention and shared expert split by tp; the router, norms and MLA's down
+    # projections (q_a, kv_a: duplicated over tp by Megatron-Core's MLASelfAttention) replicated
+    replicated = (m.router_params() + 5 * m.norm_params()
+                  + h * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim))
     nonexpert = (m.mtp_params() - m.num_experts * m.expert_params() - replicated) / t \
         + replicated + m.vocab_size * h / t
     d = state_delta(k1s[-1], k0s[-1])

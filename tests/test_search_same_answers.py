@@ -120,6 +120,13 @@ recompute at 2.775 s again, deepseek-v3_h100x2048_tp8pp1 offloads 36 (rank 1) an
 ZeRO-2) layers at unchanged times, gpt-oss_h100x32_pp1 is led by tp 8 selective recompute with
 the EP overlap at 24.01 s again, its offload plans at 26.3-27.8 s behind; replaced whole by the
 search's output without the later knobs.
+Rewritten for MLA's down projections held whole on every tensor-parallel rank (planner.specs
+Model.tp_replicated_attn_params; Megatron-Core builds them duplicated): only the two DeepSeek-V3
+instances move, replaced whole by the search's output without the later knobs:
+deepseek-v3_h100x256_fixed (tp 2) +0.002..+0.05%, its ZeRO-0 and full-recompute ranks now
+placing [5, 3, 4, ...] where [4, 4, 4, ...] was; deepseek-v3_h100x2048_tp8pp1 (tp 8, every rank
+holding 13.2M parameters a layer more) +2.8..+3.2%, rank 0 unchanged, its offload plans ahead of
+the ZeRO-1 selective one.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

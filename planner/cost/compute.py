@@ -400,7 +400,7 @@ def cast_times(model: Model, gpu: Gpu, tokens: float, tp: int, lp) -> tuple:
     if lp is None:
         return 0.0, 0.0
     inputs, outputs = linear_io_elements(model, tokens, tp)
-    weights = (model.attn_matmul_params() + model.mlp_matmul_params()) / tp
+    weights = model.attn_matmul_params_on_rank(tp) + model.mlp_matmul_params() / tp
     return linear_cast_times(gpu, lp, inputs, outputs, weights)
 
 

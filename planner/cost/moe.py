@@ -392,7 +392,7 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     # each expert's FFN split over etp; its down-projection bias (gpt-oss) is not split
     down_bias = model.hidden if model.expert_bias else 0
     expert_params = local_experts * ((model.expert_params() - down_bias) / etp + down_bias)
-    dense_params = (model.attn_matmul_params() / tp + 2 * model.norm_params()
+    dense_params = (model.attn_matmul_params_on_rank(tp) + 2 * model.norm_params()
                     + model.router_params() + model.shared_expert_params() / tp
                     + ((h + 2 * model.kv_dim) / tp if model.attn_bias else 0))
     # saved for backward (bf16): the permuted expert inputs, the expert FFN intermediates
@@ -412,7 +412,8 @@ def moe_layer(model: Model, cluster: Cluster, gpu, b: int, s: int, tp: int, ep: 
     return MoeLayer(disp, router, experts, shared, elem, comm_fwd, expert_params,
                     dense_params, saved, per_expert, same_bytes_back_fwd=perm, cast_fwd=cast_fwd,
                     cast_bwd=cast_bwd,
-                    linear_params=(model.attn_matmul_params() + model.shared_expert_params()) / tp,
+                    linear_params=(model.attn_matmul_params_on_rank(tp)
+                                   + model.shared_expert_params() / tp),
                     expert_linear_params=expert_linear)
 
 
@@ -572,8 +573,9 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
         # neither the grouped linears' inputs (module/grouped_linear.py) nor Megatron's router
         # and permutations mark theirs
         act_rec = ml.activation_bytes
-    dense_params = (model.attn_matmul_params() + model.mlp_matmul_params()
-                    + model.bias_params()) / t + 2 * model.norm_params()
+    dense_params = (model.attn_matmul_params_on_rank(t)
+                    + (model.mlp_matmul_params() + model.bias_params()) / t
+                    + 2 * model.norm_params())
     all_moe = layer_kinds(model) is None
     # working memory: the larger layer's full activations are live while it computes; under
     # ZeRO-3 a layer's unsharded weights and gradients (zero3_layer_bytes), the larger kind's

@@ -474,15 +474,16 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     pp_fixed = 2 * v * comm.p2p(act / t, pp_link) if p > 1 else 0.0
 
     # parameters held by one GPU (tensor-parallel shard)
-    layer_params = ((model.attn_matmul_params() + model.mlp_matmul_params()
-                     + model.bias_params()) / t + 2 * model.norm_params())
+    layer_params = (model.attn_matmul_params_on_rank(t)
+                    + (model.mlp_matmul_params() + model.bias_params()) / t
+                    + 2 * model.norm_params())
     emb_params = model.vocab_size * model.hidden / t + (
         model.max_seq_len * model.hidden if model.position == "learned" else 0)
     head_params = model.norm_params() + (model.vocab_size * model.hidden / t
                                          if (not model.tied_embeddings or p > 1) else 0)
 
     # the block linears' weights on this GPU: what low precision quantises
-    linear_params = (model.attn_matmul_params() + model.mlp_matmul_params()) / t
+    linear_params = model.attn_matmul_params_on_rank(t) + model.mlp_matmul_params() / t
     lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp, cp=cp)
     if c.tp_comm_overlap and t > 1 and c.sp:
         # the overlap (Megatron-Core's userbuffers; torchtitan's async TP, torch's symmetric-

@@ -565,12 +565,12 @@ class SharedCoefficients:
         def held(params, dp=dpc):
             return sum(model_state_bytes(params, dp, c.zero, **kw))
 
-        linear = (m.attn_matmul_params() + m.mlp_matmul_params()) / t
+        linear = m.attn_matmul_params_on_rank(t) + m.mlp_matmul_params() / t
         dense = held(linear)
         moe = dense
         if m.is_moe:
             edp = expert_dp(t, c.dp, c.ep, c.etp, c.cp)
-            moe = (held(m.attn_matmul_params() / t + m.router_params()
+            moe = (held(m.attn_matmul_params_on_rank(t) + m.router_params()
                         + m.shared_expert_params() / t)
                    + held((m.num_experts // c.ep) * m.expert_params() / c.etp, edp))
         emb = held(m.vocab_size * m.hidden / t)
@@ -579,7 +579,7 @@ class SharedCoefficients:
         floor, z3 = self._copy_floor(c), c.zero >= 3
         dense += floor * linear / (dpc if z3 else 1)
         if m.is_moe:
-            moe += floor * ((m.attn_matmul_params() + m.shared_expert_params()) / t
+            moe += floor * ((m.attn_matmul_params_on_rank(t) + m.shared_expert_params() / t)
                             / (dpc if z3 else 1)
                             + (m.num_experts // c.ep) * (3 if m.gated_mlp else 2) * m.hidden
                             * m.moe_ffn_hidden / c.etp / (edp if z3 else 1))
