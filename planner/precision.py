@@ -192,14 +192,15 @@ TORCHAO_RECIPES = {
 # weights gather through a bf16 buffer and are quantised again (param_and_grad_buffer.py
 # reuse_grad_buf_for_mxfp8_param_ag), so 2 B.
 BF16_WEIGHT_BYTES = 2.0
-LOWP_PARAM_SYNC_RECIPES = ("tensorwise", "delayed")
+# the per-tensor FP8 recipes (one scale a tensor; MXFP8 and NVFP4 scale blocks)
+PER_TENSOR_FP8_RECIPES = ("tensorwise", "delayed")
 def fp8_param_recipe(r: Recipe) -> Recipe:
     """`r` with FP8 primary weights: the copies are the weights, no bf16 weight beside them
     (bytes per linear parameter beyond a bf16 weight: below 0 where the copies are smaller
     than it, as one FP8 copy without its transpose: `on_gpu`); per-tensor FP8 weights are
     gathered as their 1-byte data (`lowp_param_sync`)."""
     return dataclasses.replace(r, weight_copy_bytes=r.weight_copy_bytes - BF16_WEIGHT_BYTES,
-                               lowp_param_sync=r.name in LOWP_PARAM_SYNC_RECIPES)
+                               lowp_param_sync=r.name in PER_TENSOR_FP8_RECIPES)
 
 
 FP8_PARAM_RECIPE_NAMES = ("tensorwise", "delayed", "mxfp8")
@@ -331,7 +332,6 @@ class LowPrecision:
 NON_TN_FP8_ARCHS = ("blackwell",)
 NON_TN_FP8_LIBRARIES = ("te", "te_fp8_params")
 TE_FP8_TRANSPOSE_BYTES = 1.0
-PER_TENSOR_FP8_RECIPES = ("tensorwise", "delayed")
 
 
 def on_gpu(recipe: Recipe, library: str, gpu) -> Recipe:

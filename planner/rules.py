@@ -160,6 +160,11 @@ RULE_SOURCES = {
     "offload_host_known": "planner/catalog/gpus.py HOSTS (the host figures of each catalog "
                           "system; a cluster JSON gives host_memory_gib, host_link_gbps, "
                           "host_memory_gbps, nvme_gbps, nvme_tib)",
+    "ep_overlap_offload": "the planner's rule, not Megatron's (which runs both): the EP overlap "
+                          "runs each layer through its own schedule plan (megatron/core/models/"
+                          "gpt/fine_grained_callables.py), outside TransformerBlock's CPU-offload "
+                          "context (megatron/core/transformer/transformer_block.py "
+                          "offload_context), so the offload the plan prices would not run",
     "offload_moe": "planner/cost/moe.py (an MoE layer's optimizer is priced on the GPU only)",
     "engine_compile": "planner/engines/spec.py with_compile (compiled pricing, the engines "
                       "whose compile_option is set) and planner/export/torchtitan.py "
@@ -396,6 +401,14 @@ def flex_ok(ep: int, etp: int) -> bool:
     return ep * etp > 1
 
 
+def ep_overlap_offload_problem(recompute: str) -> str | None:
+    """Why the EP overlap cannot go with this recompute as priced: the layers it runs are not
+    offloaded (RULE_SOURCES ep_overlap_offload), else None."""
+    if recompute == "offload":
+        return "runs its layers outside the activation offload (--cpu-offloading-num-layers)"
+    return None
+
+
 def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
                              dispatcher: str, mtp_layers: int = 0,
                              recompute_modules: tuple = ()) -> list:
@@ -403,10 +416,7 @@ def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
     (--overlap-moe-expert-parallel-comm) in this layout, as phrases: its checks in
     megatron/core/transformer/transformer_config.py (expert parallelism, the alltoall or flex
     dispatcher, no full recompute and no recompute of the whole MoE layer, which re-runs the
-    dispatch, virtual pipeline stages when pp > 1); and no layer-level activation offload: the
-    overlap runs the layers through its own schedule plan (megatron/core/models/gpt/
-    fine_grained_callables.py), outside TransformerBlock's CPU-offload context
-    (transformer_block.py offload_context), so they would not be offloaded as priced."""
+    dispatch, virtual pipeline stages when pp > 1)."""
     out = []
     if ep <= 1:
         out.append("needs expert parallelism (ep > 1)")
@@ -416,8 +426,6 @@ def ep_comm_overlap_blockers(ep: int, pp: int, schedule: str, recompute: str,
         out.append("does not run with full recompute")
     if recompute == "selective" and "moe" in recompute_modules:
         out.append("does not run with the moe recompute module")
-    if recompute == "offload":
-        out.append("runs its layers outside the activation offload (--cpu-offloading-num-layers)")
     if pp > 1 and schedule != "interleaved":
         out.append("needs the interleaved schedule when pp > 1")
     if mtp_layers > 1:
@@ -1008,6 +1016,10 @@ def rule_problems(plan, whole_cluster: bool = False) -> list:
                                             p.moe_dispatcher, m.mtp_layers, p.recompute_modules):
             add("ep_comm_overlap", ("ep_comm_overlap",), f"ep_comm_overlap {why}",
                 "megatron/core/transformer/transformer_config.py")
+        why = ep_overlap_offload_problem(p.recompute)
+        if why:
+            add("ep_overlap_offload", ("ep_comm_overlap", "recompute"), f"ep_comm_overlap {why}",
+                RULE_SOURCES["ep_overlap_offload"])
     if p.moe_dispatcher == "flex" and not flex_ok(p.ep, p.etp):
         add("flex_needs_ep", ("moe_dispatcher", "ep", "etp"),
             "the flex dispatcher needs ep x etp > 1 (Megatron's MoEFlexTokenDispatcher)",

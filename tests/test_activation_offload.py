@@ -138,6 +138,15 @@ def test_no_offload_beside_the_ep_overlap():
     rep = search(model, get_cluster("h100x64"), Fixed(pp=1, recompute="offload"),
                  seq_len=4096, global_batch=256, top=5)
     assert rep.ranked and all(not r.candidate.ep_comm_overlap for r in rep.ranked)
+    # a plan asking for both is refused, citing why as the planner's own rule (Megatron would
+    # run it, without offloading)
+    plan = to_plan(model, get_cluster("h100x64"), rep.best, rep)
+    both = dataclasses.replace(plan, parallelism=dataclasses.replace(plan.parallelism,
+                                                                     ep_comm_overlap=True))
+    from planner.rules import rule_problems
+    problems = [x for x in rule_problems(both) if x.rule == "ep_overlap_offload"]
+    assert problems and "the planner's rule, not Megatron's" in problems[0].source
+    assert not [x for x in rule_problems(plan) if x.rule == "ep_overlap_offload"]
 
 
 def test_an_offload_of_no_layer_is_ranked_as_the_plan_without_recompute():

@@ -20,6 +20,17 @@ WEIGHT_BYTES = 2       # bf16 weights
 GRAD_BYTES = 2         # bf16 gradients (ZeRO paper's accounting)
 
 
+def weight_copy_bytes(lp, zero: int, *linears: tuple) -> float:
+    """Bytes per GPU of a low-precision recipe's quantised weight copies (planner.precision
+    Recipe.weight_copy_bytes: Transformer Engine's cached FP8 weights, negative where FP8
+    primary weights are smaller than bf16 ones) of `linears`, (linear parameters on this GPU,
+    the ZeRO shard group they are sharded over) pairs: the shard this GPU holds under ZeRO-3."""
+    if lp is None or not lp.recipe.weight_copy_bytes:
+        return 0.0
+    return lp.recipe.weight_copy_bytes * sum(n / (shards if zero >= 3 else 1)
+                                             for n, shards in linears)
+
+
 def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRAD_BYTES,
                       weight_bytes: float = WEIGHT_BYTES, optimizer_bytes: float = ADAM_K,
                       compute_copy_bytes: float = 0.0, autocast_copy_bytes: float = 0.0) -> tuple:

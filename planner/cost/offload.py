@@ -226,8 +226,8 @@ def host_use(model, cluster, c, engine, layers: list | None = None,
     host memory with HOST_BUFFER_FACTOR, and the `activation_bytes` its busiest rank offloads
     (recompute "offload") in pinned buffers (pinned_round_factor)."""
     opt, par = shard_params(model, c, layers)
-    act = activation_bytes * (pinned_round_factor(model, c.mbs * c.seq_len // c.cp, c.tp, c.sp)
-                              if activation_bytes else 0.0)
+    act = (activation_bytes * pinned_round_factor(model, c.mbs * c.seq_len // c.cp, c.tp, c.sp)
+           if activation_bytes else 0.0)
     host, nvme = 0.0, 0.0
     if c.offload_optimizer != "none":
         b = engine.optimizer_bytes + HOST_GRAD_BYTES

@@ -20,7 +20,7 @@ from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collecti
                                        weight_gather_bytes, zero3_end_bytes,
                                        zero3_unsharded_bytes)
 from planner.cost.facts import facts_for
-from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.memory import GIB, model_state_bytes, weight_copy_bytes
 from planner.cost.offload import (activation_offload_stall, gpu_state_bytes, host_use,
                                   offloads, per_param)
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
@@ -548,10 +548,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     wl, gl, ol = model_state_bytes(layer_params, dp, c.zero, **gpu_states)
     wl, gl = (a + x for a, x in zip((wl, gl), pipelined_fsdp_unsharded(
         engine, c, layer_params, states, dp)))
-    if lp is not None and lp.recipe.weight_copy_bytes:
-        # the quantised weight copies kept beside the bf16 weights (Transformer Engine), of
-        # the shard this rank holds under ZeRO-3
-        wl += lp.recipe.weight_copy_bytes * linear_params / (dp if c.zero >= 3 else 1)
+    # the quantised weight copies kept beside the bf16 weights (Transformer Engine), of the
+    # shard this rank holds under ZeRO-3
+    wl += weight_copy_bytes(lp, c.zero, (linear_params, dp))
     zpp, (q_fwd, q_bwd) = None, (0.0, 0.0)
     if c.zeropp and c.zero == 3 and dp > 1:
         # hpZ's group: the data-parallel ranks of one node (zero_hpz_partition_size)

@@ -408,7 +408,8 @@ def _recompute_and_ep_overlap(recs, f: Fixed, engine: Engine, ep: int, pp: int, 
     "none" twin with the overlap beside it."""
     def allowed(rec):
         return (f.ep_comm_overlap and engine.ep_comm_overlap and not V.ep_comm_overlap_blockers(
-            ep, pp, sch, rec[0], dispatcher_fixed or "alltoall", mtp_layers, rec[1]))
+            ep, pp, sch, rec[0], dispatcher_fixed or "alltoall", mtp_layers, rec[1])
+            and not V.ep_overlap_offload_problem(rec[0]))
     out = [(rec, allowed(rec)) for rec in recs]
     none = ("none", DEFAULT_MODULES)
     if all(g != "none" for g, _ in recs) and f.recompute is None and allowed(none):
