@@ -316,6 +316,12 @@ class LowPrecision:
     recipe: Recipe
     peak_tflops: float
     element_bytes: float
+    # the quantised weight copies of ZeRO-3-sharded weights held sharded: False where the
+    # engine's modules keep the copy of each gathered weight (Engine.keeps_gathered_lowp_copies)
+    # and the copies are not the primary weights themselves (FP8 primary weights are
+    # quantised tensors, which Transformer Engine uses as they are: module/base.py
+    # quantize_weight, "Already-quantized weight")
+    copies_sharded: bool = True
 
 
 # Transformer Engine's per-tensor FP8 on GPUs whose FP8 GEMMs take every operand layout:
@@ -352,4 +358,6 @@ def low_precision(engine, gpu, precision: str, recipe: str | None = None) -> Low
     check_precision(engine, gpu, precision, recipe)
     return LowPrecision(precision, on_gpu(recipe_of(engine, precision, recipe),
                                           engine.lowp_library, gpu),
-                        low_precision_peak(gpu, precision), ELEMENT_BYTES[precision])
+                        low_precision_peak(gpu, precision), ELEMENT_BYTES[precision],
+                        copies_sharded=not engine.keeps_gathered_lowp_copies
+                        or engine.lowp_library == "te_fp8_params")

@@ -118,3 +118,39 @@ def test_fp8_primary_weights_are_gathered_as_their_one_byte_data():
     assert gathered["fp8"] == pytest.approx(comm.all_gather(linear + 2 * 2 * h, 8, link))
     assert gathered["mxfp8"] == pytest.approx(gathered["bf16"])
     assert gathered["bf16"] == pytest.approx(comm.all_gather(2 * (linear + 2 * h), 8, link))
+
+
+@pytest.mark.parametrize("engine_name,library,recipe,per_layer_bytes", [
+    # bf16 weights: TE's cached FP8 copy of the gathered weight and its transpose (Hopper),
+    # whole on every rank
+    ("megatron", "te", "tensorwise", 2.0),
+    # FP8 primary weights: the copies are the sharded weights (2 B less bf16's 2 B: nothing)
+    ("megatron", "te_fp8_params", "tensorwise", 0.0),
+    # llm-foundry's FSDP: each layer's forward saves the copy for its backward
+    ("fsdp", "te", "delayed", 2.0)])
+def test_zero3_keeps_the_fp8_copy_of_each_gathered_weight(engine_name, library, recipe,
+                                                          per_layer_bytes):
+    """Megatron-Core passes is_first_microbatch to its TE linears, so Transformer Engine caches
+    each weight's FP8 copy in the module for the step (module/linear.py: cache_name "weight"
+    unless is_first_microbatch is None or the module is under torch's FSDP2). Under
+    Megatron-FSDP (ZeRO-3) with bf16 weights that copy is of the gathered weight: every
+    layer's is held whole. Llama 3 8B (config.json: hidden 4096, 8 of 32 heads for k and v of
+    128, FFN 14336) on 8 H100, tp 1, ZeRO-3: the FP8 plan holds 2 B per linear parameter of
+    each of its 32 layers more than the bf16 plan; before, the planner divided them by dp (a
+    "fits" for 70B plans that would run out of memory by ~30 GiB a GPU). llm-foundry's TE
+    linears (FSDP1, no is_first_microbatch) cache nothing but save the copy for the backward
+    (linear.py @v1.9): held whole too until the layer's backward."""
+    from planner.catalog import get_cluster
+    from planner.catalog.models import MODELS
+    from planner.cost.stage import Candidate, stage_coefficients
+    h, q, kv, f = 4096, 32 * 128, 8 * 128, 14336
+    linear = h * (q + 2 * kv) + q * h + 3 * h * f
+    cluster = get_cluster("h100x8")
+    engine = dataclasses.replace(get_engine(engine_name), lowp_library=library)
+    layer = {}
+    for precision, rec in (("fp8", recipe), ("bf16", None)):
+        c = Candidate(tp=1, pp=1, dp=8, zero=3, sp=False, mbs=1, seq_len=8192, global_batch=64,
+                      recompute="none", precision=precision, recipe=rec)
+        layer[precision] = stage_coefficients(MODELS["llama3-8b"], cluster, c, engine)[0] \
+            .mem_layer["params"]
+    assert layer["fp8"] - layer["bf16"] == pytest.approx(per_layer_bytes * linear, rel=1e-9)

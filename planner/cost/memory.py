@@ -24,10 +24,14 @@ def weight_copy_bytes(lp, zero: int, *linears: tuple) -> float:
     """Bytes per GPU of a low-precision recipe's quantised weight copies (planner.precision
     Recipe.weight_copy_bytes: Transformer Engine's cached FP8 weights, negative where FP8
     primary weights are smaller than bf16 ones) of `linears`, (linear parameters on this GPU,
-    the ZeRO shard group they are sharded over) pairs: the shard this GPU holds under ZeRO-3."""
+    the ZeRO shard group they are sharded over) pairs: the shard this GPU holds under ZeRO-3,
+    or the whole copy where the engine keeps the copy of each gathered weight
+    (LowPrecision.copies_sharded False: Megatron-Core's TE modules under Megatron-FSDP cache
+    it, llm-foundry's save it for the backward)."""
     if lp is None or not lp.recipe.weight_copy_bytes:
         return 0.0
-    return lp.recipe.weight_copy_bytes * sum(n / (shards if zero >= 3 else 1)
+    sharded = zero >= 3 and lp.copies_sharded
+    return lp.recipe.weight_copy_bytes * sum(n / (shards if sharded else 1)
                                              for n, shards in linears)
 
 

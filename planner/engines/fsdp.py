@@ -42,5 +42,14 @@ FSDP = Engine(
     allocator_reserve=ALLOCATOR_RESERVE,
     precisions=(("bf16", ()), ("fp8", ("delayed",))),
     lowp_library="te",
+    # llm-foundry's FSDP (FSDP1) calls TE's linears without is_first_microbatch, so no copy
+    # is cached, but each layer's forward saves its FP8 weight copy (with the transpose) for
+    # the backward (transformer_engine/pytorch/module/linear.py @v1.9: save_for_backward(...,
+    # weight_fp8, ...), scattered over an FSDP group only where TE's own
+    # prepare_te_modules_for_fsdp set one): the gathered weight's copy, held whole until the
+    # layer's backward, every layer's at the end of the forward. An upper bound where layers
+    # are recomputed (a checkpointed forward saves nothing) and on torch's FSDP2 from TE 2.16,
+    # which saves none (0a088c1d5, "Fix FSDP2 memory leaks for FP8 weight workspaces").
+    keeps_gathered_lowp_copies=True,
     validation=validation_of("fsdp"),
 )

@@ -233,5 +233,16 @@ MEGATRON = Engine(
     precisions=(("bf16", ()), ("fp8", ("tensorwise", "delayed")), ("mxfp8", ("mxfp8",)),
                 ("nvfp4", ("nvfp4",))),
     lowp_library="te",
+    # Megatron-Core's TE linears pass is_first_microbatch (extensions/transformer_engine.py
+    # @d98e8a64: None only with --disable-parameter-transpose-cache, default off; the schedules
+    # set it on each step's first micro-batch, pipeline_parallel/schedules.py), so Transformer
+    # Engine keeps each weight's quantised copy in the module (module/linear.py @d0067d0da:
+    # cache_name "weight" unless is_first_microbatch is None or the module is under torch's
+    # FSDP2, self._fp8_workspaces). Megatron-FSDP is not torch's FSDP2 and releases only FP8
+    # primary weights' transpose caches (megatron_fsdp.py release_params_fp8_transpose_cache),
+    # so under ZeRO-3 with bf16 weights every layer's copy of its gathered weight stays
+    # (TE's own fix for FSDP2, 0a088c1d5 "Fix FSDP2 memory leaks for FP8 weight workspaces",
+    # 2026-04, names the same growth). FP8 primary weights (--fp8-param-gather) keep none.
+    keeps_gathered_lowp_copies=True,
     validation=validation_of("megatron"),
 )

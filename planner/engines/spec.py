@@ -389,6 +389,11 @@ class Engine:
     # the low-precision kernel library whose recipes it runs: "te" (Transformer Engine) or
     # "torchao" (planner.precision.LIBRARIES); None: bf16 only
     lowp_library: str | None = None
+    # whether its Transformer Engine modules keep each bf16 weight's quantised copy beyond
+    # the layer's forward (cached for the step, or saved for the backward): under ZeRO-3 that
+    # copy is of the gathered weight, so it is held whole, every layer's at the peak
+    # (planner.cost.memory weight_copy_bytes)
+    keeps_gathered_lowp_copies: bool = False
     validation: Validation | None = None
     # figures measured by `python -m profiler` (planner.profile.Measured), set by
     # planner.profile.apply_profile; read through planner.cost.facts
