@@ -301,12 +301,14 @@ def default_recipe(engine, precision: str) -> str | None:
     return dict(engine.precisions)[precision][0]
 
 
-def recipe_of(engine, precision: str, recipe: str | None = None) -> Recipe | None:
-    """The cost figures of the engine's recipe for `precision` (None for bf16)."""
+def recipe_of(engine, precision: str, recipe: str | None = None,
+              library: str | None = None) -> Recipe | None:
+    """The cost figures of the engine's recipe for `precision` (None for bf16), in `library`
+    (default the engine's)."""
     if precision == "bf16":
         return None
     name = recipe or default_recipe(engine, precision)
-    return LIBRARIES[engine.lowp_library][name]
+    return LIBRARIES[library or engine.lowp_library][name]
 
 
 @dataclass(frozen=True)
@@ -352,12 +354,35 @@ def on_gpu(recipe: Recipe, library: str, gpu) -> Recipe:
     return recipe
 
 
-def low_precision(engine, gpu, precision: str, recipe: str | None = None) -> LowPrecision | None:
+def fp8_primary_weights(engine, precision: str, recipe: str | None, zero: int,
+                        offload_optimizer: str = "none") -> bool:
+    """Whether a plan keeps FP8 primary weights (Megatron --fp8-param-gather; priced by
+    TE_FP8_PARAM_RECIPES): an engine that runs them under ZeRO-3
+    (Engine.zero3_fp8_primary_weights) at ZeRO-3 in an FP8 recipe that has them
+    (FP8_PARAM_RECIPE_NAMES), where the optimizer stays on the GPU or the recipe is delayed
+    (Megatron refuses --fp8-param-gather with --optimizer-cpu-offload in any other:
+    megatron/training/arguments.py @d98e8a64 "When `--fp8-param-gather` is enabled, the
+    optimizer cpu offload must be used in conjunction with `--fp8-recipe delayed`")."""
+    if precision == "bf16" or not engine.zero3_fp8_primary_weights or zero < 3:
+        return False
+    name = recipe or default_recipe(engine, precision)
+    return name in FP8_PARAM_RECIPE_NAMES and (offload_optimizer == "none"
+                                               or name == "delayed")
+
+
+def low_precision(engine, gpu, precision: str, recipe: str | None = None, zero: int = 0,
+                  offload_optimizer: str = "none") -> LowPrecision | None:
+    """The low precision a plan runs (None for bf16): the engine's recipe on `gpu`, with FP8
+    primary weights where the plan keeps them (`fp8_primary_weights`: its ZeRO stage and
+    optimizer offload decide)."""
     if precision == "bf16":
         return None
     check_precision(engine, gpu, precision, recipe)
-    return LowPrecision(precision, on_gpu(recipe_of(engine, precision, recipe),
-                                          engine.lowp_library, gpu),
+    library = ("te_fp8_params" if fp8_primary_weights(engine, precision, recipe, zero,
+                                                      offload_optimizer)
+               else engine.lowp_library)
+    return LowPrecision(precision, on_gpu(recipe_of(engine, precision, recipe, library),
+                                          library, gpu),
                         low_precision_peak(gpu, precision), ELEMENT_BYTES[precision],
                         copies_sharded=not engine.keeps_gathered_lowp_copies
-                        or engine.lowp_library == "te_fp8_params")
+                        or library == "te_fp8_params")

@@ -431,6 +431,11 @@ def megatron_parser():
     a("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     a("--use-tp-pp-dp-mapping", action="store_true")
     a("--use-distributed-optimizer", action="store_true")
+    # the optimizer's CPU offload (arguments.py _add_training_args / _add_optimizer_args)
+    a("--optimizer-cpu-offload", action="store_true")
+    a("--optimizer-offload-fraction", type=float, default=1.0)
+    a("--use-precision-aware-optimizer", action="store_true")
+    a("--overlap-cpu-optimizer-d2h-h2d", action="store_true")
     a("--overlap-grad-reduce", action="store_true")
     a("--overlap-param-gather", action="store_true")
     a("--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion")
@@ -454,6 +459,10 @@ def megatron_parser():
     a("--fp8-format", default=None, choices=["e4m3", "hybrid"], dest="fp8")
     a("--fp8-recipe", default="delayed", choices=["tensorwise", "delayed", "mxfp8", "blockwise"],
       dest="fp8_recipe")
+    # megatron/training/arguments.py _add_mixed_precision_args; validate_args: "only
+    # supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference mode", and
+    # with --optimizer-cpu-offload only under the delayed recipe
+    a("--fp8-param-gather", action="store_true")
     a("--fp4-format", default=None, choices=["e2m1"], dest="fp4")
     a("--fp4-recipe", default="nvfp4", choices=["nvfp4"], dest="fp4_recipe")
     a("--num-layers", type=int, default=None)
@@ -685,6 +694,14 @@ def check_megatron(plan, text):
         assert a.ckpt_format == "fsdp_dtensor"
         assert a.data_parallel_sharding_strategy == {2: "optim_grads",
                                                      3: "optim_grads_params"}[p.zero_stage]
+    # FP8 primary weights: Megatron's own conditions (arguments.py validate_args), and on
+    # every ZeRO-3 FP8 plan, whose TE weight caches the planner prices as FP8 shards
+    if a.fp8_param_gather:
+        assert a.fp8 is not None and (a.use_distributed_optimizer or a.use_megatron_fsdp)
+        assert not a.optimizer_cpu_offload or a.fp8_recipe == "delayed"
+    assert a.fp8_param_gather == (p.zero_stage == 3 and plan.precision in ("fp8", "mxfp8")
+                                  and (p.offload_optimizer == "none"
+                                       or plan.recipe == "delayed"))
     # overlaps the megatron engine prices (arguments.py: param gather needs the distributed
     # optimizer and the overlapped grad reduce)
     assert a.overlap_grad_reduce == (p.dp * p.cp > 1)   # gradients reduced over dp x cp

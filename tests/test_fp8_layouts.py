@@ -120,16 +120,21 @@ def test_fp8_primary_weights_are_gathered_as_their_one_byte_data():
     assert gathered["bf16"] == pytest.approx(comm.all_gather(2 * (linear + 2 * h), 8, link))
 
 
-@pytest.mark.parametrize("engine_name,library,recipe,per_layer_bytes", [
+@pytest.mark.parametrize("engine_name,changes,recipe,offload,per_layer_bytes", [
     # bf16 weights: TE's cached FP8 copy of the gathered weight and its transpose (Hopper),
     # whole on every rank
-    ("megatron", "te", "tensorwise", 2.0),
-    # FP8 primary weights: the copies are the sharded weights (2 B less bf16's 2 B: nothing)
-    ("megatron", "te_fp8_params", "tensorwise", 0.0),
+    ("megatron", dict(zero3_fp8_primary_weights=False), "tensorwise", "none", 2.0),
+    # ... as a Megatron ZeRO-3 plan with its optimizer on the CPU keeps them in tensorwise
+    # FP8, whose primary weights Megatron refuses beside that offload
+    ("megatron", {}, "tensorwise", "cpu", 2.0),
+    # FP8 primary weights: the copies are the sharded weights (2 B less bf16's 2 B: nothing),
+    # what Megatron's ZeRO-3 runs (--fp8-param-gather)
+    ("megatron", {}, "tensorwise", "none", 0.0),
+    ("megatron", {}, "delayed", "cpu", 0.0),
     # llm-foundry's FSDP: each layer's forward saves the copy for its backward
-    ("fsdp", "te", "delayed", 2.0)])
-def test_zero3_keeps_the_fp8_copy_of_each_gathered_weight(engine_name, library, recipe,
-                                                          per_layer_bytes):
+    ("fsdp", {}, "delayed", "none", 2.0)])
+def test_zero3_keeps_the_fp8_copy_of_each_gathered_weight(engine_name, changes, recipe,
+                                                          offload, per_layer_bytes):
     """Megatron-Core passes is_first_microbatch to its TE linears, so Transformer Engine caches
     each weight's FP8 copy in the module for the step (module/linear.py: cache_name "weight"
     unless is_first_microbatch is None or the module is under torch's FSDP2). Under
@@ -139,18 +144,21 @@ def test_zero3_keeps_the_fp8_copy_of_each_gathered_weight(engine_name, library, 
     each of its 32 layers more than the bf16 plan; before, the planner divided them by dp (a
     "fits" for 70B plans that would run out of memory by ~30 GiB a GPU). llm-foundry's TE
     linears (FSDP1, no is_first_microbatch) cache nothing but save the copy for the backward
-    (linear.py @v1.9): held whole too until the layer's backward."""
+    (linear.py @v1.9): held whole too until the layer's backward. Megatron's ZeRO-3 plans
+    run FP8 primary weights instead (exported as --fp8-param-gather), but where Megatron
+    refuses them (optimizer offload outside the delayed recipe)."""
     from planner.catalog import get_cluster
     from planner.catalog.models import MODELS
     from planner.cost.stage import Candidate, stage_coefficients
     h, q, kv, f = 4096, 32 * 128, 8 * 128, 14336
     linear = h * (q + 2 * kv) + q * h + 3 * h * f
     cluster = get_cluster("h100x8")
-    engine = dataclasses.replace(get_engine(engine_name), lowp_library=library)
+    engine = dataclasses.replace(get_engine(engine_name), **changes)
     layer = {}
     for precision, rec in (("fp8", recipe), ("bf16", None)):
         c = Candidate(tp=1, pp=1, dp=8, zero=3, sp=False, mbs=1, seq_len=8192, global_batch=64,
-                      recompute="none", precision=precision, recipe=rec)
+                      recompute="none", precision=precision, recipe=rec,
+                      offload_optimizer=offload)
         layer[precision] = stage_coefficients(MODELS["llama3-8b"], cluster, c, engine)[0] \
             .mem_layer["params"]
     assert layer["fp8"] - layer["bf16"] == pytest.approx(per_layer_bytes * linear, rel=1e-9)

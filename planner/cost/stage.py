@@ -448,7 +448,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     cp = c.cp
     sl = s // cp            # tokens of a sequence on this context-parallel rank
     flash = c.flash
-    lp = low_precision(engine, cluster.gpu, c.precision, c.recipe)
+    lp = low_precision(engine, cluster.gpu, c.precision, c.recipe, c.zero, c.offload_optimizer)
     # ranks tp innermost, then cp, dp, pp (planner.cost.comm): the gradient group dp x cp
     tp_link = comm.group_link(cluster, t, 1)
     # the ZeRO shard group: consecutive ranks of dp x cp (all of it but under HSDP), and the

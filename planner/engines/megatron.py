@@ -244,5 +244,10 @@ MEGATRON = Engine(
     # (TE's own fix for FSDP2, 0a088c1d5 "Fix FSDP2 memory leaks for FP8 weight workspaces",
     # 2026-04, names the same growth). FP8 primary weights (--fp8-param-gather) keep none.
     keeps_gathered_lowp_copies=True,
+    # ... so its ZeRO-3 (Megatron-FSDP) runs FP8 primary weights, as every Megatron-Bridge
+    # FSDP FP8 recipe does (--fp8-param-gather: mixed_precision.py presets set
+    # fp8_param_gather = True; megatron_fsdp.py keeps the FP8 shards and drops the transposes
+    # after each forward unless keep_fp8_transpose_cache): no bf16 weight to cache a copy of
+    zero3_fp8_primary_weights=True,
     validation=validation_of("megatron"),
 )

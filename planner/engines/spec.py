@@ -394,6 +394,9 @@ class Engine:
     # copy is of the gathered weight, so it is held whole, every layer's at the peak
     # (planner.cost.memory weight_copy_bytes)
     keeps_gathered_lowp_copies: bool = False
+    # whether its ZeRO-3 runs FP8 primary weights (planner.precision fp8_primary_weights):
+    # what it exports and what is priced
+    zero3_fp8_primary_weights: bool = False
     validation: Validation | None = None
     # figures measured by `python -m profiler` (planner.profile.Measured), set by
     # planner.profile.apply_profile; read through planner.cost.facts

@@ -26,7 +26,8 @@ and megatron-core (>= 0.14, where Megatron-FSDP and --pipeline-model-parallel-la
 * precision (Transformer Engine, _add_transformer_engine_args): fp8 is --fp8-format hybrid
   (E4M3 forward, E5M2 gradients) --fp8-recipe tensorwise|delayed; mxfp8 is --fp8-format e4m3
   --fp8-recipe mxfp8; nvfp4 is --fp4-format e2m1 --fp4-recipe nvfp4. --bf16 stays: the rest
-  of the model (and the master weights' compute copy) is bf16.
+  of the model (and the master weights' compute copy) is bf16. Under ZeRO-3 FP8 primary
+  weights: --fp8-param-gather (planner.precision fp8_primary_weights).
 
 Only plans priced for the megatron engine are exported (planner.engines.runnable).
 """
@@ -40,6 +41,7 @@ from planner.export._common import (check_exportable, fmt_list, header, rank_lay
                                     recompute_active, stage_layers, uses_bf16)
 from planner.engines import get_engine
 from planner.plan import Plan
+from planner.precision import fp8_primary_weights
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 # planner precision -> Megatron's Transformer Engine flags, given the plan's recipe
@@ -355,6 +357,12 @@ def megatron_args(plan: Plan) -> str:
     if uses_bf16(plan):
         args.append(("--bf16", None))
     args += PRECISION_FLAGS.get(plan.precision, lambda r: [])(plan.recipe)
+    if fp8_primary_weights(get_engine("megatron"), plan.precision, plan.recipe, p.zero_stage,
+                           p.offload_optimizer):
+        # priced so (planner.precision fp8_primary_weights): Megatron-FSDP's FP8 shards, no
+        # bf16 weight whose gathered copy TE would cache
+        args.append(("--fp8-param-gather", None))
+        notes.append("FP8 primary weights under Megatron-FSDP (--fp8-param-gather), as priced")
     _model(plan, args, notes)
     _experts(plan, args, notes)
 

@@ -545,7 +545,8 @@ class SharedCoefficients:
         """Bytes per linear parameter a low-precision recipe's weight copies take off a
         layer's states (planner.cost.stage: negative where the FP8 primary weight is smaller
         than the bf16 one, planner.precision on_gpu), else 0: what keeps `states` a lower bound."""
-        lp = low_precision(self.engine, self.cluster.gpu, c.precision, c.recipe)
+        lp = low_precision(self.engine, self.cluster.gpu, c.precision, c.recipe, c.zero,
+                           c.offload_optimizer)
         return min(0.0, lp.recipe.weight_copy_bytes) if lp is not None else 0.0
 
     def states(self, c: Candidate) -> list:
@@ -707,8 +708,9 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
               + (0 if m.tied_embeddings else m.vocab_size * m.hidden)
               + m.mtp_layers * (moe if m.moe_layer(m.num_layers - 1) else dense))
     # FP8 primary weights may be a byte under bf16 (planner.precision on_gpu: Blackwell)
-    weight = engine.weight_bytes - (TE_FP8_TRANSPOSE_BYTES if engine.lowp_library == "te_fp8_params"
-                                    else 0.0)
+    weight = engine.weight_bytes - (TE_FP8_TRANSPOSE_BYTES
+                                    if engine.lowp_library == "te_fp8_params"
+                                    or engine.zero3_fp8_primary_weights else 0.0)
     per = weight + engine.grad_bytes + engine.optimizer_bytes
     if offload and not m.is_moe:
         # what the engine's offloads may leave on the GPUs (planner.cost.offload
