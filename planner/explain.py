@@ -22,6 +22,7 @@ from planner.errors import BadInput
 from planner.power import limited_name
 from planner.engines import get_engine
 from planner.plan import Plan
+from planner.precision import fp8_primary_weights
 
 PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm",
          "pp_comm": "PP comm",
@@ -329,7 +330,11 @@ def precision_label(plan: Plan) -> str:
     if plan.cluster.gpu.name == "cpu":
         return "fp32"
     prec = getattr(plan, "precision", "bf16")
-    return prec + (f" ({plan.recipe})" if getattr(plan, "recipe", None) else "")
+    recipe = getattr(plan, "recipe", None)
+    p = plan.parallelism
+    primary = fp8_primary_weights(get_engine(plan.engine), prec, recipe, p.zero_stage,
+                                  p.offload_optimizer)
+    return prec + (f" ({recipe}{', FP8 primary weights' if primary else ''})" if recipe else "")
 
 
 def attention_label(plan: Plan) -> str:

@@ -702,6 +702,9 @@ def check_megatron(plan, text):
     assert a.fp8_param_gather == (p.zero_stage == 3 and plan.precision in ("fp8", "mxfp8")
                                   and (p.offload_optimizer == "none"
                                        or plan.recipe == "delayed"))
+    # and `plan` says so where it says what the linears run in
+    from planner.explain import precision_label
+    assert ("FP8 primary weights" in precision_label(plan)) == a.fp8_param_gather
     # overlaps the megatron engine prices (arguments.py: param gather needs the distributed
     # optimizer and the overlapped grad reduce)
     assert a.overlap_grad_reduce == (p.dp * p.cp > 1)   # gradients reduced over dp x cp
