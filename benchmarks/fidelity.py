@@ -429,6 +429,9 @@ def engine_of(run, engine=None):
             e = dataclasses.replace(e, **{fact: True})
     if fp8_primary_weights(run) and e.lowp_library == "te":
         e = dataclasses.replace(e, lowp_library="te_fp8_params")
+    elif e.zero3_fp8_primary_weights:
+        # a row whose recipe kept bf16 weights keeps them at any ZeRO stage it is priced at
+        e = dataclasses.replace(e, zero3_fp8_primary_weights=False)
     if recipe_fact(run, "lowp_library") is not None:
         # the row's Transformer Engine as its recipe's container had it (RECIPE_MEMORY_FACTS)
         e = dataclasses.replace(e, lowp_library=recipe_fact(run, "lowp_library"))

@@ -12,8 +12,10 @@ the embedding, the LM head and the norms stay bf16, as every engine here runs th
   `output` projection by default (torchtitan docs/float8.md, `filter_fqns = ["output"]`).
 - llm-foundry's `precision: amp_fp8` runs Transformer Engine's te.Linear / LayerNormMLP inside
   te.fp8_autocast (composer/core/precision.py); its attention stays bf16.
-Optimizer states, master weights and gradients keep their bf16/fp32 bytes (FP8 GEMMs take
-bf16 master weights cast per step; the optimizer never sees FP8).
+Optimizer states, fp32 master weights and gradients keep their bytes. The GEMMs' weights are
+bf16 weights cast to FP8 (cached per step where the engine passes is_first_microbatch), or,
+where a plan keeps FP8 primary weights (fp8_primary_weights: Megatron's ZeRO-3, and the
+published recipes that ran them), FP8 tensors the optimizer writes from its fp32 masters.
 """
 from __future__ import annotations
 
@@ -318,12 +320,10 @@ class LowPrecision:
     recipe: Recipe
     peak_tflops: float
     element_bytes: float
-    # the quantised weight copies of ZeRO-3-sharded weights held sharded: False where the
-    # engine's modules keep the copy of each gathered weight (Engine.keeps_gathered_lowp_copies)
-    # and the copies are not the primary weights themselves (FP8 primary weights are
-    # quantised tensors, which Transformer Engine uses as they are: module/base.py
-    # quantize_weight, "Already-quantized weight")
-    copies_sharded: bool = True
+    # FP8 primary weights (fp8_primary_weights): the quantised tensors are the weights, which
+    # Transformer Engine uses as they are (module/base.py quantize_weight, "Already-quantized
+    # weight"), so no copy of a gathered weight is kept beside them
+    primary_weights: bool = False
 
 
 # Transformer Engine's per-tensor FP8 on GPUs whose FP8 GEMMs take every operand layout:
@@ -384,5 +384,4 @@ def low_precision(engine, gpu, precision: str, recipe: str | None = None, zero: 
     return LowPrecision(precision, on_gpu(recipe_of(engine, precision, recipe, library),
                                           library, gpu),
                         low_precision_peak(gpu, precision), ELEMENT_BYTES[precision],
-                        copies_sharded=not engine.keeps_gathered_lowp_copies
-                        or library == "te_fp8_params")
+                        primary_weights=library == "te_fp8_params")

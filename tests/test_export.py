@@ -117,6 +117,9 @@ MEGATRON_PLANS = {
                                nmb=16, seq=8192, precision="fp8", recipe="delayed"),
     "mxfp8-b200": mkplan("llama8b", "b200x8", tp=1, pp=1, dp=8, zero=0, sp=False, mbs=2,
                          nmb=8, seq=8192, precision="mxfp8", recipe="mxfp8"),
+    # ZeRO-3 in MXFP8: FP8 primary weights (--fp8-param-gather), MXFP8's own in Megatron-FSDP
+    "mxfp8-fsdp-b200": mkplan("llama8b", "b200x8", tp=2, pp=1, dp=4, zero=3, mbs=2, nmb=8,
+                              seq=8192, precision="mxfp8", recipe="mxfp8"),
     "nvfp4-gb200": mkplan("llama70b", "gb200x72", tp=4, pp=2, dp=9, zero=1, mbs=1, nmb=8,
                           seq=8192, precision="nvfp4", recipe="nvfp4"),
 }
@@ -463,6 +466,9 @@ def megatron_parser():
     # supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference mode", and
     # with --optimizer-cpu-offload only under the delayed recipe
     a("--fp8-param-gather", action="store_true")
+    # a TransformerConfig field (transformer_config.py), its flag made by ArgumentGroupFactory;
+    # validate_args refuses it with the no_shard strategy
+    a("--init-model-with-meta-device", action="store_true")
     a("--fp4-format", default=None, choices=["e2m1"], dest="fp4")
     a("--fp4-recipe", default="nvfp4", choices=["nvfp4"], dest="fp4_recipe")
     a("--num-layers", type=int, default=None)
@@ -692,6 +698,8 @@ def check_megatron(plan, text):
         assert p.pp == 1
         assert a.use_megatron_fsdp and a.use_distributed_optimizer
         assert a.ckpt_format == "fsdp_dtensor"
+        # materialised sharded, as priced: not each rank's whole tp shard first
+        assert a.init_model_with_meta_device
         assert a.data_parallel_sharding_strategy == {2: "optim_grads",
                                                      3: "optim_grads_params"}[p.zero_stage]
     # FP8 primary weights: Megatron's own conditions (arguments.py validate_args), and on

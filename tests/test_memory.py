@@ -215,3 +215,43 @@ def test_mla_down_projections_are_whole_on_every_tensor_parallel_rank():
                   recompute="full", ep=1)
     k = stage_coefficients(get_model("deepseek-v3"), get_cluster("h100x8"), c, engine)[0]
     assert k.mem_layer["params"] == pytest.approx(engine.weight_bytes * want, rel=1e-12)
+
+
+@pytest.mark.parametrize("precision,recipe,cp,bytes_per_element", [
+    ("bf16", None, 1, 12 * 2), ("bf16", None, 2, 12 * 2),
+    # FP8: the 8 all-gather overlaps' buffers FP8, the 4 reduce-scatter ones bf16
+    ("fp8", "tensorwise", 1, 8 * 1 + 4 * 2)])
+def test_tp_overlap_userbuffers_take_twelve_gathered_inputs(precision, recipe, cp,
+                                                            bytes_per_element):
+    """Megatron's --tp-comm-overlap has Transformer Engine allocate, outside PyTorch's
+    allocator, one userbuffer per GEMM of a layer (qkv, proj, fc1, fc2 x fprop, dgrad,
+    wgrad) of the gathered input's shape, seq x micro-batch / cp by hidden (megatron/training/
+    initialize.py _initialize_tp_communicators; TE module/base.py initialize_ub,
+    comm_gemm_overlap.cpp). Llama 3 70B (hidden 8192) at tp 8, 8192 tokens a micro-batch: the
+    plan with the overlap holds 12 x 8192 / cp x 8192 buffer elements more than the one
+    without, each 2 B in bf16; under FP8 the all-gather ones 1 B. torchtitan's async TP has no
+    such buffers here."""
+    import dataclasses as dc
+
+    from planner.catalog import get_cluster
+    from planner.catalog.models import MODELS
+    from planner.cost.stage import Candidate, stage_coefficients
+    from planner.engines import get_engine
+    cluster = get_cluster("h100x64")
+    other = {}
+    for engine in ("megatron", "torchtitan"):
+        for overlap in (True, False):
+            c = Candidate(tp=8, pp=1, dp=8 // cp, zero=1, sp=True, mbs=1, seq_len=8192,
+                          global_batch=64, recompute="full", precision=precision, recipe=recipe,
+                          cp=cp, tp_comm_overlap=overlap)
+            eng = get_engine(engine)
+            if engine == "torchtitan":
+                eng = dc.replace(eng, tp_comm_overlap=True)
+                if precision != "bf16":
+                    continue
+            k = stage_coefficients(MODELS["llama3-70b"], cluster, c, eng)[0]
+            other[engine, overlap] = k.mem_fixed["other"]
+    assert other["megatron", True] - other["megatron", False] == pytest.approx(
+        8192 / cp * 8192 * bytes_per_element, rel=1e-12)
+    if precision == "bf16":
+        assert other["torchtitan", True] == other["torchtitan", False]

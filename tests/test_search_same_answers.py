@@ -127,6 +127,18 @@ deepseek-v3_h100x256_fixed (tp 2) +0.002..+0.05%, its ZeRO-0 and full-recompute 
 placing [5, 3, 4, ...] where [4, 4, 4, ...] was; deepseek-v3_h100x2048_tp8pp1 (tp 8, every rank
 holding 13.2M parameters a layer more) +2.8..+3.2%, rank 0 unchanged, its offload plans ahead of
 the ZeRO-1 selective one.
+Rewritten for Transformer Engine's TP-overlap userbuffers (issue 22: planner.cost.memory
+userbuffer_bytes, 12 buffers of the gathered input shape outside PyTorch's allocator, on every
+Megatron plan with --tp-comm-overlap) and the plans without the overlap that the search now
+offers beside each (planner.search.enumeration _with_tp_overlap_off): at the commit before, all
+11 instances equal the previous record (its suite passed); with both, six move, each replaced
+whole by the search's output without the later knobs: llama3-8b_h100x8 and
+deepseek-v3_h100x2048_tp8pp1 keep their knobs and times, their tp > 1 offload plans offloading
+a layer or five more; llama70b_h100x32 rank 0 unchanged, its ZeRO-3 offload plans behind tp 8
+pp 2 ones now (107.56-107.74 s); deepseek-v3_h100x256_fixed ranks 0-1 unchanged, ranks 2-4 now
+rank 0's p2p plan without the overlap (17.81 s, ahead of the a2a ones at 18.16 s);
+qwen3_h100x64_tp4 and gpt-oss_h100x32_pp1 led by plans without the overlap, whose buffers no
+longer fit beside them (+5.0% and +2.5..+3.8%).
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

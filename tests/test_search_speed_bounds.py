@@ -237,3 +237,26 @@ def test_states_bound_holds_with_fp8_weights_smaller_than_bf16(name, cluster_nam
     rng = random.Random(2)
     check_states_bounds(model, cluster, engine, rng.sample(cands, min(SAMPLES, len(cands))),
                         rng, placements=1)
+
+
+def test_offload_states_bound_holds_with_fp8_primary_weights():
+    """Megatron's ZeRO-3 with the optimizer on the CPU keeps FP8 primary weights in the
+    delayed recipe (planner.precision fp8_primary_weights), a byte under bf16 on Blackwell:
+    the cluster-wide states bound with offload (what planner.suggest calls hopeless by) stays
+    below what the busiest rank is priced. It once took bf16's 2 B there (found by review):
+    llama70b on 32 B200 bounded above the priced states."""
+    from planner.search.bounds import states_per_gpu_bound
+    model, cluster, engine = get_model("llama70b"), get_cluster("b200x32"), get_engine(None)
+    s = default_seq_len(model)
+    cands = [c for c in enumerate_candidates(
+        model, cluster, Fixed(precision="fp8", recipe="delayed", zero=3,
+                              offload_optimizer="cpu"), s,
+        default_global_batch(s, cluster.num_gpus), engine) if c.offload_optimizer == "cpu"]
+    assert cands
+    for c in random.Random(4).sample(cands, min(SAMPLES, len(cands))):
+        coeffs = stage_coefficients(model, cluster, c, engine)
+        rules = rules_for(engine, c)
+        layers, rec = random_placement(random.Random(5), c, model.num_layers, rules)
+        states = max(sum(k.memory(n, r)[x] for x in STATE_KEYS)
+                     for k, n, r in zip(coeffs, layers, rec))
+        assert states_per_gpu_bound(model, engine, c.num_gpus, offload=True) <= states, c

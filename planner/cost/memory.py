@@ -20,19 +20,52 @@ WEIGHT_BYTES = 2       # bf16 weights
 GRAD_BYTES = 2         # bf16 gradients (ZeRO paper's accounting)
 
 
-def weight_copy_bytes(lp, zero: int, *linears: tuple) -> float:
+def gathered_copies_whole(engine, lp, recompute: str) -> bool:
+    """Whether a plan's quantised copies of its ZeRO-3-gathered weights are held whole, every
+    layer's (Engine.gathered_lowp_copies): cached for the step (Megatron-Core's TE modules
+    under Megatron-FSDP), or saved for the backward by layers not recomputed (llm-foundry's,
+    whose recompute is every layer or none); never beside FP8 primary weights."""
+    if lp is None or lp.primary_weights:
+        return False
+    kept = engine.gathered_lowp_copies
+    return kept == "cached" or (kept == "saved" and recompute == "none")
+
+
+def weight_copy_bytes(lp, zero: int, *linears: tuple, whole: bool = False) -> float:
     """Bytes per GPU of a low-precision recipe's quantised weight copies (planner.precision
     Recipe.weight_copy_bytes: Transformer Engine's cached FP8 weights, negative where FP8
     primary weights are smaller than bf16 ones) of `linears`, (linear parameters on this GPU,
     the ZeRO shard group they are sharded over) pairs: the shard this GPU holds under ZeRO-3,
-    or the whole copy where the engine keeps the copy of each gathered weight
-    (LowPrecision.copies_sharded False: Megatron-Core's TE modules under Megatron-FSDP cache
-    it, llm-foundry's save it for the backward)."""
+    or the whole copy where the copies of the gathered weights are held (`whole`:
+    gathered_copies_whole)."""
     if lp is None or not lp.recipe.weight_copy_bytes:
         return 0.0
-    sharded = zero >= 3 and lp.copies_sharded
+    sharded = zero >= 3 and not whole
     return lp.recipe.weight_copy_bytes * sum(n / (shards if sharded else 1)
                                              for n, shards in linears)
+
+
+# Transformer Engine's userbuffers for the TP overlap (transformer_engine/pytorch/module/
+# base.py initialize_ub @d0067d0da): one communicator for each of 12 GEMMs of a layer (qkv,
+# proj, fc1, fc2 x fprop, dgrad, wgrad), each with a buffer of the whole gathered input shape
+# (common/comm_gemm_overlap/comm_gemm_overlap.cpp: CommOverlapBase and CommOverlapP2PBase
+# allocate shape[0] x shape[1] elements, more only for a ring-exchange reduce-scatter, which
+# no default is), allocated by userbuffers itself (userbuffers-host.cpp
+# register_user_buffer_collective: cudaMalloc / cuMemCreate), outside PyTorch's allocator.
+# Under FP8 the 8 all-gather overlaps' buffers are FP8 (1 byte: layers_all_gather_overlap,
+# fp8_buf) and the 4 reduce-scatter ones' bf16; in bf16 (and NVFP4, whose quantization mode is
+# NONE: Megatron passes FP8 only with --fp8-format) all 12 are bf16.
+USERBUFFER_AG_GEMMS = 8
+USERBUFFER_RS_GEMMS = 4
+
+
+def userbuffer_bytes(tokens: float, hidden: int, fp8: bool) -> float:
+    """Bytes of Transformer Engine's TP-overlap userbuffers on one GPU, for `tokens` (a
+    micro-batch's sequence on this context-parallel rank, seq x micro-batch / cp, the shape
+    Megatron gives initialize_ub) of `hidden` wide; `fp8`: the plan runs an FP8 recipe
+    (per-tensor or MXFP8)."""
+    ag = 1.0 if fp8 else 2.0
+    return tokens * hidden * (USERBUFFER_AG_GEMMS * ag + USERBUFFER_RS_GEMMS * 2.0)
 
 
 def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = GRAD_BYTES,

@@ -82,7 +82,8 @@ from planner.cost.compute import (BF16, ELEMENTWISE_BWD_FACTOR, FUSED_KERNELS,
                                   linear_cast_times, mlp_activation_bytes, mlp_io_elements)
 from planner.cost.dataparallel import (dp_collectives, pipelined_fsdp_unsharded,
                                        weight_gather_bytes, zero3_layer_bytes)
-from planner.cost.memory import model_state_bytes, sp_gathered_input_bytes, weight_copy_bytes
+from planner.cost.memory import (gathered_copies_whole, model_state_bytes,
+                                 sp_gathered_input_bytes, weight_copy_bytes)
 from planner.cost.recompute import Rerun, applying, moe_mlp_rerun, norm_rerun
 from planner.layout import make_stages
 from planner.specs import Cluster, Model
@@ -534,7 +535,8 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     # transformer_engine.py @d98e8a64: is_first_microbatch passed unless
     # disable_parameter_transpose_cache; Transformer Engine's module/grouped_linear.py
     # @d0067d0da: cache_weight = is_first_microbatch is not None)
-    wl += weight_copy_bytes(lp, c.zero, (ml.linear_params, dp), (ml.expert_linear_params, edp))
+    wl += weight_copy_bytes(lp, c.zero, (ml.linear_params, dp), (ml.expert_linear_params, edp),
+                            whole=gathered_copies_whole(engine, lp, c.recompute))
     gb = states["grad_bytes"]
     dp_link = comm.group_link(cluster, dp, t)
     edp_link = comm.group_link(cluster, edp, c.ep * c.etp)

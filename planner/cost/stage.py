@@ -20,7 +20,8 @@ from planner.cost.dataparallel import (QGZ_BYTES, QWZ_BYTES, ZeroPP, dp_collecti
                                        weight_gather_bytes, zero3_end_bytes,
                                        zero3_unsharded_bytes)
 from planner.cost.facts import facts_for
-from planner.cost.memory import GIB, model_state_bytes, weight_copy_bytes
+from planner.cost.memory import (GIB, gathered_copies_whole, model_state_bytes,
+                                 userbuffer_bytes, weight_copy_bytes)
 from planner.cost.offload import (activation_offload_stall, gpu_state_bytes, host_use,
                                   offloads, per_param)
 from planner.cost.recompute import (DEFAULT_MODULES, Rerun, applying, attention_rerun,
@@ -550,7 +551,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         engine, c, layer_params, states, dp)))
     # the quantised weight copies kept beside the bf16 weights (Transformer Engine), of the
     # shard this rank holds under ZeRO-3
-    wl += weight_copy_bytes(lp, c.zero, (linear_params, dp))
+    wl += weight_copy_bytes(lp, c.zero, (linear_params, dp),
+                            whole=gathered_copies_whole(engine, lp, c.recompute))
     zpp, (q_fwd, q_bwd) = None, (0.0, 0.0)
     if c.zeropp and c.zero == 3 and dp > 1:
         # hpZ's group: the data-parallel ranks of one node (zero_hpz_partition_size)
@@ -593,6 +595,11 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
+        if engine.tp_overlap_userbuffers and c.tp_comm_overlap and t > 1 and c.sp:
+            # the TP overlap's userbuffers, outside PyTorch's allocator (counted here, so
+            # under its reserve too: 5% more of them than they take)
+            other += userbuffer_bytes(b * sl, model.hidden,
+                                      lp is not None and lp.precision in ("fp8", "mxfp8"))
         z3_peak = z3_end = 0.0
         if c.zero == 3 and dp > 1:
             # gathered while computing: the layers' and the embedding's and head's unsharded

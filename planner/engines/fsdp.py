@@ -47,9 +47,9 @@ FSDP = Engine(
     # the backward (transformer_engine/pytorch/module/linear.py @v1.9: save_for_backward(...,
     # weight_fp8, ...), scattered over an FSDP group only where TE's own
     # prepare_te_modules_for_fsdp set one): the gathered weight's copy, held whole until the
-    # layer's backward, every layer's at the end of the forward. An upper bound where layers
-    # are recomputed (a checkpointed forward saves nothing) and on torch's FSDP2 from TE 2.16,
-    # which saves none (0a088c1d5, "Fix FSDP2 memory leaks for FP8 weight workspaces").
-    keeps_gathered_lowp_copies=True,
+    # layer's backward, every layer's at the end of a forward without recompute (a
+    # checkpointed forward saves nothing). An upper bound on torch's FSDP2 from TE 2.16, which
+    # saves none (0a088c1d5, "Fix FSDP2 memory leaks for FP8 weight workspaces").
+    gathered_lowp_copies="saved",
     validation=validation_of("fsdp"),
 )

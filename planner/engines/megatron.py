@@ -148,6 +148,9 @@ MEGATRON = Engine(
     # --recompute-modules (megatron/core/transformer/transformer_config.py)
     recompute_modules=RECOMPUTE_MODULES,
     overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
+    # --tp-comm-overlap: megatron/training/initialize.py _initialize_tp_communicators calls
+    # TE's initialize_ub(shape=[seq x micro-batch / cp, hidden], ...)
+    tp_overlap_userbuffers=True,
     zero2_gathers_every_microbatch=False,
     # --moe-token-dispatcher-type alltoall | allgather (megatron/core/transformer/moe/
     # token_dispatcher.py) | flex with --moe-flex-dispatcher-backend deepep (fused_a2a.py);
@@ -234,8 +237,9 @@ MEGATRON = Engine(
                 ("nvfp4", ("nvfp4",))),
     lowp_library="te",
     # Megatron-Core's TE linears pass is_first_microbatch (extensions/transformer_engine.py
-    # @d98e8a64: None only with --disable-parameter-transpose-cache, default off; the schedules
-    # set it on each step's first micro-batch, pipeline_parallel/schedules.py), so Transformer
+    # @d98e8a64: None only with TransformerConfig.disable_parameter_transpose_cache, default
+    # False and no command-line flag, arguments.py; the schedules set it on each step's first
+    # micro-batch, pipeline_parallel/schedules.py), so Transformer
     # Engine keeps each weight's quantised copy in the module (module/linear.py @d0067d0da:
     # cache_name "weight" unless is_first_microbatch is None or the module is under torch's
     # FSDP2, self._fp8_workspaces). Megatron-FSDP is not torch's FSDP2 and releases only FP8
@@ -243,7 +247,7 @@ MEGATRON = Engine(
     # so under ZeRO-3 with bf16 weights every layer's copy of its gathered weight stays
     # (TE's own fix for FSDP2, 0a088c1d5 "Fix FSDP2 memory leaks for FP8 weight workspaces",
     # 2026-04, names the same growth). FP8 primary weights (--fp8-param-gather) keep none.
-    keeps_gathered_lowp_copies=True,
+    gathered_lowp_copies="cached",
     # ... so its ZeRO-3 (Megatron-FSDP) runs FP8 primary weights, as every Megatron-Bridge
     # FSDP FP8 recipe does (--fp8-param-gather: mixed_precision.py presets set
     # fp8_param_gather = True; megatron_fsdp.py keeps the FP8 shards and drops the transposes

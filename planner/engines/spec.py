@@ -304,6 +304,9 @@ class Engine:
     # the passes whose TP collectives the overlap hides ("fwd", "bwd": Megatron-Core's
     # userbuffers overlap both, planner.cost.stage)
     tp_comm_overlap_passes: tuple = ("fwd", "bwd")
+    # its TP overlap runs on Transformer Engine's userbuffers, GPU memory it allocates outside
+    # PyTorch's caching allocator (planner.cost.memory userbuffer_bytes)
+    tp_overlap_userbuffers: bool = False
     layer_overhead_s: float = 0.0   # per layer and micro-batch, forward + backward
     # per MoE layer and forward run (a full recompute runs it again): the sync of dropless
     # routing, whose dispatcher waits for the device-to-host copy of the token counts before
@@ -389,11 +392,11 @@ class Engine:
     # the low-precision kernel library whose recipes it runs: "te" (Transformer Engine) or
     # "torchao" (planner.precision.LIBRARIES); None: bf16 only
     lowp_library: str | None = None
-    # whether its Transformer Engine modules keep each bf16 weight's quantised copy beyond
-    # the layer's forward (cached for the step, or saved for the backward): under ZeRO-3 that
-    # copy is of the gathered weight, so it is held whole, every layer's at the peak
-    # (planner.cost.memory weight_copy_bytes)
-    keeps_gathered_lowp_copies: bool = False
+    # how its Transformer Engine modules keep each bf16 weight's quantised copy beyond the
+    # layer's forward: "cached" for the step (every layer's), "saved" for the backward (the
+    # layers not recomputed), "" not at all; under ZeRO-3 that copy is of the gathered weight,
+    # so held whole (planner.cost.memory weight_copy_bytes)
+    gathered_lowp_copies: str = ""
     # whether its ZeRO-3 runs FP8 primary weights (planner.precision fp8_primary_weights):
     # what it exports and what is priced
     zero3_fp8_primary_weights: bool = False

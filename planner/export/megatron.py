@@ -174,6 +174,12 @@ def _zero(plan: Plan, args: list, notes: list) -> bool:
                  ("--use-distributed-optimizer", None), ("--overlap-param-gather", None),
                  # Megatron-FSDP's user guide requires it (no fused wgrad accumulation)
                  ("--no-gradient-accumulation-fusion", None),
+                 # the model built on the meta device and materialised sharded: without it
+                 # get_model moves each rank's whole tp shard to the GPU before Megatron-FSDP
+                 # shards it (megatron/training/training.py get_model), beyond the sharded
+                 # states priced (a TransformerConfig field; every Megatron-Bridge FSDP
+                 # recipe sets it)
+                 ("--init-model-with-meta-device", None),
                  ("--ckpt-format", "fsdp_dtensor")]
         notes.append(f"ZeRO-{p.zero_stage} is Megatron-FSDP "
                      f"({FSDP_STRATEGY[p.zero_stage]}); it wants CUDA_DEVICE_MAX_CONNECTIONS "

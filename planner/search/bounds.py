@@ -716,7 +716,7 @@ def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
         # what the engine's offloads may leave on the GPUs (planner.cost.offload
         # gpu_state_bytes): no optimizer states, no gradients where they live on the host, no
         # parameters where it offloads them
-        per = ((0.0 if engine.offload_param_devices else engine.weight_bytes)
+        per = ((0.0 if engine.offload_param_devices else weight)
                + (0.0 if engine.offload_grads_each_microbatch else engine.grad_bytes)
                + (0.0 if engine.offload_optimizer_devices else engine.optimizer_bytes))
     return params * per / num_gpus
