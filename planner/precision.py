@@ -381,7 +381,11 @@ def low_precision(engine, gpu, precision: str, recipe: str | None = None, zero: 
     library = ("te_fp8_params" if fp8_primary_weights(engine, precision, recipe, zero,
                                                       offload_optimizer)
                else engine.lowp_library)
-    return LowPrecision(precision, on_gpu(recipe_of(engine, precision, recipe, library),
-                                          library, gpu),
-                        low_precision_peak(gpu, precision), ELEMENT_BYTES[precision],
-                        primary_weights=library == "te_fp8_params")
+    r = on_gpu(recipe_of(engine, precision, recipe, library), library, gpu)
+    if (library == "te_fp8_params" and zero >= 3 and engine.zero3_drops_fp8_transposes
+            and r.name in PER_TENSOR_FP8_RECIPES):
+        # the sharded FP8 weight's data alone (its transpose made again after each gather)
+        r = dataclasses.replace(r, weight_copy_bytes=min(
+            r.weight_copy_bytes, ELEMENT_BYTES["fp8"] - BF16_WEIGHT_BYTES))
+    return LowPrecision(precision, r, low_precision_peak(gpu, precision),
+                        ELEMENT_BYTES[precision], primary_weights=library == "te_fp8_params")

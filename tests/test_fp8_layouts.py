@@ -127,10 +127,13 @@ def test_fp8_primary_weights_are_gathered_as_their_one_byte_data():
     # ... as a Megatron ZeRO-3 plan with its optimizer on the CPU keeps them in tensorwise
     # FP8, whose primary weights Megatron refuses beside that offload
     ("megatron", {}, "tensorwise", "cpu", 2.0),
-    # FP8 primary weights: the copies are the sharded weights (2 B less bf16's 2 B: nothing),
-    # what Megatron's ZeRO-3 runs (--fp8-param-gather)
-    ("megatron", {}, "tensorwise", "none", 0.0),
-    ("megatron", {}, "delayed", "cpu", 0.0),
+    # FP8 primary weights, what Megatron's ZeRO-3 runs (--fp8-param-gather): the sharded
+    # weights are the FP8 data alone, Megatron-FSDP dropping each transpose after the forward
+    # (1 B less bf16's 2 B, over dp 8)
+    ("megatron", {}, "tensorwise", "none", -1.0 / 8),
+    ("megatron", {}, "delayed", "cpu", -1.0 / 8),
+    # ... with the transpose where the engine keeps it (2 B less bf16's 2 B: nothing)
+    ("megatron", dict(zero3_drops_fp8_transposes=False), "tensorwise", "none", 0.0),
     # llm-foundry's FSDP: each layer's forward saves the copy for its backward
     ("fsdp", {}, "delayed", "none", 2.0),
     # ... but a checkpointed forward saves nothing: the copy of the layer being recomputed

@@ -253,5 +253,10 @@ MEGATRON = Engine(
     # fp8_param_gather = True; megatron_fsdp.py keeps the FP8 shards and drops the transposes
     # after each forward unless keep_fp8_transpose_cache): no bf16 weight to cache a copy of
     zero3_fp8_primary_weights=True,
+    # Megatron-FSDP drops a per-tensor FP8 weight's transpose after each forward and makes it
+    # again for the backward (megatron_fsdp.py release_params_fp8_transpose_cache unless
+    # keep_fp8_transpose_cache, default False; mixed_precision.py fp8_need_transpose_data:
+    # only MXFP8 keeps its column-wise data)
+    zero3_drops_fp8_transposes=True,
     validation=validation_of("megatron"),
 )

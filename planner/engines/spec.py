@@ -400,6 +400,9 @@ class Engine:
     # whether its ZeRO-3 runs FP8 primary weights (planner.precision fp8_primary_weights):
     # what it exports and what is priced
     zero3_fp8_primary_weights: bool = False
+    # whether its ZeRO-3 keeps per-tensor FP8 primary weights without their transposes (made
+    # again for each gathered weight's backward): 1 byte a sharded linear weight on any GPU
+    zero3_drops_fp8_transposes: bool = False
     validation: Validation | None = None
     # figures measured by `python -m profiler` (planner.profile.Measured), set by
     # planner.profile.apply_profile; read through planner.cost.facts
