@@ -14,6 +14,7 @@ from planner.engines import get_engine
 from planner.search import (STATE_KEYS, Fixed, SharedCoefficients, default_global_batch,
                             default_seq_len, enumerate_candidates, heuristic, quick_lower_bound,
                             rules_for, search, solve_candidate, states_per_gpu_bound)
+from planner.search.enumeration import without_tp_overlap
 from tests.test_moe_planner import cluster_with_memory, tiny_moe
 from tests.test_search import searched_splits, tiny_model
 
@@ -185,8 +186,14 @@ def test_pruned_search_equals_every_candidate_solved(model, gib, n):
     got = search(model, cluster, global_batch=8, top=3, engine=eng, margin_gib=0.0)
     cap = capacity_bytes(cluster, eng, 0.0)
     times, least = [], None
-    for c in enumerate_candidates(model, cluster, Fixed(), default_seq_len(model), 8, eng):
+    cands = enumerate_candidates(model, cluster, Fixed(), default_seq_len(model), 8, eng)
+    for c in cands:
         res, fits = solve_candidate(model, cluster, c, engine=eng, margin_gib=0.0)
+        twin = without_tp_overlap(eng, c)
+        if not fits and twin is not None:
+            # the search tries a candidate without the TP overlap where the overlap's
+            # buffers leave no plan (planner.search.enumeration without_tp_overlap)
+            cands.append(twin)
         if fits:
             times.append(res.estimate.step_time_s)
         coeffs = stage_coefficients(model, cluster, c, eng)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noq
                                    rules_for, states_per_gpu_bound)
 from planner.search.enumeration import (MICRO_BATCHES, SEARCHED_VPP, Fixed,  # noqa: F401
                                       enumerate_candidates, expert_layouts, searched_cp,
-                                      searched_recompute)
+                                      searched_recompute, without_tp_overlap)
 from planner.search.placement import (SOLVER_SECONDS, TIME_UNITS, Result,  # noqa: F401
                                       _hull_cuts, chunk_recompute, heuristic, solve_candidate,
                                       solve_cpsat)
@@ -238,14 +239,14 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # working buffers are linear in it; micro-batches in flight x its size, min(b*(p - rank),
     # sequences per dp rank) under 1F1B and likewise interleaved, constant under GPipe; the
     # model states do not depend on it), so once a micro-batch size cannot fit, no larger one
-    # of the same family can: those are pruned unpriced.
+    # of the same family can: those are pruned unpriced. The family is every other knob: an
+    # offload, the TP overlap's buffers, ZeRO++ or HSDP change the memory at the same size.
     too_big = {}
 
     def memory_test(c, rules):
         """The coefficients of c, or None when c cannot fit (recorded)."""
         nonlocal pruned_mem
-        family = (c.tp, c.cp, c.cp_comm, c.pp, c.dp, c.zero, c.sp, c.schedule, c.vpp,
-                  c.recompute, c.recompute_modules, c.ep, c.etp)
+        family = tuple(v for k, v in c.__dict__.items() if k != "mbs")
         if too_big.get(family, math.inf) < c.mbs:
             pruned_mem += 1
             infeasible.append((c, None, rules))
@@ -277,6 +278,20 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # them all: they are not priced at all.
     best_heur = TopTimes(top)
     unpriced, beyond_bound = [], 0
+    extra = itertools.count(len(cands))   # heap indices of the candidates added below
+
+    def try_without_overlap(c) -> None:
+        """Queue c without the TP overlap (enumeration without_tp_overlap), c having no plan
+        that fits: in bound order with the rest, as if enumerated."""
+        nonlocal pruned_mem
+        t = without_tp_overlap(engine, c)
+        if t is None:
+            return
+        if not shared.states_can_fit(t, cap):
+            pruned_mem += 1
+            return
+        heapq.heappush(live_heap, (shared.quick_bound(t, rules_of(t), cap), next(extra), t))
+
     for item in live_in_order():
         lb0, _, c = item
         if lb0 > best_heur.threshold() * (1 + 1e-9):
@@ -287,6 +302,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         rules = rules_of(c)
         coeffs = memory_test(c, rules)
         if coeffs is None:
+            try_without_overlap(c)
             continue
         low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
         # the bottleneck of the bound, and of the split priced beside the heuristic's below
@@ -315,6 +331,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         known = plain(known)
         if known is not None:
             best_heur.add(known.estimate.step_time_s, key=c)
+        else:
+            try_without_overlap(c)
         scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]

@@ -294,7 +294,7 @@ def _candidates_of(model, cluster, f, seq_len, gbs, engine, tp, cp, cp_comm,
                                     offload_optimizer="none", offload_params="none",
                                     dp_shard=0, zeropp=False)))
     out = _with_zeropp(f, engine, _with_hsdp(model, cluster, f, engine, out))
-    return _with_tp_overlap_off(engine, _with_offloads(model, cluster, f, engine, out))
+    return _with_offloads(model, cluster, f, engine, out)
 
 
 def _with_zeropp(f: Fixed, engine: Engine, candidates: list) -> list:
@@ -386,18 +386,16 @@ def _with_offloads(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
     return out
 
 
-def _with_tp_overlap_off(engine: Engine, candidates: list) -> list:
-    """Each candidate with the TP overlap, and the same without it where the overlap costs
-    memory (the engine's userbuffers, planner.cost.memory userbuffer_bytes): a plan a little
-    slower that may fit where the overlap's buffers do not."""
-    if not engine.tp_overlap_userbuffers:
-        return candidates
-    out = []
-    for c in candidates:
-        out.append(c)
-        if c.tp_comm_overlap:
-            out.append(_candidate({**c.__dict__, "tp_comm_overlap": False}))
-    return out
+def without_tp_overlap(engine: Engine, c: Candidate) -> Candidate | None:
+    """`c` without the TP overlap where the overlap costs memory (the engine's userbuffers,
+    planner.cost.memory userbuffer_bytes), else None: a plan a little slower that may fit
+    where the overlap's buffers do not. The searches try it when `c` has no plan that fits
+    (planner.search search, planner.search.groups search_mixed); the overlap hides TP
+    communication, so where `c` fits the plan without it is no faster (unless the overlap's
+    slowdown of the GEMMs exceeds what it hides, a plan the search never offered)."""
+    if not (c.tp_comm_overlap and engine.tp_overlap_userbuffers):
+        return None
+    return _candidate({**c.__dict__, "tp_comm_overlap": False})
 
 
 CANDIDATE_FIELDS = frozenset(x.name for x in fields(Candidate))

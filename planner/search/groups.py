@@ -33,7 +33,7 @@ from planner.power import limit_suffix, limited_name
 from planner.rules_fixed import check_fixed
 from planner.search import default_global_batch, default_seq_len, search
 from planner.search.bounds import SharedCoefficients, lower_bound, max_layers, rules_for
-from planner.search.enumeration import Fixed, enumerate_candidates
+from planner.search.enumeration import Fixed, enumerate_candidates, without_tp_overlap
 from planner.search.placement import Result, heuristic, solve_cpsat
 from planner.specs import Cluster, MixedCluster, Model
 
@@ -242,17 +242,13 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
 
     orders_of = {c: _pipelines(mixed, c) for c in cands}
     n_cands = sum(len(x) for x in orders_of.values())
-    for j, (tb, idx, c) in enumerate(pending):
-        if tb > best_heur * (1 + 1e-9):
-            pruned_bound += sum(len(orders_of[x]) for _, _, x in pending[j:])
-            break
-        orders = orders_of[c]
-        if not orders:
-            continue
-        if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
-            pruned_mem += len(orders)
-            continue
+
+    def visit(idx, c, orders) -> bool:
+        """Price c's heuristic plan on each pipeline order; whether one fits (or is beyond
+        the bound, so that nothing without the TP overlap is wanted either)."""
+        nonlocal pruned_mem, pruned_bound
         rules = rules_for(engine, c, f)
+        fitted = False
         for pipeline in orders:
             cl = mixed.with_pipeline(pipeline)
             coeffs = mixed_coefficients(model, cl, c, engine)
@@ -268,12 +264,33 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             lb = lower_bound(coeffs, c, L, caps_bytes, rules)
             if lb > best_heur * (1 + 1e-9):
                 pruned_bound += 1
+                fitted = True
                 continue
             h = heuristic(model, cl, c, coeffs, caps_bytes, rules, split=split, engine=engine,
                           margin_gib=margin_gib)
             res = MixedResult(c, h.layers, h.recompute, h.estimate, cluster=cl)
             consider(res)
+            fitted = fitted or res.estimate.fits
             scored.append((lb, idx, res, coeffs, caps_bytes, rules))
+        return fitted
+
+    for j, (tb, idx, c) in enumerate(pending):
+        if tb > best_heur * (1 + 1e-9):
+            pruned_bound += sum(len(orders_of[x]) for _, _, x in pending[j:])
+            break
+        orders = orders_of[c]
+        if not orders:
+            continue
+        if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
+            pruned_mem += len(orders)
+            continue
+        if not visit(idx, c, orders):
+            # no plan of c fits: c without the TP overlap, whose buffers it then does not hold
+            # (planner.search.enumeration without_tp_overlap)
+            t = without_tp_overlap(engine, c)
+            if t is not None:
+                n_cands += len(orders)
+                visit(idx, t, orders)
     # exact placements, best bound first, while a bound can beat the best plan
     scored.sort(key=lambda x: (x[0], x[1]))
     for i, (lb, _, heur, coeffs, caps_bytes, rules) in enumerate(scored):
