@@ -139,12 +139,15 @@ pp 2 ones now (107.56-107.74 s); deepseek-v3_h100x256_fixed ranks 0-1 unchanged,
 rank 0's p2p plan without the overlap (17.81 s, ahead of the a2a ones at 18.16 s);
 qwen3_h100x64_tp4 and gpt-oss_h100x32_pp1 led by plans without the overlap, whose buffers no
 longer fit beside them (+5.0% and +2.5..+3.8%).
-Then the plans without the overlap tried only where a candidate with it has no plan
-(planner.search.enumeration without_tp_overlap; enumerating every candidate twice made the
-search ~15% slower): only deepseek-v3_h100x256_fixed moves, replaced whole by the search's
-output without the later knobs: ranks 0-1 unchanged; ranks 2-4 the ZeRO-0 plan without the
-overlap at 17.846 s (its twin with it fits only once placed exactly) and the a2a plans with
-it (18.16-18.19 s), where rank 0's and rank 1's twins without it were before.
+Then the plans without the overlap tried only where a candidate with it has no plan or one
+recomputing or offloading layers, at its bound (planner.search.enumeration
+without_tp_overlap; enumerating every candidate twice made the search ~15% slower): a first
+version, trying them only where no plan fit, moved deepseek-v3_h100x256_fixed's ranks 2-4
+(and lost llama3-8b on h100x2's plan without the overlap, 300.6 s, to one with it at 483.0 s,
+offloading a layer more); this one gives every instance's recorded answer, and the six
+entries rewritten after the userbuffers are replaced by the search's output again: their
+ranked plans and `closest` as recorded then, their candidate counts those enumerated (the
+twins no longer are: llama70b_h100x32 4950 -> 3610).
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

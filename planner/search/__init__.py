@@ -280,17 +280,14 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     unpriced, beyond_bound = [], 0
     extra = itertools.count(len(cands))   # heap indices of the candidates added below
 
-    def try_without_overlap(c) -> None:
+    def try_without_overlap(c, bound: float) -> None:
         """Queue c without the TP overlap (enumeration without_tp_overlap), c having no plan
-        that fits: in bound order with the rest, as if enumerated."""
-        nonlocal pruned_mem
+        that fits or one whose memory made it recompute or offload layers, at c's `bound`:
+        its model states are c's, and every placement of it is no faster than c's at that
+        placement (the overlap hides TP communication), so c's bound is its own."""
         t = without_tp_overlap(engine, c)
-        if t is None:
-            return
-        if not shared.states_can_fit(t, cap):
-            pruned_mem += 1
-            return
-        heapq.heappush(live_heap, (shared.quick_bound(t, rules_of(t), cap), next(extra), t))
+        if t is not None:
+            heapq.heappush(live_heap, (bound, next(extra), t))
 
     for item in live_in_order():
         lb0, _, c = item
@@ -302,7 +299,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         rules = rules_of(c)
         coeffs = memory_test(c, rules)
         if coeffs is None:
-            try_without_overlap(c)
+            try_without_overlap(c, lb0)
             continue
         low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
         # the bottleneck of the bound, and of the split priced beside the heuristic's below
@@ -331,8 +328,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         known = plain(known)
         if known is not None:
             best_heur.add(known.estimate.step_time_s, key=c)
-        else:
-            try_without_overlap(c)
+        if known is None or any(known.recompute):
+            try_without_overlap(c, lb0)
         scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]

@@ -389,10 +389,12 @@ def _with_offloads(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
 def without_tp_overlap(engine: Engine, c: Candidate) -> Candidate | None:
     """`c` without the TP overlap where the overlap costs memory (the engine's userbuffers,
     planner.cost.memory userbuffer_bytes), else None: a plan a little slower that may fit
-    where the overlap's buffers do not. The searches try it when `c` has no plan that fits
-    (planner.search search, planner.search.groups search_mixed); the overlap hides TP
-    communication, so where `c` fits the plan without it is no faster (unless the overlap's
-    slowdown of the GEMMs exceeds what it hides, a plan the search never offered)."""
+    where the overlap's buffers do not, or recomputing or offloading fewer layers. The
+    searches try it where `c`'s plan does not fit or fits only recomputing or offloading
+    layers (planner.search search, planner.search.groups search_mixed); elsewhere the
+    overlap hides TP communication at the same memory, so the plan without it is no faster
+    (unless the overlap's slowdown of the GEMMs exceeds what it hides, a plan the search never
+    offered)."""
     if not (c.tp_comm_overlap and engine.tp_overlap_userbuffers):
         return None
     return _candidate({**c.__dict__, "tp_comm_overlap": False})

@@ -244,11 +244,12 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     n_cands = sum(len(x) for x in orders_of.values())
 
     def visit(idx, c, orders) -> bool:
-        """Price c's heuristic plan on each pipeline order; whether one fits (or is beyond
-        the bound, so that nothing without the TP overlap is wanted either)."""
+        """Price c's heuristic plan on each pipeline order; whether c without the TP overlap
+        is wanted: no plan fits, or one fits only recomputing or offloading layers (beyond
+        the bound: not wanted either)."""
         nonlocal pruned_mem, pruned_bound
         rules = rules_for(engine, c, f)
-        fitted = False
+        fitted, bound_by_memory = False, False
         for pipeline in orders:
             cl = mixed.with_pipeline(pipeline)
             coeffs = mixed_coefficients(model, cl, c, engine)
@@ -271,8 +272,9 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             res = MixedResult(c, h.layers, h.recompute, h.estimate, cluster=cl)
             consider(res)
             fitted = fitted or res.estimate.fits
+            bound_by_memory = bound_by_memory or (res.estimate.fits and any(h.recompute))
             scored.append((lb, idx, res, coeffs, caps_bytes, rules))
-        return fitted
+        return not fitted or bound_by_memory
 
     for j, (tb, idx, c) in enumerate(pending):
         if tb > best_heur * (1 + 1e-9):
@@ -284,9 +286,10 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
         if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
             pruned_mem += len(orders)
             continue
-        if not visit(idx, c, orders):
-            # no plan of c fits: c without the TP overlap, whose buffers it then does not hold
-            # (planner.search.enumeration without_tp_overlap)
+        if visit(idx, c, orders):
+            # no plan of c fits, or only recomputing or offloading layers: c without the TP
+            # overlap, whose buffers it then does not hold (planner.search.enumeration
+            # without_tp_overlap)
             t = without_tp_overlap(engine, c)
             if t is not None:
                 n_cands += len(orders)
