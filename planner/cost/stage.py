@@ -486,7 +486,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     # the block linears' weights on this GPU: what low precision quantises
     linear_params = model.attn_matmul_params_on_rank(t) + model.mlp_matmul_params() / t
     lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp, cp=cp)
-    if c.tp_comm_overlap and t > 1 and c.sp:
+    tp_overlapped = c.tp_comm_overlap and t > 1 and c.sp
+    if tp_overlapped:
         # the overlap (Megatron-Core's userbuffers; torchtitan's async TP, torch's symmetric-
         # memory fused ops, alike) splits each all-gather / reduce-scatter into t chunks pipelined
         # with the GEMM that consumes / produces it (QKV, out-proj, FC1, FC2): t - 1 transfers
@@ -595,7 +596,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
         other = DP_BUCKET_BYTES if dp > 1 else 0.0
-        if engine.tp_overlap_userbuffers and c.tp_comm_overlap and t > 1 and c.sp:
+        if engine.tp_overlap_userbuffers and tp_overlapped:
             # the TP overlap's userbuffers, outside PyTorch's allocator (counted here, so
             # under its reserve too: 5% more of them than they take)
             other += userbuffer_bytes(b * sl, model.hidden,

@@ -282,9 +282,11 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
 
     def try_without_overlap(c, bound: float) -> None:
         """Queue c without the TP overlap (enumeration without_tp_overlap), c having no plan
-        that fits or one whose memory made it recompute or offload layers, at c's `bound`:
-        its model states are c's, and every placement of it is no faster than c's at that
-        placement (the overlap hides TP communication), so c's bound is its own."""
+        that fits or one whose memory made it recompute or offload layers, at c's `bound`,
+        the least in the heap now (what is drawn later bounds above it), so that it is visited
+        next but for candidates of the same bound; its model states are c's (the
+        states screens passed), its own bound is taken there (lower_bound), its figures
+        built only then."""
         t = without_tp_overlap(engine, c)
         if t is not None:
             heapq.heappush(live_heap, (bound, next(extra), t))
