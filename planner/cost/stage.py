@@ -200,6 +200,10 @@ class StageCoeffs:
     # recomputed layer runs again (planner.cost.moe)
     ep_layer: float = 0.0
     ep_rec: float = 0.0
+    # the TP overlap makes a pass slower than its plain collectives: the slowdown of the GEMMs
+    # it runs beside exceeds what it hides (a tiny GEMM beside a long transfer), so the plan
+    # without it is faster, at less memory (planner.search.enumeration without_tp_overlap)
+    tp_overlap_slower: bool = False
     # a model with dense and MoE layers: the per-layer fields above describe a dense layer and
     # `moe` holds what one MoE layer adds to each (its layer fields; q of a rank's n layers are
     # MoE, rq of its r recomputed ones). None: every layer is alike.
@@ -567,6 +571,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
         compute_layer=lt.fwd + lt.bwd + q_fwd + q_bwd,
         compute_rec=lt.recompute(rec_mode) + attn_rerun.fwd_s + mlp_rerun.fwd_s,
         tp_layer=tp_layer, tp_rec=tp_rec, pp_fixed=pp_fixed,
+        tp_overlap_slower=tp_overlapped and max(tp_pass) > tp_fwd,
         cp_layer=cp_layer, cp_rec=cp_rec,
         fwd_layer=lt.fwd + tp_pass[0] + cpx.fwd + q_fwd,
         bwd_layer=lt.bwd + tp_pass[1] + cpx.bwd + q_bwd,

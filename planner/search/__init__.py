@@ -280,14 +280,16 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     unpriced, beyond_bound = [], 0
     extra = itertools.count(len(cands))   # heap indices of the candidates added below
 
-    def try_without_overlap(c, bound: float) -> None:
-        """Queue c without the TP overlap (enumeration without_tp_overlap), c having no plan
-        that fits or one whose memory made it recompute or offload layers, at c's `bound`,
-        the least in the heap now (what is drawn later bounds above it), so that it is visited
-        next but for candidates of the same bound; its model states are c's (the
-        states screens passed), its own bound is taken there (lower_bound), its figures
-        built only then."""
-        t = without_tp_overlap(engine, c)
+    def try_without_overlap(c, bound: float, for_memory: bool = True) -> None:
+        """Queue c without the TP overlap (enumeration without_tp_overlap) at c's `bound`:
+        for memory where c has no plan that fits or one that recomputes or offloads layers,
+        or where the overlap makes a pass slower (`for_memory` False). c's bound holds for
+        the twin (planner.search.bounds takes the faster of the two), and is the least in the
+        heap now (what is drawn later bounds above it), so the twin is visited next but for
+        candidates of the same bound; its model states are c's less its buffers (the states
+        screens passed), its own bound is taken there (lower_bound), its figures built only
+        then."""
+        t = without_tp_overlap(engine, c, for_memory)
         if t is not None:
             heapq.heappush(live_heap, (bound, next(extra), t))
 
@@ -303,6 +305,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if coeffs is None:
             try_without_overlap(c, lb0)
             continue
+        slower = any(k.tp_overlap_slower for k in coeffs)
+        if slower:
+            try_without_overlap(c, lb0, for_memory=False)
         low = [lower_coeffs(k) for k in coeffs] if coeffs[0].moe is not None else coeffs
         # the bottleneck of the bound, and of the split priced beside the heuristic's below
         got = (bottleneck(coeffs, c, L, cap, rules, Q=Q, low=low, model=model)
@@ -330,7 +335,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         known = plain(known)
         if known is not None:
             best_heur.add(known.estimate.step_time_s, key=c)
-        if known is None or any(known.recompute):
+        if not slower and (known is None or any(known.recompute)):
             try_without_overlap(c, lb0)
         scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test

@@ -22,7 +22,7 @@ from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
 from planner.precision import TE_FP8_TRANSPOSE_BYTES, low_precision
 from planner.specs import Cluster, Model
 from planner.vocab import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
-from planner.search.enumeration import Fixed
+from planner.search.enumeration import Fixed, without_tp_overlap
 
 def _pipeline_free(c: Candidate) -> Candidate:
     """c laid out on one pipeline rank (pp 1, 1F1B) without ZeRO: dataclasses.replace of
@@ -476,11 +476,18 @@ class SharedCoefficients:
             # activations a layer keeps whether it is recomputed or not
             kept = (act, act_moe) if c.recompute == "none" else (
                 min(act, act - mem_rec), min(act_moe, act_moe - rec_moe))
-            got = self._times[key] = dict(
+            got = dict(
                 fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
                 rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
                 act=min(act, act_moe), saves=max(mem_rec, rec_moe),
                 kept_dense=kept[0], kept_moe=kept[1])
+            if k.tp_overlap_slower:
+                # the searches try c without the overlap too (enumeration without_tp_overlap):
+                # its times, at the same activations, where they are less, so that c's
+                # bounds hold for it as well
+                plain = self._layer_figures(without_tp_overlap(self.engine, c, False))
+                got.update({x: min(got[x], plain[x]) for x in ("fixed", "layer", "moe", "rec")})
+            self._times[key] = got
         return got
 
     def time_bound(self, c: Candidate) -> float:

@@ -386,16 +386,20 @@ def _with_offloads(model: Model, cluster: Cluster, f: Fixed, engine: Engine,
     return out
 
 
-def without_tp_overlap(engine: Engine, c: Candidate) -> Candidate | None:
-    """`c` without the TP overlap where the overlap costs memory (the engine's userbuffers,
-    planner.cost.memory userbuffer_bytes), else None: a plan a little slower that may fit
-    where the overlap's buffers do not, or recomputing or offloading fewer layers. The
-    searches try it where `c`'s plan does not fit or fits only recomputing or offloading
-    layers (planner.search search, planner.search.groups search_mixed); elsewhere the
-    overlap hides TP communication at the same memory, so the plan without it is no faster
-    (unless the overlap's slowdown of the GEMMs exceeds what it hides, a plan the search never
-    offered)."""
-    if not (c.tp_comm_overlap and engine.tp_overlap_userbuffers):
+def without_tp_overlap(engine: Engine, c: Candidate, for_memory: bool = True
+                       ) -> Candidate | None:
+    """`c` without its TP overlap, else None (c has none). The overlap hides TP collectives
+    at the cost of the GEMMs' slowdown beside them and, in Megatron, of its userbuffers
+    (planner.cost.memory userbuffer_bytes), so the plan without it can be better two ways,
+    and the searches (planner.search search, planner.search.groups search_mixed) try it:
+    - for memory (`for_memory`, only where the overlap costs memory: None elsewhere): where
+      c's plan does not fit, or fits only recomputing or offloading layers;
+    - for time: where the overlap makes a pass slower than its plain collectives
+      (StageCoeffs.tp_overlap_slower: a tiny GEMM beside a long transfer), on any engine.
+    Elsewhere the plan without it is no faster at no less memory: not tried. The searches'
+    bounds of c are taken at the faster of the two (planner.search.bounds), so they hold for
+    the twin as well."""
+    if not c.tp_comm_overlap or (for_memory and not engine.tp_overlap_userbuffers):
         return None
     return _candidate({**c.__dict__, "tp_comm_overlap": False})
 

@@ -161,6 +161,12 @@ class ShapeBound:
                                       recompute="none", dp=1)
             ks = [stage_coefficients(self.model, g, one, self.engine)[0]
                   for g in self.mixed.groups]
+            if any(k.tp_overlap_slower for k in ks):
+                # and without the overlap, which search_mixed then tries too
+                # (enumeration without_tp_overlap): the bound holds for both
+                plain = without_tp_overlap(self.engine, one, for_memory=False)
+                ks += [stage_coefficients(self.model, g, plain, self.engine)[0]
+                       for g in self.mixed.groups]
             got = self._shape[key] = (min(k.compute_fixed for k in ks),
                                       min(k.t_layer for k in ks))
         fixed, layer = got
@@ -243,16 +249,18 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     orders_of = {c: _pipelines(mixed, c) for c in cands}
     n_cands = sum(len(x) for x in orders_of.values())
 
-    def visit(idx, c, orders) -> bool:
-        """Price c's heuristic plan on each pipeline order; whether c without the TP overlap
-        is wanted: no plan fits, or one fits only recomputing or offloading layers (beyond
-        the bound: not wanted either)."""
+    def visit(idx, c, orders):
+        """Price c's heuristic plan on each pipeline order; c without the TP overlap where
+        it is wanted (enumeration without_tp_overlap), else None: where the overlap makes a
+        pass slower, or costs memory and no plan fits, or one fits only recomputing or
+        offloading layers (beyond the bound: not wanted for memory)."""
         nonlocal pruned_mem, pruned_bound
         rules = rules_for(engine, c, f)
-        fitted, bound_by_memory = False, False
+        fitted, bound_by_memory, slower = False, False, False
         for pipeline in orders:
             cl = mixed.with_pipeline(pipeline)
             coeffs = mixed_coefficients(model, cl, c, engine)
+            slower = slower or any(k.tp_overlap_slower for k in coeffs)
             caps_bytes = [b.allocatable_bytes for b in rank_budgets(cl, engine, margin_gib,
                                                                      c.pp)]
             caps = max_layers(coeffs, caps_bytes, c.vpp, rules, c)
@@ -274,7 +282,9 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             fitted = fitted or res.estimate.fits
             bound_by_memory = bound_by_memory or (res.estimate.fits and any(h.recompute))
             scored.append((lb, idx, res, coeffs, caps_bytes, rules))
-        return not fitted or bound_by_memory
+        if slower:
+            return without_tp_overlap(engine, c, for_memory=False)
+        return without_tp_overlap(engine, c) if not fitted or bound_by_memory else None
 
     for j, (tb, idx, c) in enumerate(pending):
         if tb > best_heur * (1 + 1e-9):
@@ -286,14 +296,10 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
         if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
             pruned_mem += len(orders)
             continue
-        if visit(idx, c, orders):
-            # no plan of c fits, or only recomputing or offloading layers: c without the TP
-            # overlap, whose buffers it then does not hold (planner.search.enumeration
-            # without_tp_overlap)
-            t = without_tp_overlap(engine, c)
-            if t is not None:
-                n_cands += len(orders)
-                visit(idx, t, orders)
+        t = visit(idx, c, orders)
+        if t is not None:
+            n_cands += len(orders)
+            visit(idx, t, orders)
     # exact placements, best bound first, while a bound can beat the best plan
     scored.sort(key=lambda x: (x[0], x[1]))
     for i, (lb, _, heur, coeffs, caps_bytes, rules) in enumerate(scored):
