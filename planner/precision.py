@@ -74,6 +74,11 @@ LOW_PRECISION_PEAK_TFLOPS = {
 # Bytes per element of a GEMM operand: FP8 1; MXFP8 1 + one E8M0 scale per 32 elements; NVFP4
 # 0.5 + one E4M3 scale per 16 elements (OCP Microscaling Formats spec v1.0; NVIDIA NVFP4 blog).
 ELEMENT_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}
+# The precisions whose quantised elements are FP8 (E4M3 / E5M2; MXFP8's with a scale per 32):
+# what Megatron runs with --fp8-format (planner.export.megatron PRECISION_FLAGS) and Transformer
+# Engine's TP-overlap all-gather buffers hold at a byte an element (planner.cost.memory
+# userbuffer_bytes)
+FP8_FORMATS = ("fp8", "mxfp8")
 
 # Fraction of the bf16 large-GEMM efficiency (planner.catalog.gpus `gemm_efficiency`) that a
 # low-precision GEMM reaches of its own (FP8 / FP4) peak, Transformer Engine: 0.85 x 0.70 x

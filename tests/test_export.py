@@ -1053,3 +1053,14 @@ def test_tp_comm_overlap_exported_as_priced(capsys):
                                                                      tp_comm_overlap=True))
     with pytest.raises(BadInput, match="--no-tp-comm-overlap"):
         export(plan, "deepspeed")
+
+
+def test_the_precisions_exported_with_fp8_format_are_the_fp8_formats():
+    """Megatron runs --fp8-format for exactly the precisions the cost model prices as FP8
+    elements (planner.precision FP8_FORMATS: the TP overlap's all-gather buffers at a byte an
+    element, planner.cost.memory userbuffer_bytes): the two places agree."""
+    from planner.export.megatron import PRECISION_FLAGS
+    from planner.precision import FP8_FORMATS
+    exported = {p for p, flags in PRECISION_FLAGS.items()
+                if any(k == "--fp8-format" for k, _ in flags("tensorwise"))}
+    assert exported == set(FP8_FORMATS)

@@ -30,7 +30,7 @@ from planner.cost.schedule import (forward_and_wgrad, head_rank, in_flight, pipe
                                    stage_buffer_bytes, weight_grad_time)
 from planner.engines import get_engine
 from planner.engines.spec import Engine
-from planner.precision import low_precision
+from planner.precision import FP8_FORMATS, low_precision
 from planner.specs import Cluster, Model
 
 # Gradient-reduction buckets kept alive by DDP / the distributed optimizer: Megatron's default
@@ -605,7 +605,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             # the TP overlap's userbuffers, outside PyTorch's allocator (counted here, so
             # under its reserve too: 5% more of them than they take)
             other += userbuffer_bytes(b * sl, model.hidden,
-                                      lp is not None and lp.precision in ("fp8", "mxfp8"))
+                                      lp is not None and lp.precision in FP8_FORMATS)
         z3_peak = z3_end = 0.0
         if c.zero == 3 and dp > 1:
             # gathered while computing: the layers' and the embedding's and head's unsharded
