@@ -1290,6 +1290,39 @@ def write_trust(summ, table: str, path=TRUST_FILE) -> None:
         "table": table, "engines": engines}, indent=1) + "\n")
 
 
+def release_of(run) -> str | None:
+    """The release a row's table belongs to, where its source publishes the same table per
+    release (Megatron-Bridge's performance summaries: "mbridge-<release>-..."), else None."""
+    parts = run["id"].split("-")
+    if parts[0] == "mbridge" and parts[1][:1].isdigit():
+        return parts[1]
+    return None
+
+
+def repeat_publications(runs) -> list:
+    """Configurations one source published in several releases: the same cluster, model,
+    precision, recipe and every fixed knob (CUDA graphs included), each release's step time.
+    The spread between them is the software's (a release's regression, a fix), which no
+    prediction of the configuration can follow: what bounds a per-row error there. Sorted by
+    spread (slowest / fastest), largest first."""
+    groups = {}
+    for r in runs:
+        rel = release_of(r)
+        if rel is None:
+            continue
+        model = r.get("catalog_model") or json.dumps(r.get("model"), sort_keys=True)
+        key = (r["cluster"], model, r.get("precision", "bf16"), r.get("recipe"),
+               json.dumps(r["fixed"], sort_keys=True))
+        groups.setdefault(key, []).append((rel, r["step_time_s"], r["id"]))
+    out = []
+    for rows in groups.values():
+        if len({rel for rel, _, _ in rows}) < 2:
+            continue
+        times = [t for _, t, _ in rows]
+        out.append({"spread": max(times) / min(times), "rows": sorted(rows)})
+    return sorted(out, key=lambda g: -g["spread"])
+
+
 def loso_markdown(result, seconds: float) -> str:
     summ = loso_summary(result["rows"])
     lines = [f"# Leave-one-source-out fidelity ({today()})", "",
@@ -1351,12 +1384,43 @@ def loso_markdown(result, seconds: float) -> str:
             lines.append(f"| {fam} | {name} | {', '.join(f'{x:.4g}' for x in v)} | {kind} |")
     if not any(result["refits"].values()):
         lines.append("| - | - | - | - |")
+    lines += repeat_markdown(repeat_publications(list(runs.values())),
+                             {row["run"]: row for row in result["rows"]})
     cols = ["run", "family", "engine", "gpu", "published_s", "predicted_s",
             "in_sample_error_pct", "loso_error_pct", "fits", "loso_fits"]
     lines += ["", "## Rows", "", markdown_table(result["rows"], cols, headers=[
         "run", "family", "engine", "GPU", "published s", "predicted s", "in-sample error %",
         "held-out error %", "fits", "fits held out"])]
     return "\n".join(lines) + "\n"
+
+
+def repeat_markdown(groups, scored) -> list:
+    """The repeat publications section: how far one configuration's published times lie apart
+    across releases, and each of those rows' held-out error (`scored`: the LOSO rows by id)."""
+    spreads = sorted(g["spread"] for g in groups)
+    if not spreads:
+        return []
+    within = sum(x <= 1.10 for x in spreads)
+    lines = ["", "## Repeat publications: one configuration, several releases", "",
+             f"{len(groups)} configurations are published in more than one release of the same "
+             "table with every printed and recipe knob the same (cluster, model, precision, "
+             "the fixed knobs and CUDA graphs). Their published times lie "
+             f"{(statistics.median(spreads) - 1) * 100:.1f}% apart at the median (slowest over "
+             f"fastest), {within} of them within 10%; where they lie further apart the releases' "
+             "software differs, which one prediction of the configuration cannot follow (its "
+             "rows' held-out errors below).", "",
+             "| spread % | configuration | release: published s (held-out error %) |",
+             "|---:|:---|:---|"]
+    for g in groups:
+        if g["spread"] <= 1.10:
+            continue
+        cells = []
+        for rel, t, rid in g["rows"]:
+            err = scored.get(rid, {}).get("loso_error_pct")
+            cells.append(f"{rel}: {t:.2f}" + (f" ({err:+.1f})" if err is not None else ""))
+        name = g["rows"][0][2].split("-", 2)[2]
+        lines.append(f"| {(g['spread'] - 1) * 100:.0f} | {name} | {'; '.join(cells)} |")
+    return lines
 
 
 # ---- the memory verdict (issue 22) -------------------------------------------------------

@@ -175,3 +175,20 @@ def test_leaving_a_family_out_refits_without_it():
     assert "eager-PyTorch kernel figures" not in how      # not fitted on torchtitan rows
     rowwise = [r for r in res["rows"] if "rowwise" in r["run"]]
     assert rowwise and all(r["loso_error_pct"] != r["in_sample_error_pct"] for r in rowwise)
+
+
+def test_repeat_publications_group_one_configuration_across_releases():
+    """A configuration one table publishes in several releases is grouped, knob for knob
+    (another micro-batch is another configuration; a source without releases is never
+    grouped), its spread the slowest over the fastest published time."""
+    base = {"cluster": "gb200x8", "catalog_model": "qwen3-30b-a3b", "precision": "mxfp8",
+            "recipe": "mxfp8", "fixed": {"tp": 1, "ep": 8, "micro_batch": 4}}
+    rows = [dict(base, id="mbridge-26.04-gb200-x", step_time_s=10.0),
+            dict(base, id="mbridge-26.04.01-gb200-x", step_time_s=12.5),
+            dict(base, id="mbridge-26.06-gb200-x", fixed={**base["fixed"], "micro_batch": 8},
+                 step_time_s=9.0),
+            dict(base, id="torchtitan-202412-x", step_time_s=20.0)]
+    groups = fidelity.repeat_publications(rows)
+    assert len(groups) == 1
+    assert groups[0]["spread"] == pytest.approx(1.25)
+    assert [rel for rel, _, _ in groups[0]["rows"]] == ["26.04", "26.04.01"]
