@@ -219,3 +219,32 @@ def test_the_gb200_70b_runs_fit_with_the_recipes_own_offload_count(runs):
         est = price(fidelity.model_of(r), fidelity.cluster_of(r), p["candidate"], p["layers"],
                     [40], fidelity.engine_of(r), 0.0).estimate
         assert est.fits, (r["id"], est.peak_reserved_gib, est.capacity_gib)
+
+
+def test_the_moe_rows_carry_their_recipe_knobs(runs):
+    """The held-out Megatron-Bridge MoE rows carry the dispatcher, EP overlap, recompute and
+    pipeline layout their release's recipe ran (`recipe_source`, read into
+    heldout_build/mbridge_moe_recipes.json), as published_runs_moe.json's rows do; worked by
+    hand from Megatron-Core's rules: DeepSeek-V3's layout "Et*4|(t*4|)*14tmL" is 16 stages
+    of 4 decoder layers but the last (1 and the MTP layer), stage i on rank i % pp
+    (pipeline_parallel_layer_layout.py), so on pp 2 rank 0 holds 8 x 4 = 32 and rank 1 7 x 4 +
+    1 = 29; Qwen3-235B's recipe counts the embedding and the loss as a layer each
+    (account_for_*_in_pipeline_split), (94 + 2) / 8 = 12 a rank but one fewer on the first
+    and the last; GPT-OSS on GB200 (26.04) recomputes layernorm and moe_act under the EP
+    overlap with HybridEP (gpt_oss_workload_base_configs.py GB200_BF16_V1 / V2)."""
+    moe = [r for r in runs if "moe" in r["needs"] and r["id"].startswith("mbridge-")]
+    read = [r for r in moe if r.get("recipe_source")]
+    assert len(read) >= 80
+    by_id = {r["id"]: r for r in moe}
+    dsv3 = by_id["mbridge-26.04-gb300-deepseekv3-mxfp8-256gpu-tp1pp2cp1ep32vp8-gbs4096"]["fixed"]
+    assert dsv3["stage_layers"] == [32, 29]
+    assert (dsv3["recompute"], dsv3["recompute_modules"]) == ("selective", ["mla_up_proj"])
+    qwen = by_id["mbridge-26.04-gb200-qwen3235ba22b-mxfp8-256gpu-tp1pp8cp1ep32vp3-gbs8192"]
+    assert qwen["fixed"]["stage_layers"] == [11] + [12] * 6 + [11]
+    oss = by_id["mbridge-26.04-gb200-gptoss120b-bf16-64gpu-tp1pp1cp1ep64vpnone-gbs1280"]["fixed"]
+    assert (oss["moe_dispatcher"], oss["ep_comm_overlap"], oss["recompute_modules"]) == (
+        "flex", True, ["layernorm", "moe_act"])
+    layers = {"deepseek-v3": 61, "qwen3-235b-a22b": 94}
+    for r in read:
+        if "stage_layers" in r["fixed"]:
+            assert sum(r["fixed"]["stage_layers"]) == layers[r["catalog_model"]], r["id"]

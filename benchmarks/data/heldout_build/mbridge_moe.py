@@ -4,21 +4,22 @@ models (DeepSeek-V3, GPT-OSS-120B, Qwen3-30B-A3B, Qwen3-235B-A22B) that publishe
 does not hold: every GB200, GB300 and B300 row (its B200 and H100 rows are all there).
 
 Read as published_runs_moe.json reads the same tables (precision, the 25.09 parentheses, token
-drop, MTP), with one difference: only what the table prints is fixed. The recipe's dispatcher, EP
-overlap, recompute modules and pipeline layout are not read (`uncertain`), but for the one set of
-recipes below: the planner chooses them, as for every other held-out row (the EP overlap, which the fidelity benchmark does
-not search, priced off; VP n/a under pipelining read as plain 1F1B, as published_runs_moe.json).
-The recipes read: the MXFP8 rows of 26.06-26.08 on GB200 / GB300 (and Qwen3-30B on
-B300) ran full-iteration CUDA graphs with static MoE shapes, which change what runs (no host
-stall: `fixed.cuda_graph`, `cuda_graph_source`: FULL_ITERATION). The same configs ran the EP
-overlap and no recompute (DeepSeek-V3 on GB200: mla_up_proj) beside a paged stash of the routed
-experts' activations and CuTeDSL's fused grouped MLP, which the planner does not model; priced
-with the overlap and without recompute the Qwen3-30B rows come out 15-23% fast (and needed 243
-GiB of 183 while the planner held two micro-batches under the overlap), so those knobs are left
-as for every held-out row. With the overlap on (recompute the planner's), the 26.06-26.08 GB300
-DeepSeek-V3 and Qwen3-235B rows went from +16..+19% to -4..+2%, and the GB200 ones from -7..-2%
-to -24..-14% (before the MoE layer's GPU work and Blackwell's attention were priced as
-measured). A printed layout Megatron-Core refuses is not
+drop, MTP), and, as that file's rows carry them, with the token dispatcher, EP overlap, recompute
+(and its modules) and pipeline layout each row's recipe ran, read from its release's presets and
+recipes into mbridge_moe_recipes.json (cited per row; `recipe_fields`, the row's
+`recipe_source`). Not for the one row whose printed layout is no preset of its release
+(confidence "low" there), and not the MoE knobs of the recipes below: the MXFP8 rows of
+26.06-26.08 on GB200 / GB300 (and Qwen3-30B on B300) ran full-iteration CUDA graphs with static
+MoE shapes, which change what runs (no host stall: `fixed.cuda_graph`, `cuda_graph_source`:
+FULL_ITERATION). The same configs ran the EP overlap and no recompute (DeepSeek-V3 on GB200:
+mla_up_proj) beside a paged stash of the routed experts' activations and CuTeDSL's fused grouped
+MLP, which the planner does not model; priced with the overlap and without recompute the
+Qwen3-30B rows come out 15-23% fast (and needed 243 GiB of 183 while the planner held two
+micro-batches under the overlap), so those rows' dispatcher, overlap and recompute stay the
+planner's (the EP overlap priced off); their layouts are read. With the overlap on (recompute
+the planner's), the 26.06-26.08 GB300 DeepSeek-V3 and Qwen3-235B rows went from +16..+19% to
+-4..+2%, and the GB200 ones from -7..-2% to -24..-14% (before the MoE layer's GPU work and
+Blackwell's attention were priced as measured). A printed layout Megatron-Core refuses is not
 what ran and is left out (`LEFT_OUT`: one, the 25.09 GB200 DeepSeek-V3 MXFP8 variant, PP 8 with
 EP 64 on 256 GPUs). NVFP4 rows are not read (as the dense builder); models the catalog lacks
 (Kimi-K2, Nemotron 3, DeepSeek-V4) neither.
@@ -64,6 +65,10 @@ for _r in MOE_FILE:
 # the CUDA-graph setting each row's recipe ran, read from its release's recipes (the file's
 # `about`): per-layer graphs (transformer_engine, local) go into the rows (graph_fields)
 GRAPHS = json.loads((Path(__file__).resolve().parent / "mbridge_moe_graphs.json").read_text())["rows"]
+# the MoE and recompute knobs each held-out row's recipe ran, read from the same release's presets
+# and recipes (the file's `about`: dispatcher, EP overlap, recompute and its modules, pipeline
+# layout, each cited): fixed by `recipe_fields`
+RECIPES = json.loads((Path(__file__).resolve().parent / "mbridge_moe_recipes.json").read_text())["rows"]
 MTP_SOURCE = next(r["mtp_source"] for r in MOE_FILE if r.get("mtp_source"))
 CAPACITY_SOURCE = next(r["moe_capacity_source"] for r in MOE_FILE if r.get("moe_capacity_source"))
 
@@ -214,8 +219,10 @@ def rows():
             fixed.update({"micro_batch": mbs, "global_batch": gbs, "seq_len": seq})
             uncertain += [
                 "the token dispatcher, recompute (and its modules), pipeline layout, sequence "
-                "parallelism and the overlaps are not printed: the planner chooses them but "
-                "the EP overlap, priced off (published_runs_moe.json's rows fix them from each recipe)",
+                "parallelism and the overlaps are not printed: the dispatcher, EP overlap, "
+                "recompute and layout read from the release's recipe where `recipe_source` says "
+                "so (recipe_fields), as published_runs_moe.json's rows fix them; otherwise the "
+                "planner's, the EP overlap priced off",
                 f"the NVLink domain of a {n}-GPU {system} job is not printed"]
             if tp > 1:
                 uncertain.append("the TP communication overlap is not printed: priced off")
@@ -270,6 +277,7 @@ def rows():
             if config_key(rel, gpu, catalog, prec, n, fixed) in EXISTING:
                 continue
             graph_fields(rid, fixed, extra)
+            recipe_fields(rid, catalog, model_overrides, fixed, extra)
             caveat = source_caveat(line, notes)
             if caveat:
                 extra["source_caveat"] = caveat
@@ -320,6 +328,87 @@ def graph_fields(rid: str, fixed: dict, extra: dict) -> None:
     fixed["cuda_graph_scope"] = list(g["cuda_graph_scope"])
     extra["cuda_graph_source"] = (f"NVIDIA-NeMo/Megatron-Bridge {g['revision']}, preset "
                                   f"{g['preset']}: {g['source']}")
+
+
+def layout_layers(layout: str, pp: int, vp: int) -> list | None:
+    """Decoder layers per pipeline rank of a Megatron-Core pipeline layout string: stages split
+    by "|", "(...)*n" and "x*n" unrolled (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py parse_str_to_list), the i-th stage on rank i % pp
+    (virtual stage i // pp; its __init__); "t" a decoder layer ("E", "m", "L" the embedding,
+    an MTP layer, the loss). None unless there are pp x vp stages (Megatron-Core takes the
+    virtual stages from the layout and refuses another --virtual-pipeline size)."""
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    stages = text.split("|")
+    if len(stages) != pp * vp:
+        return None
+    out = [0] * pp
+    for i, stage in enumerate(stages):
+        out[i % pp] += stage.count("t")
+    return out
+
+
+def accounted_layers(layers: int, pp: int, vp: int) -> list | None:
+    """Decoder layers per pipeline rank with account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split: the layers, the embedding and the loss spread evenly
+    over the pp x vp virtual stages, the first and the last virtual stage one layer fewer
+    (megatron/core/transformer/transformer_block.py get_num_layers_to_build). None unless they
+    divide evenly."""
+    if (layers + 2) % (pp * vp):
+        return None
+    per_rank = (layers + 2) // pp
+    out = [per_rank] * pp
+    out[0] -= 1
+    out[-1] -= 1
+    return out
+
+
+def recipe_fields(rid: str, catalog: str, model_overrides: dict, fixed: dict,
+                  extra: dict) -> None:
+    """The dispatcher, EP overlap, recompute and pipeline layout the row's recipe ran
+    (RECIPES), fixed as published_runs_moe.json's rows fix them (moe_dispatcher, ep_comm_overlap,
+    recompute / recompute_modules, stage_layers), cited in `recipe_source`. Not for rows whose
+    recipe read is not what ran (confidence "low": the printed layout is no preset of the
+    release), nor for the full-iteration rows' MoE knobs (FULL_ITERATION: their overlap and
+    recompute came with memory savers the planner does not model); a layout only where its
+    stages are pp x vp (a layout Megatron-Core would refuse at the printed VP is not what ran)."""
+    g = RECIPES.get(rid)
+    if g is None or g["confidence"] == "low":
+        return
+    said = []
+    if fixed.get("cuda_graph") != "full_iteration":
+        if g["moe_dispatcher"]:
+            fixed["moe_dispatcher"] = g["moe_dispatcher"]
+            said.append(f"dispatcher {g['moe_dispatcher']}"
+                        + (f" ({g['flex_backend']})" if g["flex_backend"] else ""))
+        if g["ep_comm_overlap"] is not None:
+            fixed["ep_comm_overlap"] = bool(g["ep_comm_overlap"])
+            said.append("EP overlap " + ("on" if g["ep_comm_overlap"] else "off"))
+        if g["recompute"] == "selective" and not g["recompute_modules"]:
+            # Megatron-Core keeps an explicit empty module list: nothing recomputed
+            fixed["recompute"] = "none"
+            said.append("selective recompute of no module (none)")
+        elif g["recompute"] is not None:
+            fixed["recompute"] = g["recompute"]
+            if g["recompute"] == "selective":
+                fixed["recompute_modules"] = list(g["recompute_modules"])
+            said.append(f"recompute {g['recompute']}"
+                        + (f" of {g['recompute_modules']}" if g["recompute_modules"] else ""))
+    pp, vp = fixed.get("pp", 1), fixed.get("vpp") or 1
+    layout = g["pipeline_layout"]
+    stage_layers = None
+    if pp > 1 and layout and layout.startswith("account_for_embedding"):
+        from planner.catalog import get_model
+        stage_layers = accounted_layers(get_model(catalog).num_layers, pp, vp)
+    elif pp > 1 and layout:
+        stage_layers = layout_layers(layout, pp, vp)
+    if stage_layers:
+        fixed["stage_layers"] = stage_layers
+        said.append(f"layout {layout} -> decoder layers per rank {stage_layers}")
+    if said:
+        extra["recipe_source"] = (f"NVIDIA-NeMo/Megatron-Bridge {g['revision']}, preset "
+                                  f"{g['preset']}: {'; '.join(said)}. {g['source']}")
 
 
 def annotate_moe_table() -> list:
