@@ -35,7 +35,7 @@ from planner.cost.moe import syncs_token_counts
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
 from planner.engines.eager import RMSNORM_COMPOSITE_BYTES
-from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS, with_compile
+from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS, TE_FUSED_LOSS, with_compile
 from planner.engines.trust import gen_key
 from planner.errors import BadInput
 from planner.explain import recompute_label
@@ -394,6 +394,18 @@ def fp8_primary_weights(run) -> bool:
             and run.get("recipe") in ("tensorwise", "delayed", "mxfp8"))
 
 
+def te_fused_cross_entropy(run) -> bool:
+    """Whether the row's recipe ran Transformer Engine's fused cross entropy (planner.engines.spec
+    TE_FUSED_LOSS): every Megatron-Bridge performance row, whose scripts set
+    cross_entropy_fusion_impl = "te" (scripts/performance/configs/*/..._llm_pretrain.yaml at
+    r0.1.0, utils/helpers.py:108 at v0.2.0, utils/overrides.py:64-84 at v0.3.0..v0.6.0) over
+    GPTModelProvider's cross_entropy_loss_fusion = True (src/megatron/bridge/models/
+    gpt_provider.py, r0.1.0..v0.6.0; off only under --deterministic). Not the verification
+    cards, whose recipes leave Megatron-Core's native fusion."""
+    return (run["id"].startswith("mbridge-") and not run["id"].startswith("mbridge-card-")
+            and run.get("engine", "megatron") == "megatron")
+
+
 def engine_of(run, engine=None):
     """The engine the row ran (`engine` overrides it, as the fits do), with its gradient dtype,
     its optimizer's state bytes per parameter where the row's recipe ran another optimizer than
@@ -406,6 +418,8 @@ def engine_of(run, engine=None):
     `fixed.pipeline_keeps_input_grads`, `pipeline_source`), its FP8 primary weights and its
     full-iteration CUDA graphs (`fixed.cuda_graph`, `cuda_graph_source`)."""
     e = get_engine(engine or run.get("engine", "megatron"))
+    if te_fused_cross_entropy(run):
+        e = dataclasses.replace(e, loss_memory=TE_FUSED_LOSS, tp_loss_memory=None)
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
     state_bytes = recipe_fact(run, "optimizer_state_bytes")
@@ -520,13 +534,15 @@ MOE_NOTES = """Notes.
 - Host stall: the two fitted figures, the Megatron engine's host time exposed by dropless
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
-  4.39 ms; 4.52 before Blackwell's GEMMs were priced as measured, 4.61 before its attention
+  4.74 ms; 4.39 before the rows' heads were priced with the fused cross entropy their recipes
+  ran (te_fused_cross_entropy), 4.52 before Blackwell's GEMMs were priced as measured, 4.61 before its attention
   was, 4.80 before the MoE layer's GPU work was priced as Megatron-Core runs it, 4.33 before
   the rows were mended for issue 22, 4.78 before the collectives' latency counted a ring's
   hops inside a node at the NVLink latency), and the host's issuing of the grouped GEMMs, per
   local expert
-  (MOE_EXPERT_OVERHEAD_S = 0.0864 ms, a term the fit barely identifies: 1e-8 of loss;
-  0.1076 before FP8 primary weights were gathered as their 1-byte data, 0.2031, 0.1803, 0.200
+  (MOE_EXPERT_OVERHEAD_S = 0.171 ms, a term the fit barely identified before: 1e-8 of loss,
+  0.0022 now; 0.0864 before the fused cross entropy, 0.1076 before FP8 primary weights were
+  gathered as their 1-byte data, 0.2031, 0.1803, 0.200
   and 0.213 before that:
   Transformer Engine's grouped linear does host work per
   GEMM, one per local expert), exposed where one layer's forward work on the GPU (compute, TP

@@ -290,3 +290,26 @@ def test_torch_compile_gain_follows_the_element_wise_kernels(runs, rows, table):
     predicted = rows[eager]["predicted_s"] / rows[compiled]["predicted_s"]
     assert runs[compiled].get("compiled") and not runs[eager].get("compiled")
     assert abs(predicted - published) <= 0.03, (published, predicted)
+
+
+def test_megatron_bridge_rows_price_the_fused_cross_entropy_their_recipes_ran():
+    """Megatron-Bridge's performance recipes run Transformer Engine's fused cross entropy
+    (cross_entropy_fusion_impl "te" over cross_entropy_loss_fusion True): two passes over the
+    bf16 logits writing the gradient in place, scaled in place in backward, 10 bytes a logit
+    (planner.engines.spec TE_FUSED_LOSS) where Megatron's default unfused one moves 38 + 14.
+    By hand for Qwen3-235B's head on one GB200 (a micro-batch of 4096 tokens, 151936 logits
+    each, 8000 GB/s): 4096 x 151936 x (52 - 10) B / 8e12 B/s = 3.27 ms less. The planner's own
+    Megatron plans, exported without the fusion flags, keep the unfused one; the 2021-24
+    Megatron rows and Megatron-Bridge's verification cards (other recipes) too."""
+    from planner.cost.facts import facts_for
+    from planner.engines import get_engine
+    runs = {r["id"]: r for r in fidelity.load_runs(fidelity.DATA_HELDOUT)}
+    row = runs["mbridge-26.06-gb200-qwen3235ba22b-mxfp8-256gpu-tp1pp8cp1ep32vp3-gbs8192"]
+    model, gpu = fidelity.model_of(row), fidelity.cluster_of(row).gpu
+    fused = sum(facts_for(fidelity.engine_of(row), gpu).head_time(model, 1, 4096, 1))
+    plain = sum(facts_for(get_engine("megatron"), gpu).head_time(model, 1, 4096, 1))
+    assert plain - fused == pytest.approx(4096 * 151936 * (52 - 10) / 8e12, rel=1e-9)
+    card = next(r for r in runs.values() if r["id"].startswith("mbridge-card-"))
+    old = fidelity.load_runs(fidelity.DATA)[0]
+    for r in (card, old):
+        assert fidelity.engine_of(r).loss_memory == get_engine("megatron").loss_memory

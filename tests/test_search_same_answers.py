@@ -148,6 +148,19 @@ offloading a layer more); this one gives every instance's recorded answer, and t
 entries rewritten after the userbuffers are replaced by the search's output again: their
 ranked plans and `closest` as recorded then, their candidate counts those enumerated (the
 twins no longer are: llama70b_h100x32 4950 -> 3610).
+Step times rewritten for the MoE stall refitted once the fit rows' heads were priced with the
+cross entropy their recipes ran (issue 22: Transformer Engine's fused one on Megatron-Bridge's
+rows, benchmarks/fidelity.py te_fused_cross_entropy; MOE_LAYER_OVERHEAD_S 4.39 -> 4.74 ms,
+MOE_EXPERT_OVERHEAD_S 0.0864 -> 0.171 ms; the planner's own plans keep the unfused cross entropy
+Megatron runs by default): the record held at the commit before (its suite passed), and nothing
+else the searches price moved; six instances move, replaced whole by the search's output
+without the later knobs: mixtral_h100x64_s4096 +0.8%, deepseek-v3_h100x256_fixed +2.1%,
+qwen3_h100x256_tp4pp8 +2.7%, gpt-oss_h100x32_pp1 +2.8..+3.2%, each keeping its knobs, layers,
+recompute, verdicts and order; deepseek-v3_h100x2048_tp8pp1 +0.7..+1.3% with ranks 0 / 1 and
+3 / 4 swapped (ZeRO-2 ep 128 mbs 2 ahead of ZeRO-1 ep 256 mbs 1 with the EP overlap, whose
+more numerous local-expert issue the larger per-expert figure prices dearer) and `closest` now
+None; qwen3_h100x64_tp4 rank 0 unchanged (+1.1%), ranks 1-4 other pp 16 and pp 8 plans, most
+now 1F1B without the TP overlap (43.8-44.3 s where 42.6-43.7 s were), `closest` now None.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

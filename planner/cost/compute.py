@@ -423,15 +423,18 @@ CE_BYTES_FWD = 38.0
 CE_BYTES_BWD = 14.0
 
 
-def head_time(model: Model, gpu: Gpu, b: int, s: int, tp: int) -> tuple:
-    """(forward, backward) seconds of final norm, LM head GEMM and fp32 cross-entropy."""
+def head_time(model: Model, gpu: Gpu, b: int, s: int, tp: int,
+              ce_bytes: tuple = (CE_BYTES_FWD, CE_BYTES_BWD)) -> tuple:
+    """(forward, backward) seconds of final norm, LM head GEMM and cross-entropy, the loss's
+    kernels moving `ce_bytes` (forward, backward) per logit (the engine's LossMemory traffic;
+    the unfused fp32 one by default)."""
     tokens = b * s
     gemm = gemm_time(gpu, tokens, model.vocab_size / tp, model.hidden)
     logits = tokens * model.vocab_size / tp
     bw = gpu.hbm_gbps * 1e9
     norm = 2 * BF16 * tokens * model.hidden / bw
-    fwd = gemm + CE_BYTES_FWD * logits / bw + norm
-    return fwd, GEMM_BWD_FACTOR * gemm + CE_BYTES_BWD * logits / bw + ELEMENTWISE_BWD_FACTOR * norm
+    fwd = gemm + ce_bytes[0] * logits / bw + norm
+    return fwd, GEMM_BWD_FACTOR * gemm + ce_bytes[1] * logits / bw + ELEMENTWISE_BWD_FACTOR * norm
 
 
 def embedding_time(model: Model, gpu: Gpu, b: int, s: int, tp: int) -> tuple:

@@ -127,7 +127,13 @@ class CatalogFacts:
 
     @_memo
     def head_time(self, model, b, s, tp):
-        return head_time(model, self.gpu, b, s, tp)
+        loss = self._loss(tp)
+        return head_time(model, self.gpu, b, s, tp, (loss.traffic_fwd, loss.traffic_bwd))
+
+    def _loss(self, tp):
+        """The engine's loss kernel at tensor parallelism `tp` (LossMemory)."""
+        e = self.engine
+        return e.tp_loss_memory if tp > 1 and e.tp_loss_memory is not None else e.loss_memory
 
     @_memo
     def head_memory(self, model, b, s, tp, sp=False, pp=1) -> HeadMemory:
@@ -136,7 +142,7 @@ class CatalogFacts:
         holds over the logits (the engine's LossMemory, logits as wide as the compute dtype):
         what is held from forward to backward, and what the loss's peak adds beyond it."""
         e = self.engine
-        loss = e.tp_loss_memory if tp > 1 and e.tp_loss_memory is not None else e.loss_memory
+        loss = self._loss(tp)
         width, kept = self.compute_elem_bytes, e.pipeline_keeps_logits and pp > 1
         logits = logits_bytes(model, b, s, tp) / FP32
         norm_in, proj_in = head_input_bytes(model, b, s, tp, sp, e.sp_keeps_gathered_inputs,

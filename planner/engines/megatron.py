@@ -79,9 +79,13 @@ from planner.vocab import RECOMPUTE_MODULES
 # per-expert term now lowers the loss by 1e-8 only: the fit barely identifies it); 4.39 ms /
 # 0.0864 ms (0.0127, the per-expert term again worth 1e-8) once FP8 primary weights were
 # gathered as their 1-byte data (planner.precision Recipe.lowp_param_sync; the H100 Qwen3 FP8
-# fit rows' ZeRO-1 gathers). Host time: the same seconds on every GPU.
-MOE_LAYER_OVERHEAD_S = 4.39e-3
-MOE_EXPERT_OVERHEAD_S = 0.0864e-3
+# fit rows' ZeRO-1 gathers); 4.74 ms / 0.171 ms (0.0150) once the rows' heads were priced with
+# the cross entropy their recipes ran, Transformer Engine's fused one (benchmarks/fidelity.py
+# te_fused_cross_entropy; planner.engines.spec TE_FUSED_LOSS: 10 bytes a logit, not the unfused
+# 52): the faster last stage raises the stall the rows need. Host time: the same seconds on
+# every GPU.
+MOE_LAYER_OVERHEAD_S = 4.737e-3
+MOE_EXPERT_OVERHEAD_S = 0.1709e-3
 
 
 # The routed experts' down-projection bias (gpt-oss, --add-bias-linear) weighted by the routing

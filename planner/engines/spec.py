@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 # what selective recompute recomputes where nothing else is asked for (planner.vocab)
-from planner.cost.compute import FUSED_KERNELS, ElementwiseKernels
+from planner.cost.compute import CE_BYTES_BWD, CE_BYTES_FWD, FUSED_KERNELS, ElementwiseKernels
 from planner.vocab import DEFAULT_RECOMPUTE_MODULES
 
 # How many layers a pipeline rank may recompute (`Engine.recompute_count`):
@@ -58,6 +58,11 @@ class LossMemory:
     backward: float
     forward_fp32: float
     backward_fp32: float
+    # bytes per logit the loss's kernels move in forward and in backward, its time over the
+    # GPU's memory bandwidth (planner.cost.compute.head_time): an unfused fp32 cross entropy's
+    # unless the kernel is known to move fewer
+    traffic_fwd: float = CE_BYTES_FWD
+    traffic_bwd: float = CE_BYTES_BWD
 
     def peak(self, logit_bytes: float, logits_kept: bool = False) -> float:
         fwd, bwd = ((self.forward_fp32, self.backward_fp32) if logit_bytes == 4.0
@@ -89,6 +94,15 @@ RUNTIME_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 14.0, 8.0, 12.0, 8.0)
 # divide) and saves that softmax (4); forward the bf16 logits and the copy (6), backward the
 # softmax turned into the gradient in place and its bf16 cast (6); fp32 logits: 4 throughout.
 MEGATRON_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 6.0, 6.0, 4.0, 4.0)
+# Transformer Engine's fused cross entropy (transformer_engine/pytorch/triton/cross_entropy.py,
+# parallel_cross_entropy; Megatron-Core --cross-entropy-loss-fusion with
+# --cross-entropy-fusion-impl te, language_module.py compute_language_model_loss), from the
+# source, not measured: an online-softmax pass reads the bf16 logits (2), a second reads them
+# again and writes the gradient in place over them (2 + 2), which is all it keeps (2); its
+# backward scales that gradient in place by the incoming one (2 + 2, element_mul_kernel). As TE
+# ran it from 8ca2caf8a (2025-02-25, #1456) until 01bbe3eea (2026-07-09, #3193), which keeps the
+# gradient in fp32 instead; fp32 logits: 4 throughout.
+TE_FUSED_LOSS = LossMemory(2.0, 2.0, 2.0, 4.0, 4.0, traffic_fwd=6.0, traffic_bwd=4.0)
 # flash-attn's fused cross entropy (flash_attn/losses/cross_entropy.py, llm-foundry's default
 # `loss_fn: fused_crossentropy`; from the source, not measured): its kernel reads the bf16
 # logits and saves them with the rows' log-sum-exp (2); backward writes a new bf16 gradient
