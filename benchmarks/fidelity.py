@@ -35,7 +35,8 @@ from planner.cost.moe import syncs_token_counts
 from planner.cost.recompute import DEFAULT_MODULES
 from planner.engines import get_engine
 from planner.engines.eager import RMSNORM_COMPOSITE_BYTES
-from planner.engines.spec import COMPILED_LOSS, EAGER_LOSS, TE_FUSED_LOSS, with_compile
+from planner.engines.spec import (COMPILED_LOSS, EAGER_LOSS, TE_FUSED_FP32_GRAD_LOSS,
+                                  TE_FUSED_LOSS, with_compile)
 from planner.engines.trust import gen_key
 from planner.errors import BadInput
 from planner.explain import recompute_label
@@ -394,16 +395,26 @@ def fp8_primary_weights(run) -> bool:
             and run.get("recipe") in ("tensorwise", "delayed", "mxfp8"))
 
 
-def te_fused_cross_entropy(run) -> bool:
-    """Whether the row's recipe ran Transformer Engine's fused cross entropy (planner.engines.spec
-    TE_FUSED_LOSS): every Megatron-Bridge performance row, whose scripts set
-    cross_entropy_fusion_impl = "te" (scripts/performance/configs/*/..._llm_pretrain.yaml at
-    r0.1.0, utils/helpers.py:108 at v0.2.0, utils/overrides.py:64-84 at v0.3.0..v0.6.0) over
-    GPTModelProvider's cross_entropy_loss_fusion = True (src/megatron/bridge/models/
-    gpt_provider.py, r0.1.0..v0.6.0; off only under --deterministic). Not the verification
-    cards, whose recipes leave Megatron-Core's native fusion."""
-    return (run["id"].startswith("mbridge-") and not run["id"].startswith("mbridge-card-")
-            and run.get("engine", "megatron") == "megatron")
+# the Megatron-Bridge releases whose container ships Transformer Engine 2.18 or later, with
+# the fused cross entropy's fp32 gradient (TE 01bbe3eea; its branch release_v2.18_nemo_26.08;
+# 26.06 shipped TE 2.16: Megatron-Bridge docs/releases/software-versions.md @v0.6.0)
+TE_FP32_GRAD_RELEASES = ("26.08",)
+
+
+def te_fused_cross_entropy(run):
+    """The Transformer Engine fused cross entropy the row's recipe ran, else None: every
+    Megatron-Bridge performance row, whose scripts set cross_entropy_fusion_impl = "te"
+    (scripts/performance/configs/*/..._llm_pretrain.yaml at r0.1.0, utils/helpers.py:108 at
+    v0.2.0, utils/overrides.py:64-84 at v0.3.0..v0.6.0) over GPTModelProvider's
+    cross_entropy_loss_fusion = True (src/megatron/bridge/models/gpt_provider.py,
+    r0.1.0..v0.6.0; off only under --deterministic), as its container's TE ran it
+    (planner.engines.spec TE_FUSED_LOSS, TE_FUSED_FP32_GRAD_LOSS from TE 2.18). Not the
+    verification cards, whose recipes leave Megatron-Core's native fusion."""
+    if not (run["id"].startswith("mbridge-") and not run["id"].startswith("mbridge-card-")
+            and run.get("engine", "megatron") == "megatron"):
+        return None
+    fp32_grad = release_of(run) in TE_FP32_GRAD_RELEASES
+    return TE_FUSED_FP32_GRAD_LOSS if fp32_grad else TE_FUSED_LOSS
 
 
 def engine_of(run, engine=None):
@@ -418,8 +429,9 @@ def engine_of(run, engine=None):
     `fixed.pipeline_keeps_input_grads`, `pipeline_source`), its FP8 primary weights and its
     full-iteration CUDA graphs (`fixed.cuda_graph`, `cuda_graph_source`)."""
     e = get_engine(engine or run.get("engine", "megatron"))
-    if te_fused_cross_entropy(run):
-        e = dataclasses.replace(e, loss_memory=TE_FUSED_LOSS, tp_loss_memory=None)
+    loss = te_fused_cross_entropy(run)
+    if loss is not None:
+        e = dataclasses.replace(e, loss_memory=loss, tp_loss_memory=None)
     if bf16_gradients(run):
         e = dataclasses.replace(e, grad_bytes=BF16_GRAD_BYTES)
     state_bytes = recipe_fact(run, "optimizer_state_bytes")

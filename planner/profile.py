@@ -475,9 +475,16 @@ class Measured:
         from planner.cost.compute import embedding_time
         return self._fixed_times("embedding", modelled_pair, embedding_time, b, s, tp)
 
-    def head_time(self, modelled_pair, b, s, tp):
+    def head_time(self, modelled_pair, b, s, tp, ce_bytes=None):
+        """`ce_bytes`: the engine's loss traffic the modelled pair was priced with (LossMemory
+        traffic_fwd / traffic_bwd; the unfused default where None), so that the profiled shape
+        is modelled alike."""
         from planner.cost.compute import head_time
-        return self._fixed_times("head", modelled_pair, head_time, b, s, tp)
+
+        def modelled(spec, gpu, bb, ss, t):
+            return (head_time(spec, gpu, bb, ss, t) if ce_bytes is None
+                    else head_time(spec, gpu, bb, ss, t, ce_bytes))
+        return self._fixed_times("head", modelled_pair, modelled, b, s, tp)
 
     def optimizer_time(self, params: float) -> float:
         opt = self.entry["optimizer"]

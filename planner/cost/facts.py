@@ -181,7 +181,9 @@ class MeasuredFacts(CatalogFacts):
         return self.measured.embedding_time(super().embedding_time(model, b, s, tp), b, s, tp)
 
     def head_time(self, model, b, s, tp):
-        return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp)
+        loss = self._loss(tp)
+        return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp,
+                                       (loss.traffic_fwd, loss.traffic_bwd))
 
     def head_memory(self, model, b, s, tp, sp=False, pp=1) -> HeadMemory:
         # the profile measures what the final norm, the LM head and the loss save (profiler/

@@ -103,6 +103,12 @@ MEGATRON_VOCAB_PARALLEL_LOSS = LossMemory(4.0, 6.0, 6.0, 4.0, 4.0)
 # ran it from 8ca2caf8a (2025-02-25, #1456) until 01bbe3eea (2026-07-09, #3193), which keeps the
 # gradient in fp32 instead; fp32 logits: 4 throughout.
 TE_FUSED_LOSS = LossMemory(2.0, 2.0, 2.0, 4.0, 4.0, traffic_fwd=6.0, traffic_bwd=4.0)
+# The same kernels from 01bbe3eea (2026-07-09, #3193; TE 2.18, the branch
+# release_v2.18_nemo_26.08): the gradient written to a new fp32 tensor (2 + 2 + 4) and kept
+# (4) beside the logits while the forward runs (2 + 4), scaled in place in backward (4 + 4) and
+# cast by autograd to the bf16 logits' dtype (4 + 2; it holds 4 + 2). fp32 logits: the forward
+# holds 4 + 4, the backward 4, no cast.
+TE_FUSED_FP32_GRAD_LOSS = LossMemory(4.0, 6.0, 6.0, 8.0, 4.0, traffic_fwd=8.0, traffic_bwd=14.0)
 # flash-attn's fused cross entropy (flash_attn/losses/cross_entropy.py, llm-foundry's default
 # `loss_fn: fused_crossentropy`; from the source, not measured): its kernel reads the bf16
 # logits and saves them with the rows' log-sum-exp (2); backward writes a new bf16 gradient

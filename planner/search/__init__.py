@@ -51,7 +51,7 @@ from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noq
                                    bottleneck, bottleneck_split,
                                    lower_bound, lower_coeffs, max_layers, placement_bound,
                                    quick_lower_bound,
-                                   rules_for, states_per_gpu_bound)
+                                   rules_for, states_per_gpu_bound, without_buffers_bound)
 from planner.search.enumeration import (MICRO_BATCHES, SEARCHED_VPP, Fixed,  # noqa: F401
                                       enumerate_candidates, expert_layouts, searched_cp,
                                       searched_recompute, without_tp_overlap)
@@ -282,8 +282,10 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
 
     def try_without_overlap(c, bound: float, for_memory: bool = True) -> None:
         """Queue c without the TP overlap (enumeration without_tp_overlap) at c's `bound`:
-        for memory where c has no plan that fits or one that recomputes or offloads layers,
-        or where the overlap makes a pass slower (`for_memory` False). c's bound holds for
+        for memory where c has no plan that fits, or one that recomputes or offloads layers,
+        or none within the threshold by c's own lower bound (which holds the recompute c's
+        buffers need) while its bound without them is within it (bounds
+        without_buffers_bound), or where the overlap makes a pass slower (`for_memory` False). c's bound holds for
         the twin (planner.search.bounds takes the faster of the two), and is the least in the
         heap now (what is drawn later bounds above it), so the twin is visited next but for
         candidates of the same bound; its model states are c's less its buffers (the states
@@ -315,8 +317,13 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         lb = lower_bound(coeffs, c, L, cap, rules, got=got)
         if lb > best_heur.threshold() * (1 + 1e-9):
             # the loop below stops before it (its threshold is at most this one), and its
-            # heuristic plan, no faster than lb, cannot be among the best: not priced
+            # heuristic plan, no faster than lb, cannot be among the best: not priced. Its
+            # bound holds the recompute its own memory needs, the overlap's buffers among it,
+            # so not its twin's: the twin is tried on its own bound (lb0 holds for it)
             beyond_bound += 1
+            if not slower and without_buffers_bound(coeffs, c, L, cap, rules, lb, Q, model) <= (
+                    best_heur.threshold() * (1 + 1e-9)):
+                try_without_overlap(c, lb0)
             continue
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine,
                          margin_gib=margin_gib)

@@ -351,6 +351,26 @@ def lower_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None,
     return m * t_star + (total - t_star) / v + tail
 
 
+def without_buffers_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, own: float,
+                          Q=None, model=None) -> float:
+    """A step no placement of c without its TP overlap beats, where the overlap is not slower
+    (StageCoeffs.tp_overlap_slower), from c's own coefficients (lower_bound): the twin's times
+    are c's or more (the overlap only hides), its memory c's less the overlap's userbuffers
+    (StageCoeffs.userbuffer_bytes). `own`: c's lower bound, which holds for the twin where c
+    holds no buffers or its recompute does not depend on memory (no recompute, or every layer
+    or none)."""
+    if (c.recompute == "none" or rules.all_layers_recomputed
+            or not any(k.userbuffer_bytes for k in coeffs)):
+        return own
+    freed = [replace_coeffs(k, mem_fixed={**k.mem_fixed,
+                                          "other": k.mem_fixed["other"] - k.userbuffer_bytes})
+             for k in coeffs]
+    if freed[0].moe is not None:
+        return lower_bound(freed, c, L, cap, rules, Q=Q,
+                           low=[lower_coeffs(k) for k in freed], model=model)
+    return lower_bound(freed, c, L, cap, rules)
+
+
 def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
     """A cheaper bound below `lower_bound`: the stages' times sum to at least
     total = sum of fixed times + L x the least per-layer time (no recompute, no exposure); with

@@ -32,7 +32,8 @@ from planner.errors import BadInput
 from planner.power import limit_suffix, limited_name
 from planner.rules_fixed import check_fixed
 from planner.search import default_global_batch, default_seq_len, search
-from planner.search.bounds import SharedCoefficients, lower_bound, max_layers, rules_for
+from planner.search.bounds import (SharedCoefficients, lower_bound, max_layers, rules_for,
+                                    without_buffers_bound)
 from planner.search.enumeration import Fixed, enumerate_candidates, without_tp_overlap
 from planner.search.placement import Result, heuristic, solve_cpsat
 from planner.specs import Cluster, MixedCluster, Model
@@ -252,11 +253,13 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
     def visit(idx, c, orders):
         """Price c's heuristic plan on each pipeline order; c without the TP overlap where
         it is wanted (enumeration without_tp_overlap), else None: where the overlap makes a
-        pass slower, or costs memory and no plan fits, or one fits only recomputing or
-        offloading layers (beyond the bound: not wanted for memory)."""
+        pass slower, or costs memory and on some order no plan fits, or one fits only
+        recomputing or offloading layers, or c's own lower bound, which holds the recompute
+        its buffers need, is beyond the best plan while its bound without them is not
+        (bounds without_buffers_bound; the twin's own bound decides there)."""
         nonlocal pruned_mem, pruned_bound
         rules = rules_for(engine, c, f)
-        fitted, bound_by_memory, slower = False, False, False
+        for_memory, slower = False, False
         for pipeline in orders:
             cl = mixed.with_pipeline(pipeline)
             coeffs = mixed_coefficients(model, cl, c, engine)
@@ -269,22 +272,24 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                      else _speed_split(coeffs, L, caps))
             if split is None or sum(min(x, L) for x in caps) < L:
                 pruned_mem += 1
+                for_memory = True
                 continue
             lb = lower_bound(coeffs, c, L, caps_bytes, rules)
             if lb > best_heur * (1 + 1e-9):
                 pruned_bound += 1
-                fitted = True
+                # the twin's times are c's: only its memory can bring it under the best plan
+                for_memory = for_memory or without_buffers_bound(
+                    coeffs, c, L, caps_bytes, rules, lb) <= best_heur * (1 + 1e-9)
                 continue
             h = heuristic(model, cl, c, coeffs, caps_bytes, rules, split=split, engine=engine,
                           margin_gib=margin_gib)
             res = MixedResult(c, h.layers, h.recompute, h.estimate, cluster=cl)
             consider(res)
-            fitted = fitted or res.estimate.fits
-            bound_by_memory = bound_by_memory or (res.estimate.fits and any(h.recompute))
+            for_memory = for_memory or not res.estimate.fits or any(h.recompute)
             scored.append((lb, idx, res, coeffs, caps_bytes, rules))
         if slower:
             return without_tp_overlap(engine, c, for_memory=False)
-        return without_tp_overlap(engine, c) if not fitted or bound_by_memory else None
+        return without_tp_overlap(engine, c) if for_memory else None
 
     for j, (tb, idx, c) in enumerate(pending):
         if tb > best_heur * (1 + 1e-9):
