@@ -401,6 +401,15 @@ def fp8_primary_weights(run) -> bool:
 TE_FP32_GRAD_RELEASES = ("26.08",)
 
 
+def release_of(run) -> str | None:
+    """The release a row's table belongs to, where its source publishes the same table per
+    release (Megatron-Bridge's performance summaries: "mbridge-<release>-..."), else None."""
+    parts = run["id"].split("-")
+    if parts[0] == "mbridge" and parts[1][:1].isdigit():
+        return parts[1]
+    return None
+
+
 def te_fused_cross_entropy(run):
     """The Transformer Engine fused cross entropy the row's recipe ran, else None: every
     Megatron-Bridge performance row, whose scripts set cross_entropy_fusion_impl = "te"
@@ -409,12 +418,12 @@ def te_fused_cross_entropy(run):
     cross_entropy_loss_fusion = True (src/megatron/bridge/models/gpt_provider.py,
     r0.1.0..v0.6.0; off only under --deterministic), as its container's TE ran it
     (planner.engines.spec TE_FUSED_LOSS, TE_FUSED_FP32_GRAD_LOSS from TE 2.18). Not the
-    verification cards, whose recipes leave Megatron-Core's native fusion."""
-    if not (run["id"].startswith("mbridge-") and not run["id"].startswith("mbridge-card-")
-            and run.get("engine", "megatron") == "megatron"):
+    verification cards (no release: release_of), whose recipes leave Megatron-Core's native
+    fusion."""
+    release = release_of(run)
+    if release is None or run.get("engine", "megatron") != "megatron":
         return None
-    fp32_grad = release_of(run) in TE_FP32_GRAD_RELEASES
-    return TE_FUSED_FP32_GRAD_LOSS if fp32_grad else TE_FUSED_LOSS
+    return TE_FUSED_FP32_GRAD_LOSS if release in TE_FP32_GRAD_RELEASES else TE_FUSED_LOSS
 
 
 def engine_of(run, engine=None):
@@ -547,11 +556,11 @@ MOE_NOTES = """Notes.
   routing (planner.cost.moe.dropless_host_stall): per MoE layer forward the sync on the
   device-to-host copy of the token counts (planner.engines.megatron MOE_LAYER_OVERHEAD_S =
   4.74 ms; 4.39 before the rows' heads were priced with the fused cross entropy their recipes
-  ran (te_fused_cross_entropy), 4.52 before Blackwell's GEMMs were priced as measured, 4.61 before its attention
-  was, 4.80 before the MoE layer's GPU work was priced as Megatron-Core runs it, 4.33 before
-  the rows were mended for issue 22, 4.78 before the collectives' latency counted a ring's
-  hops inside a node at the NVLink latency), and the host's issuing of the grouped GEMMs, per
-  local expert
+  ran (te_fused_cross_entropy), 4.52 before Blackwell's GEMMs were priced as measured, 4.61
+  before its attention was, 4.80 before the MoE layer's GPU work was priced as Megatron-Core
+  runs it, 4.33 before the rows were mended for issue 22, 4.78 before the collectives'
+  latency counted a ring's hops inside a node at the NVLink latency), and the host's issuing
+  of the grouped GEMMs, per local expert
   (MOE_EXPERT_OVERHEAD_S = 0.171 ms, a term the fit barely identified before: 1e-8 of loss,
   0.0022 now; 0.0864 before the fused cross entropy, 0.1076 before FP8 primary weights were
   gathered as their 1-byte data, 0.2031, 0.1803, 0.200
@@ -1318,15 +1327,6 @@ def write_trust(summ, table: str, path=TRUST_FILE) -> None:
         "table": table, "engines": engines}, indent=1) + "\n")
 
 
-def release_of(run) -> str | None:
-    """The release a row's table belongs to, where its source publishes the same table per
-    release (Megatron-Bridge's performance summaries: "mbridge-<release>-..."), else None."""
-    parts = run["id"].split("-")
-    if parts[0] == "mbridge" and parts[1][:1].isdigit():
-        return parts[1]
-    return None
-
-
 def repeat_publications(runs) -> list:
     """Configurations one source published in several releases: the same cluster, model,
     precision, recipe and every fixed knob (CUDA graphs included), each release's step time.
@@ -1422,25 +1422,30 @@ def loso_markdown(result, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# repeat publications listed one by one where their times lie further apart than this
+REPEAT_SPREAD_LISTED = 1.10
+
+
 def repeat_markdown(groups, scored) -> list:
     """The repeat publications section: how far one configuration's published times lie apart
     across releases, and each of those rows' held-out error (`scored`: the LOSO rows by id)."""
     spreads = sorted(g["spread"] for g in groups)
     if not spreads:
         return []
-    within = sum(x <= 1.10 for x in spreads)
+    within = sum(x <= REPEAT_SPREAD_LISTED for x in spreads)
     lines = ["", "## Repeat publications: one configuration, several releases", "",
              f"{len(groups)} configurations are published in more than one release of the same "
              "table with every printed and recipe knob the same (cluster, model, precision, "
              "the fixed knobs and CUDA graphs). Their published times lie "
              f"{(statistics.median(spreads) - 1) * 100:.1f}% apart at the median (slowest over "
-             f"fastest), {within} of them within 10%; where they lie further apart the releases' "
-             "software differs, which one prediction of the configuration cannot follow (its "
-             "rows' held-out errors below).", "",
+             f"fastest), {within} of them within {(REPEAT_SPREAD_LISTED - 1) * 100:.0f}%; "
+             "where they lie further apart the releases' software differs, which one "
+             "prediction of the configuration cannot follow (its rows' held-out errors below).",
+             "",
              "| spread % | configuration | release: published s (held-out error %) |",
              "|---:|:---|:---|"]
     for g in groups:
-        if g["spread"] <= 1.10:
+        if g["spread"] <= REPEAT_SPREAD_LISTED:
             continue
         cells = []
         for rel, t, rid in g["rows"]:

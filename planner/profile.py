@@ -476,15 +476,14 @@ class Measured:
         return self._fixed_times("embedding", modelled_pair, embedding_time, b, s, tp)
 
     def head_time(self, modelled_pair, b, s, tp, ce_bytes=None):
-        """`ce_bytes`: the engine's loss traffic the modelled pair was priced with (LossMemory
-        traffic_fwd / traffic_bwd; the unfused default where None), so that the profiled shape
-        is modelled alike."""
+        """`ce_bytes`: the engine's loss traffic the modelled pair was priced with
+        (LossMemory.traffic; head_time's default where None), so that the profiled shape is
+        modelled alike."""
         from planner.cost.compute import head_time
-
-        def modelled(spec, gpu, bb, ss, t):
-            return (head_time(spec, gpu, bb, ss, t) if ce_bytes is None
-                    else head_time(spec, gpu, bb, ss, t, ce_bytes))
-        return self._fixed_times("head", modelled_pair, modelled, b, s, tp)
+        kw = {} if ce_bytes is None else {"ce_bytes": ce_bytes}
+        return self._fixed_times(
+            "head", modelled_pair,
+            lambda spec, gpu, bb, ss, t: head_time(spec, gpu, bb, ss, t, **kw), b, s, tp)
 
     def optimizer_time(self, params: float) -> float:
         opt = self.entry["optimizer"]

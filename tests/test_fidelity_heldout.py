@@ -197,10 +197,11 @@ def test_nemo_rows_fit_as_their_launcher_ran_them(scored):
                    "dp 32, mbs 2) predicted at 78.8 GiB reserved of 77.6 (75.0 allocated); it "
                    "ran. Priced as its launcher ran it (bf16 gradients, Apex DistributedFusedAdam's "
                    "10 B of state: the rows' optimizer_source), the other three NeMo rows that did "
-                   "not fit (98, 78.7, 90.3, 87.2 GiB before) fit. And, priced with their recipe's "
-                   "layout and recompute (`recipe_source`), Megatron-Bridge's DeepSeek-V3 MXFP8 runs "
-                   "of 26.02-26.04.01 on GB300 at pp 2 x vp 8 (32 layers on the first rank: 275.7 "
-                   "GiB of 275.5) and of 26.04-26.04.01 on GB200 at pp 4 x vp 4 (183.6 of 183.0)")
+                   "not fit (98, 78.7, 90.3, 87.2 GiB before) fit. And, priced with their "
+                   "recipe's layout and recompute (`recipe_source`), Megatron-Bridge's "
+                   "DeepSeek-V3 MXFP8 runs of 26.02-26.04.01 on GB300 at pp 2 x vp 8 (32 layers "
+                   "on the first rank: 275.7 GiB of 275.5) and of 26.04-26.04.01 on GB200 at "
+                   "pp 4 x vp 4 (183.6 of 183.0)")
 def test_no_published_configuration_predicted_not_to_fit(scored):
     rows, _ = scored
     assert all(r["fits"] for r in rows)

@@ -127,8 +127,7 @@ class CatalogFacts:
 
     @_memo
     def head_time(self, model, b, s, tp):
-        loss = self._loss(tp)
-        return head_time(model, self.gpu, b, s, tp, (loss.traffic_fwd, loss.traffic_bwd))
+        return head_time(model, self.gpu, b, s, tp, self._loss(tp).traffic)
 
     def _loss(self, tp):
         """The engine's loss kernel at tensor parallelism `tp` (LossMemory)."""
@@ -181,9 +180,8 @@ class MeasuredFacts(CatalogFacts):
         return self.measured.embedding_time(super().embedding_time(model, b, s, tp), b, s, tp)
 
     def head_time(self, model, b, s, tp):
-        loss = self._loss(tp)
         return self.measured.head_time(super().head_time(model, b, s, tp), b, s, tp,
-                                       (loss.traffic_fwd, loss.traffic_bwd))
+                                       self._loss(tp).traffic)
 
     def head_memory(self, model, b, s, tp, sp=False, pp=1) -> HeadMemory:
         # the profile measures what the final norm, the LM head and the loss save (profiler/

@@ -64,6 +64,11 @@ class LossMemory:
     traffic_fwd: float = CE_BYTES_FWD
     traffic_bwd: float = CE_BYTES_BWD
 
+    @property
+    def traffic(self) -> tuple:
+        """(forward, backward) bytes per logit: planner.cost.compute.head_time's ce_bytes."""
+        return self.traffic_fwd, self.traffic_bwd
+
     def peak(self, logit_bytes: float, logits_kept: bool = False) -> float:
         fwd, bwd = ((self.forward_fp32, self.backward_fp32) if logit_bytes == 4.0
                     else (self.forward, self.backward))

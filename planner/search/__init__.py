@@ -285,12 +285,12 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         for memory where c has no plan that fits, or one that recomputes or offloads layers,
         or none within the threshold by c's own lower bound (which holds the recompute c's
         buffers need) while its bound without them is within it (bounds
-        without_buffers_bound), or where the overlap makes a pass slower (`for_memory` False). c's bound holds for
-        the twin (planner.search.bounds takes the faster of the two), and is the least in the
-        heap now (what is drawn later bounds above it), so the twin is visited next but for
-        candidates of the same bound; its model states are c's less its buffers (the states
-        screens passed), its own bound is taken there (lower_bound), its figures built only
-        then."""
+        without_buffers_bound); or where the overlap makes a pass slower (`for_memory`
+        False). c's bound holds for the twin (planner.search.bounds takes the faster of the
+        two), and is the least in the heap now (what is drawn later bounds above it), so the
+        twin is visited next but for candidates of the same bound; its model states are c's
+        less its buffers (the states screens passed), its own bound is taken there
+        (lower_bound), its figures built only then."""
         t = without_tp_overlap(engine, c, for_memory)
         if t is not None:
             heapq.heappush(live_heap, (bound, next(extra), t))

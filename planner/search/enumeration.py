@@ -393,7 +393,8 @@ def without_tp_overlap(engine: Engine, c: Candidate, for_memory: bool = True
     (planner.cost.memory userbuffer_bytes), so the plan without it can be better two ways,
     and the searches (planner.search search, planner.search.groups search_mixed) try it:
     - for memory (`for_memory`, only where the overlap costs memory: None elsewhere): where
-      c's plan does not fit, or fits only recomputing or offloading layers;
+      c's plan does not fit, or fits only recomputing or offloading layers, or c's bound with
+      its buffers passes the best plan but not without them (bounds without_buffers_bound);
     - for time: where the overlap makes a pass slower than its plain collectives
       (StageCoeffs.tp_overlap_slower: a tiny GEMM beside a long transfer), on any engine.
     Elsewhere the plan without it is no faster at no less memory: not tried. The searches'

@@ -277,7 +277,7 @@ def rows():
             if config_key(rel, gpu, catalog, prec, n, fixed) in EXISTING:
                 continue
             graph_fields(rid, fixed, extra)
-            recipe_fields(rid, catalog, model_overrides, fixed, extra)
+            recipe_fields(rid, catalog, fixed, extra)
             caveat = source_caveat(line, notes)
             if caveat:
                 extra["source_caveat"] = caveat
@@ -364,8 +364,7 @@ def accounted_layers(layers: int, pp: int, vp: int) -> list | None:
     return out
 
 
-def recipe_fields(rid: str, catalog: str, model_overrides: dict, fixed: dict,
-                  extra: dict) -> None:
+def recipe_fields(rid: str, catalog: str, fixed: dict, extra: dict) -> None:
     """The dispatcher, EP overlap, recompute and pipeline layout the row's recipe ran
     (RECIPES), fixed as published_runs_moe.json's rows fix them (moe_dispatcher, ep_comm_overlap,
     recompute / recompute_modules, stage_layers), cited in `recipe_source`. Not for rows whose
