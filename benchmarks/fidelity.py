@@ -105,9 +105,10 @@ def is_lowp_fit_row(run) -> bool:
     return i.startswith("torchtitan-asynctp-202506-70b-float8-rowwise")
 
 
-# "Predicted to fit" asks whether the predicted reserved memory stays within the GPU's memory
-# less the engine's context: the headroom a user keeps on top of that (--memory-margin, 3% by
-# default) is not part of the prediction.
+# "Predicted to fit" asks whether the memory the plan needs (planner.cost.stage MemoryBudget:
+# the allocator's reserve on the churned bytes) stays within the GPU's memory less the engine's
+# context: the headroom a user keeps on top of that (--memory-margin, 3% by default) is not
+# part of the prediction.
 FIDELITY_MARGIN_GIB = 0.0
 
 
@@ -123,12 +124,13 @@ def is_fit_row(run) -> bool:
 
 COLUMNS = ["run", "engine", "fit", "gpu", "gpus", "published_config", "planner_chose",
            "published_s", "predicted_s", "error_pct", "any_zero_error_pct", "published_tflops",
-           "predicted_tflops", "peak_gib", "reserved_gib", "measured_gib", "memory_error_pct",
-           "capacity_gib", "fits"]
+           "predicted_tflops", "peak_gib", "reserved_gib", "needed_gib", "measured_gib",
+           "memory_error_pct", "capacity_gib", "fits"]
 HEADERS = ["run", "engine", "fitted on", "GPU", "GPUs", "published config",
            "planner chose (unpublished knobs)", "published s", "predicted s", "error %",
            "error % if any ZeRO stage", "published TFLOP/s/GPU", "predicted TFLOP/s/GPU",
-           "peak GiB", "reserved GiB", "measured GiB", "memory error %", "capacity GiB", "fits"]
+           "peak GiB", "reserved GiB", "needed GiB", "measured GiB", "memory error %",
+           "capacity GiB", "fits"]
 
 
 def load_runs(path=None) -> list:
@@ -280,6 +282,7 @@ def predict(run, any_zero: bool = False, engine=None,
         "error_pct": (e.step_time_s / run["step_time_s"] - 1) * 100,
         "published_tflops": pub_tflops, "predicted_tflops": e.tflops_per_gpu,
         "fits": fits, "peak_gib": e.peak_memory_gib, "reserved_gib": e.peak_reserved_gib,
+        "needed_gib": e.peak_needed_gib,
         "measured_gib": measured,
         "memory_error_pct": (e.peak_reserved_gib / measured - 1) * 100 if measured else None,
         "capacity_gib": e.capacity_gib, "time_breakdown_s": dict(e.time_breakdown_s),
@@ -511,12 +514,12 @@ def model_of(run):
 MOE_COLUMNS = ["run", "fit", "model", "precision", "gpu", "gpus", "published_config", "planner_chose",
                "published_s", "predicted_s", "error_pct", "published_tflops", "predicted_tflops",
                "compute_share_pct", "ep_share_pct", "other_share_pct", "reserved_gib",
-               "capacity_gib", "fits"]
+               "needed_gib", "capacity_gib", "fits"]
 MOE_HEADERS = ["run", "fit", "model", "precision", "GPU", "GPUs", "published config",
                "planner chose (unpublished knobs)", "published s", "predicted s", "error %",
                "published model TFLOP/s/GPU", "predicted TFLOP/s/GPU", "compute % of step",
-               "EP all-to-all % of step", "rest % of step", "reserved GiB", "capacity GiB",
-               "fits"]
+               "EP all-to-all % of step", "rest % of step", "reserved GiB", "needed GiB",
+               "capacity GiB", "fits"]
 
 # What the MoE table shows beyond its numbers (written with it by --moe); the figures quoted
 # are those of the table generated with it (benchmarks/results/fidelity_moe_2026-12-02.md).
@@ -1503,7 +1506,7 @@ def memory_verdicts(runs=None, rows=None) -> dict:
             # planner picks its unpublished knobs (recompute, micro-batches) again, so only a
             # row with nothing left to choose is refused
             if (not row["fits"] if m == 0.0 else
-                    row["reserved_gib"] > cap - eng.context_gib - margin + 1e-9
+                    row["needed_gib"] > cap - eng.context_gib - margin + 1e-9
                     and not predict(run, margin_gib=margin)["fits"]):
                 sweep[m]["refused"].append(row["run"])
     a = sorted(abs(e) for e in errs)
@@ -1615,12 +1618,13 @@ def heldout_markdown(rows, skipped, seconds: float) -> str:
         lines += ["| run | why |", "|:---|:---|"]
         lines += [f"| {r['id']} | {why} |" for r, why in skipped]
     cols = ["run", "family", "engine", "gpu", "gpus", "published_config", "planner_chose",
-            "published_s", "predicted_s", "error_pct", "reserved_gib", "measured_gib",
-            "memory_error_pct", "capacity_gib", "fits"]
+            "published_s", "predicted_s", "error_pct", "reserved_gib", "needed_gib",
+            "measured_gib", "memory_error_pct", "capacity_gib", "fits"]
     lines += ["", markdown_table(rows, cols, headers=[
         "run", "family", "engine", "GPU", "GPUs", "published config",
         "planner chose (unpublished knobs)", "published s", "predicted s", "error %",
-        "reserved GiB", "measured GiB", "memory error %", "capacity GiB", "fits"])]
+        "reserved GiB", "needed GiB", "measured GiB", "memory error %", "capacity GiB",
+        "fits"])]
     return "\n".join(lines) + "\n"
 
 
@@ -1661,7 +1665,8 @@ def main(argv=None):
         md_path.write_text(md)
         write_csv(rows, csv_path, ["run", "family", "engine", "gpu", "generation", "gpus",
                                    "published_s", "predicted_s", "error_pct", "reserved_gib",
-                                   "measured_gib", "memory_error_pct", "capacity_gib", "fits"])
+                                   "needed_gib", "measured_gib", "memory_error_pct",
+                                   "capacity_gib", "fits"])
         print(md + f"wrote {md_path}, {csv_path}")
         return 0
     if a.fit_figures:

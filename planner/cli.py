@@ -316,7 +316,8 @@ def closest_text(c) -> str:
     caps = e.stage_capacity_gib or [e.capacity_gib] * len(over)
     margin = (e.stage_margin_gib or [e.margin_gib] * len(over))[k]
     text = (f"closest: {describe_candidate(c.candidate)} overflows stage {k} by "
-            f"{over[k]:.1f} GiB ({e.stage_memory_gib[k]['reserved']:.1f} of {caps[k]:.1f} GiB)")
+            f"{over[k]:.1f} GiB ({e.stage_memory_gib[k]['needed']:.1f} needed of {caps[k]:.1f} "
+            "GiB)")
     # GiB, rounded down to show (less a hair, so that a float at the boundary still accepts)
     accepting = math.floor((margin - over[k] - 1e-6) * 10) / 10
     host_fits = e.host is None or e.host.fits

@@ -167,7 +167,7 @@ def _rejected_because(r, base) -> str:
     where = "" if c.pp == 1 else (f" on stage {r.rank}" if c.vpp == 1
                                   else f" on pipeline rank {r.rank}")
     how = ", recomputing all its layers" if r.recomputes_all else ""
-    why = (f"out of memory{where} by {r.overflow_gib:.1f} GiB ({r.reserved_gib:.1f} of "
+    why = (f"out of memory{where} by {r.overflow_gib:.1f} GiB ({r.needed_gib:.1f} needed of "
            f"{r.capacity_gib:.1f} GiB{how})")
     pct = (r.ideal_step_s / base - 1) * 100
     return why + (f"; would be {-pct:.1f}% faster if it fit" if pct < 0 else
@@ -345,20 +345,27 @@ def attention_label(plan: Plan) -> str:
     return f"{plan.attention} attention"
 
 
+def _needed(mem: dict) -> float:
+    """A stage's needed GiB (planner.cost.stage MemoryBudget); a plan written before the
+    figure existed has its reserved one, which then decided."""
+    return mem.get("needed", mem.get("reserved", mem.get("total", 0.0)))
+
+
 def _peak_memory_text(plan: Plan) -> str:
-    """"peak reserved X / capacity GiB"; where the ranks' GPUs differ (a mixed cluster), of the
+    """"peak needed X / capacity GiB"; where the ranks' GPUs differ (a mixed cluster), of the
     rank with the least room, named with its group."""
     e, c = plan.estimate, plan.cluster
     caps = e.get("stage_capacity_gib") or []
     groups = plan.rank_groups()
     if caps and groups and len(caps) == len(groups):
-        reserved = [max((st.memory_gib.get("reserved", 0.0) for st in plan.stages_of_rank(r)),
-                        default=0.0) for r in range(len(caps))]
-        r = min(range(len(caps)), key=lambda i: caps[i] - reserved[i])
-        return (f"least room: {reserved[r]:.1f} / {caps[r]:.1f} GiB reserved on rank {r} "
+        needed = [max((_needed(st.memory_gib) for st in plan.stages_of_rank(r)), default=0.0)
+                  for r in range(len(caps))]
+        r = min(range(len(caps)), key=lambda i: caps[i] - needed[i])
+        return (f"least room: {needed[r]:.1f} / {caps[r]:.1f} GiB needed on rank {r} "
                 f"({groups[r]})")
     cap = e.get("capacity_gib", c.gpu.memory_gib)
-    return f"peak reserved {e.get('peak_reserved_gib', e['peak_memory_gib']):.1f} / {cap:.1f} GiB"
+    peak = e.get("peak_needed_gib", e.get("peak_reserved_gib", e["peak_memory_gib"]))
+    return f"peak needed {peak:.1f} / {cap:.1f} GiB"
 
 
 def mixing_lines(mixing: dict, step_s: float | None) -> list:
@@ -470,8 +477,8 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
     t = Table(title=f"Stages (memory per GPU in GiB; {usable}"
                     + (f" after {engine.context_gib:.1f} context and {margin_text} margin)"
                        if margin is not None else ")"), title_justify="left",
-              caption="total: tensors allocated at the peak; reserved: what the caching allocator "
-                      "holds then (max_memory_reserved)"
+              caption="total: tensors allocated at the peak; needed: with the caching "
+                      "allocator's reserve on the activations and buffers, what must fit"
                       + ("\ntime/mb: one micro-batch, forward and backward, through all the layers "
                          "of the stage's pipeline rank" if timing else ""), caption_justify="left")
     names = ([groups[g].name if groups[g].name == groups[g].gpu.name
@@ -479,14 +486,14 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
              if groups and c.pipeline else [])
     caps = rank_caps
     for col in ("stage", "rank", *(("group",) if names else ()), "layers", "recomp", "params",
-                "grads", "optim", "activ", "other", "total", "reserved", "free"):
+                "grads", "optim", "activ", "other", "total", "needed", "free"):
         t.add_column(col, justify="right", no_wrap=True)
     if timing:
         t.add_column("time/mb", justify="right", no_wrap=True)
     for st in plan.stages:
         mem = st.memory_gib
         total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_PARTS))
-        reserved = mem.get("reserved", total)
+        needed = _needed(mem)
         cap = caps[st.pp_rank] if st.pp_rank < len(caps) else e.get("capacity_gib",
                                                                      c.gpu.memory_gib)
         row = [str(st.index), str(st.pp_rank),
@@ -495,8 +502,8 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
                else "- (0)",
                str(st.recompute_layers),
                *(f"{mem.get(k, 0.0):.1f}" for k in MEMORY_PARTS),
-               f"{total:.1f}", f"{reserved:.1f}",
-               f"{cap - reserved:.1f}" if reserved <= cap else f"OOM by {reserved - cap:.1f}"]
+               f"{total:.1f}", f"{needed:.1f}",
+               f"{cap - needed:.1f}" if needed <= cap else f"OOM by {needed - cap:.1f}"]
         if timing:
             row.append(_fmt_time(timing[st.pp_rank]["total"]))
         t.add_row(*row)

@@ -417,13 +417,14 @@ STAGE = S.Obj({
     "recompute_layers": S.Int(0, B.MAX_LAYERS),
     "memory_gib": (S.Obj({k: (_MEM, None) for k in ("params", "grads", "optimizer",
                                                      "activations", "other", "total",
-                                                     "reserved")}), {})})
+                                                     "reserved", "needed")}), {})})
 # estimate and search: what the planner writes is checked; keys a newer planner adds pass
 ESTIMATE = S.Obj({
     "fits": (S.Bool(), None), "step_time_s": (S.Num(gt=0.0), None),
     "tokens_per_s": (_POS, None), "tflops_per_gpu": (_POS, None),
     "mfu": (S.Num(ge=0.0, le=1.0), None), "peak_memory_gib": (_MEM, None),
-    "peak_reserved_gib": (_MEM, None), "memory_margin_gib": (_MEM, None),
+    "peak_reserved_gib": (_MEM, None), "peak_needed_gib": (_MEM, None),
+    "memory_margin_gib": (_MEM, None),
     "capacity_gib": (S.Num(ge=-1e9, le=1e9), None),
     "host_memory_gib_per_node": (_POS, None), "host_capacity_gib_per_node": (_POS, None),
     "nvme_tib_per_node": (_POS, None), "nvme_capacity_tib_per_node": (_POS, None),

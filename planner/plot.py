@@ -309,7 +309,8 @@ def plan_figure(plan: Plan):
         ax2.axhline(plan.cluster.gpu.memory_gib, color="#444444", linestyle=":", linewidth=1,
                     label=f"GPU memory {plan.cluster.gpu.memory_gib:.0f} GiB")
     for r, tot in enumerate(bottom):
-        if tot > rank_caps[r]:
+        # what decides the fit: the tensors with the allocator's reserve on the churned ones
+        if mems[r].get("needed", tot) > rank_caps[r]:
             ax2.text(r, tot, "OOM", ha="center", va="bottom", fontsize=8, color="#b00020")
     pad = max(0.0, (4 - p) / 2)
     ax2.set_xlim(-0.5 - pad, p - 0.5 + pad)

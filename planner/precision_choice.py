@@ -35,7 +35,7 @@ class FormatResult:
         out = {"precision": self.precision, "recipe": self.recipe}
         if b is not None:
             out.update(step_time_s=round(b.estimate.step_time_s, 6),
-                       peak_reserved_gib=round(b.estimate.peak_reserved_gib, 3))
+                       peak_needed_gib=round(b.estimate.peak_needed_gib, 3))
         else:
             out["why"] = self.why
         return out
@@ -90,8 +90,8 @@ def choice_lines(record: dict) -> list:
     for alt in record["alternatives"]:
         fmt = alt["precision"] + (f" ({alt['recipe']})" if alt.get("recipe") else "")
         if "step_time_s" in alt:
-            lines.append(f"    {fmt:<22} step {alt['step_time_s']:.2f} s, peak reserved "
-                         f"{alt['peak_reserved_gib']:.1f} GiB")
+            lines.append(f"    {fmt:<22} step {alt['step_time_s']:.2f} s, peak needed "
+                         f"{alt['peak_needed_gib']:.1f} GiB")
         else:
             lines.append(f"    {fmt:<22} {alt['why']}")
     return lines

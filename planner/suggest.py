@@ -114,10 +114,6 @@ class Suggestion:
     def step_time_s(self) -> float:
         return self.best.estimate.step_time_s
 
-    @property
-    def peak_reserved_gib(self) -> float:
-        return self.best.estimate.peak_reserved_gib
-
 
 def _delta(before: Fixed, after: Fixed) -> dict:
     return {f.name: getattr(after, f.name) for f in dataclasses.fields(Fixed)

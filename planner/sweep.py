@@ -4,7 +4,7 @@ global batches.
     plan sweep --model llama70b --clusters h100x32,h100x64,h100x128 [--seq-lens 4096,8192]
                [--global-batches 256,512] [--csv FILE] [--plot FILE.png] [--json]
 
-One row per point: the chosen configuration, step time, tokens/s, MFU, peak memory (reserved,
+One row per point: the chosen configuration, step time, tokens/s, MFU, peak memory (needed,
 as `plan` shows it, and allocated) and whether it fits. A point where nothing fits (or whose inputs cannot be split, e.g. a global batch the
 GPUs cannot divide) is a row saying so, not an error. Exit 0 when some point fits, 3 when none
 does, 2 for bad input (an unknown model or cluster, a malformed list, an unwritable file).
@@ -32,7 +32,7 @@ from planner.suggest import diagnose_no_configuration
 COLUMNS = ["model", "cluster", "gpus", "seq_len", "global_batch", "fits", "config", "tp", "pp",
            "dp", "zero", "sp", "micro_batch", "num_microbatches", "schedule", "vpp",
            "recompute_layers", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
-           "peak_reserved_gib", "peak_allocated_gib", "capacity_gib", "note"]
+           "peak_needed_gib", "peak_allocated_gib", "capacity_gib", "note"]
 
 
 def _list(kind, conv):
@@ -127,7 +127,7 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
                 over = max(c.estimate.overflow_gib())
                 row["note"] = (f"nothing fits; closest {describe_candidate(c.candidate)} "
                                f"over by {over:.1f} GiB")
-                row["peak_reserved_gib"] = round(c.estimate.peak_reserved_gib, 2)
+                row["peak_needed_gib"] = round(c.estimate.peak_needed_gib, 2)
                 row["peak_allocated_gib"] = round(c.estimate.peak_memory_gib, 2)
                 row["capacity_gib"] = round(c.estimate.capacity_gib, 2)
             else:
@@ -141,7 +141,7 @@ def sweep(model, clusters, seq_lens=None, global_batches=None, fixed=None, progr
                    recompute_layers=sum(r.recompute), step_time_s=e.step_time_s,
                    tokens_per_s=e.tokens_per_s,
                    tokens_per_s_per_gpu=e.tokens_per_s / cluster.num_gpus, mfu=e.mfu,
-                   peak_reserved_gib=round(e.peak_reserved_gib, 2),
+                   peak_needed_gib=round(e.peak_needed_gib, 2),
                    peak_allocated_gib=round(e.peak_memory_gib, 2),
                    capacity_gib=round(e.capacity_gib, 2))
         if mixed and report.chosen != "mixed":
@@ -171,9 +171,9 @@ def _axes(df) -> list:
 
 
 def _peak(r) -> str:
-    """Peak memory per GPU as `plan` shows it: reserved (what the caching allocator holds, the
-    figure a fit is judged on), allocated tensors beside it."""
-    res, alloc = r["peak_reserved_gib"], r["peak_allocated_gib"]
+    """Peak memory per GPU as `plan` shows it: needed (the tensors with the caching allocator's
+    reserve on the churned ones, the figure a fit is judged on), allocated tensors beside it."""
+    res, alloc = r["peak_needed_gib"], r["peak_allocated_gib"]
     if res is None or res != res:         # NaN: nothing was priced
         return "-"
     return f"{res:.1f} ({alloc:.1f})"
@@ -199,7 +199,7 @@ def render_table(df, width: int | None = None) -> str:
     for col, just in (("cluster", "left"), ("seq", "right"), ("batch", "right"),
                       ("config", "left"), ("step", "right"), ("tokens/s", "right"),
                       ("tok/s/GPU", "right"), ("MFU", "right"),
-                      ("GiB reserved (allocated)", "right"),
+                      ("GiB needed (allocated)", "right"),
                       ("fits", "left")):
         t.add_column(col, justify=just, no_wrap=col != "config")
     for _, r in df.iterrows():

@@ -158,7 +158,7 @@ def test_an_offload_of_no_layer_is_ranked_as_the_plan_without_recompute():
     priced without recompute fits and nothing is faster."""
     from planner.cost.price import price
     from tests.test_moe_planner import cluster_with_memory
-    model, cluster = get_model("llama3-8b"), cluster_with_memory(103.5, n=8)
+    model, cluster = get_model("llama3-8b"), cluster_with_memory(100.8, n=8)
     rep = search(model, cluster, Fixed(tp=1, pp=1, mbs=1, zero=1), seq_len=8192,
                  global_batch=64, top=2, margin_gib=0.0)
     plain = dataclasses.replace(rep.best.candidate, recompute="none")

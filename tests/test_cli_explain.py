@@ -92,8 +92,8 @@ def test_out_of_memory_alternatives_name_the_stage_and_the_gib(big):
     for desc, step, why in oom:
         assert step is None
         cand = rejected[desc]                                   # really rejected by the search
-        mt = re.match(r"out of memory(?: on stage (\d+))? by ([\d.]+) GiB \(([\d.]+) of "
-                      r"([\d.]+) GiB", why)
+        mt = re.match(r"out of memory(?: on stage (\d+))? by ([\d.]+) GiB \(([\d.]+) needed "
+                      r"of ([\d.]+) GiB", why)
         assert mt, why
         k = int(mt.group(1) or 0)
         h = heuristic(m, c, cand, stage_coefficients(m, c, cand), cap,
@@ -101,6 +101,8 @@ def test_out_of_memory_alternatives_name_the_stage_and_the_gib(big):
         over = h.estimate.overflow_gib()
         assert over[k] == pytest.approx(float(mt.group(2)), abs=0.06)
         assert over[k] == pytest.approx(max(over), abs=1e-9) and over[k] > 0
+        assert h.estimate.stage_memory_gib[k]["needed"] == pytest.approx(float(mt.group(3)),
+                                                                        abs=0.06)
         assert float(mt.group(4)) == pytest.approx(memory_budget(c).usable_gib, abs=0.06)
         # "would be x% faster if it fit": the even split without recompute really is faster
         pct = float(re.search(r"would be ([\d.]+)% faster if it fit", why).group(1))

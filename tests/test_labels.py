@@ -97,14 +97,14 @@ def test_a_custom_gpu_is_named_custom_and_not_validated(capsys, tmp_path):
     assert "predictions +/-" in " ".join(out.splitlines()[:3])
 
 
-def test_sweep_peak_is_the_plans_reserved_with_allocated_beside():
+def test_sweep_peak_is_the_plans_needed_with_allocated_beside():
     model, cluster = get_model("llama8b"), get_cluster("h100x8")
     df = sweep(model, [cluster], [4096], [64])
     best = search(model, cluster, Fixed(), 4096, 64, top=1, rejected=False).best
     r = df.iloc[0]
-    assert r["peak_reserved_gib"] == pytest.approx(best.estimate.peak_reserved_gib, abs=0.01)
+    assert r["peak_needed_gib"] == pytest.approx(best.estimate.peak_needed_gib, abs=0.01)
     assert r["peak_allocated_gib"] == pytest.approx(best.estimate.peak_memory_gib, abs=0.01)
-    assert r["peak_reserved_gib"] > r["peak_allocated_gib"]
+    assert r["peak_needed_gib"] > r["peak_allocated_gib"]
     assert "peak_memory_gib" not in df.columns
 
 

@@ -22,11 +22,11 @@ ARGS = ["--model", "llama8b", "--engine", ENGINE, "--tp", "1", "--pp", "1", "--d
 
 @pytest.fixture(scope="module")
 def needed_gib():
-    """What the fixed configuration takes: its reserved peak plus the engine's context."""
+    """What the fixed configuration takes: its needed peak plus the engine's context."""
     r = search(get_model("llama8b"), get_cluster("h100x8"), Fixed(**KNOBS), 4096, 16, top=1,
                engine=ENGINE, margin_gib=0.0, rejected=False)
     assert r.best is not None
-    return r.best.estimate.peak_reserved_gib + get_engine(ENGINE).context_gib
+    return r.best.estimate.peak_needed_gib + get_engine(ENGINE).context_gib
 
 
 def cluster_file(tmp_path, memory_gib):
@@ -48,7 +48,7 @@ def test_an_overflow_inside_the_margin_names_the_margin_that_accepts_it(tmp_path
     assert float(m.group(1)) < DEFAULT_MARGIN_FRACTION * memory
     assert main([*ARGS, "--cluster", path, "--memory-margin", m.group(1)]) == 0
     out = capsys.readouterr().out
-    assert "DOES NOT FIT" not in out and "peak reserved" in out
+    assert "DOES NOT FIT" not in out and "peak needed" in out
 
 
 def test_an_overflow_beyond_the_margin_names_none(tmp_path, capsys, needed_gib):

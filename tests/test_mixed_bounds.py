@@ -45,12 +45,12 @@ def test_the_mixed_bound_is_below_every_placement(layers, pp_fast, pp_slow, orde
 
     big = mixed_with(10_000, 10_000)
     k = mixed_coefficients(model, big, c, engine)
-    need = max(kk.memory(layers, 0)["total"] for kk in k) / 2 ** 30
-    floor = max(kk.mem_total_fixed() for kk in k) / 2 ** 30
-    gib = 2.0 + 1.06 * (floor + frac * (need - floor))
+    need = max(kk.memory(layers, 0)["needed"] for kk in k) / 2 ** 30
+    floor = max(kk.needed_fixed() for kk in k) / 2 ** 30
+    gib = 2.0 + floor + frac * (need - floor)
     cl = mixed_with(gib, gib * 0.8)
     coeffs = mixed_coefficients(model, cl, c, engine)
-    caps = [b.allocatable_bytes for b in rank_budgets(cl, engine, 0.0, pp)]
+    caps = [b.usable_bytes for b in rank_budgets(cl, engine, 0.0, pp)]
     rules = rules_for(get_engine(engine), c, Fixed())
     bound = lower_bound(coeffs, c, layers, caps, rules)
     best = math.inf

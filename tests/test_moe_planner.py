@@ -48,10 +48,10 @@ def squeezed_cluster(model, c, engine, frac, n):
     big = cluster_with_memory(10_000, n=n)
     k = stage_coefficients(model, big, c, engine)
     layers = model.num_layers
-    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
-    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["needed"] for kk in k) / GIB
+    floor = min(kk.needed_fixed() for kk in k) / GIB
     budget = memory_budget(big, engine, 0.0)
-    return cluster_with_memory(budget.context_gib + budget.reserved(
+    return cluster_with_memory(budget.context_gib + (
         floor + frac * (need - floor)), n=n)
 
 
@@ -159,11 +159,11 @@ def kinds_instance(model, pp, vpp, m, ep, zero, rec, frac):
     big = cluster_with_memory(10_000, n=pp * dp)
     k = stage_coefficients(model, big, c, "megatron")
     assert k[0].moe is not None
-    need = max(kk.memory(model.num_layers, 0, model.num_moe_layers, 0)["total"]
+    need = max(kk.memory(model.num_layers, 0, model.num_moe_layers, 0)["needed"]
                for kk in k) / GIB
-    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    floor = min(kk.needed_fixed() for kk in k) / GIB
     budget = memory_budget(big, "megatron", 0.0)
-    gib = budget.context_gib + budget.reserved(floor + frac * (need - floor))
+    gib = budget.context_gib + floor + frac * (need - floor)
     return model, cluster_with_memory(gib, n=pp * dp), c
 
 
@@ -200,10 +200,10 @@ def test_layer_kinds_lower_bound_is_below_brute_force(layers, first, pp, vpp, m,
                   schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp)
     big = cluster_with_memory(10_000, n=pp * dp)
     k = stage_coefficients(model, big, c, "megatron")
-    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
-    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["needed"] for kk in k) / GIB
+    floor = min(kk.needed_fixed() for kk in k) / GIB
     budget = memory_budget(big, "megatron", 0.0)
-    cluster = cluster_with_memory(budget.context_gib + budget.reserved(
+    cluster = cluster_with_memory(budget.context_gib + (
         floor + frac * (need - floor)), n=pp * dp)
     want = brute_force(model, cluster, c, "megatron")
     coeffs = stage_coefficients(model, cluster, c, "megatron")
@@ -344,10 +344,10 @@ def test_layer_kinds_cpsat_equals_brute_force_with_a_recompute_count_per_rank(la
                   vpp=vpp)
     big = cluster_with_memory(10_000, n=4)
     k = stage_coefficients(model, big, c, engine)
-    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["total"] for kk in k) / GIB
-    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    need = max(kk.memory(layers, 0, model.num_moe_layers, 0)["needed"] for kk in k) / GIB
+    floor = min(kk.needed_fixed() for kk in k) / GIB
     budget = memory_budget(big, engine, 0.0)
-    cluster = cluster_with_memory(budget.context_gib + budget.reserved(
+    cluster = cluster_with_memory(budget.context_gib + (
         floor + frac * (need - floor)), n=4)
     coeffs = stage_coefficients(model, cluster, c, engine)
     want = None

@@ -164,7 +164,10 @@ def test_the_searchs_shared_figures_tell_modules_apart():
                   recompute="selective", recompute_modules=("moe_act",))
     act = shared._layer_figures(c)["saves"]
     moe = shared._layer_figures(dataclasses.replace(c, recompute_modules=("moe",)))["saves"]
-    assert act == pytest.approx(B * S * 8 * 768 * BF16) and moe > 2 * act
+    # as the plan needs them: activations churn, so with the allocator's reserve
+    # (planner.cost.stage MemoryBudget)
+    reserve = 1 + get_engine("megatron").allocator_reserve
+    assert act == pytest.approx(B * S * 8 * 768 * BF16 * reserve) and moe > 2 * act
 
 
 def test_nothing_fits_with_modules_fixed_still_suggests_another_layout(capsys):

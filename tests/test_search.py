@@ -127,10 +127,10 @@ def test_cpsat_equals_brute_force(layers, pp, sched, v, m, zero, dp, rec, frac, 
     # memory between "nothing fits" and "everything fits without recompute"
     big = cluster_with_memory(10_000, n=pp * dp)
     k = stage_coefficients(model, big, c, engine)
-    need = max(kk.memory(layers, 0)["total"] for kk in k) / GIB
-    floor = min(kk.mem_total_fixed() for kk in k) / GIB
+    need = max(kk.memory(layers, 0)["needed"] for kk in k) / GIB
+    floor = min(kk.needed_fixed() for kk in k) / GIB
     budget = memory_budget(big, engine, 0.0)
-    gib = budget.context_gib + budget.reserved(floor + frac * (need - floor))
+    gib = budget.context_gib + floor + frac * (need - floor)
     cluster = cluster_with_memory(gib, n=pp * dp)
     want = brute_force(model, cluster, c, engine=engine, margin_gib=0.0)
     for res, fits in both_placements(model, cluster, c, engine=engine, margin_gib=0.0):

@@ -161,6 +161,20 @@ recompute, verdicts and order; deepseek-v3_h100x2048_tp8pp1 +0.7..+1.3% with ran
 more numerous local-expert issue the larger per-expert figure prices dearer) and `closest` now
 None; qwen3_h100x64_tp4 rank 0 unchanged (+1.1%), ranks 1-4 other pp 16 and pp 8 plans, most
 now 1F1B without the TP overlap (43.8-44.3 s where 42.6-43.7 s were), `closest` now None.
+Rewritten for the fit decided on what a plan needs, not on what the allocator reserves (issue
+22, planner/cost/stage.py MemoryBudget: the caching allocator's 5% reserve on the activations
+and working buffers only, the model state as allocated; torch.cuda.max_memory_reserved counts
+cached blocks the allocator frees before it fails): the record held at the commit before (its
+suite passed); with it six instances move, replaced whole by the search's output without the
+later knobs, every step time the same plan's or a plan that no longer fitted: llama3-8b_h100x8
+keeps its knobs and times, offloading 4 layers where 9 were (2 where 4); llama70b_h100x32 rank 0
+unchanged, its ZeRO-3 offload plans (56 layers where 58) ahead of tp 8 pp 2 at 106.71 s, `closest`
+now without the TP overlap; deepseek-v3_h100x256_fixed ranks 0, 2 and 4 unchanged, its ZeRO-0
+ranks on the even split (-0.04%), `closest` now mbs 2; deepseek-v3_h100x2048_tp8pp1 keeps its
+knobs and times, offloading two layers fewer; qwen3_h100x64_tp4 led by interleaved plans (vp 3
+or 4, 38.54-40.75 s where 40.67-44.26 s were), `closest` now priced; gpt-oss_h100x32_pp1 led by
+tp 2 selective-recompute plans with both overlaps at 22.89 s (was tp 8 at 25.73 s), then tp 4
+without recompute at 22.94 s.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

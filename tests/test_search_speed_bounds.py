@@ -57,17 +57,22 @@ def rank_states_bound(shared, c, layers, qs):
 
 
 def rank_memory_bound(shared, c, layers, qs):
-    """What SharedCoefficients.states_can_fit takes a rank to hold at least: the states and
-    the activations each layer keeps however much is recomputed, x micro-batches in flight."""
+    """What SharedCoefficients.states_can_fit takes a rank to need at least: the states, the
+    working floor every rank needs (working_floor: ZeRO-3's unsharded layer gradients, a single
+    rank's fixed working memory) and the activations each layer keeps however much is
+    recomputed (with the allocator's reserve, as StageCoeffs.needed), x micro-batches in
+    flight."""
     fig = shared._layer_figures(c)
-    return [b + ((n - q) * fig["kept_dense"] + q * fig["kept_moe"]) * fl
+    floor = shared.working_floor(c, figures=True)   # what every rank needs beside them
+    return [b + floor + ((n - q) * fig["kept_dense"] + q * fig["kept_moe"]) * fl
             for b, n, q, fl in zip(rank_states_bound(shared, c, layers, qs), layers, qs,
                                    shared.in_flight(c))]
 
 
 def check_states_bounds(model, cluster, engine, cands, rng, placements=4):
     """On `placements` random placements of each candidate: every rank's states bound below
-    the states planner.cost.stage charges it, what it holds at least below its total, and
+    the states planner.cost.stage charges it, what it holds at least below what it needs
+    (StageCoeffs.needed: the kept activations with the allocator's reserve), and
     the cluster-wide bound below the busiest rank's."""
     shared = SharedCoefficients(model, cluster, engine)
     L = model.num_layers
@@ -87,7 +92,7 @@ def check_states_bounds(model, cluster, engine, cands, rng, placements=4):
                 mem = k.memory(n, r, q, rq) if coeffs[0].moe is not None else k.memory(n, r)
                 states = sum(mem[x] for x in STATE_KEYS)
                 assert b <= states * (1 + 1e-12), (c, k.rank)
-                assert h <= mem["total"] * (1 + 1e-9), (c, k.rank)
+                assert h <= mem["needed"] * (1 + 1e-9), (c, k.rank)
             # the cluster-wide bound: the busiest rank holds at least the states per GPU
             assert states_per_gpu_bound(model, engine, c.num_gpus) <= max(bound) * (1 + 1e-12)
 

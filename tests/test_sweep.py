@@ -41,7 +41,7 @@ def test_cluster_sweep_csv_rows_and_columns(cluster_sweep):
     # the 8B model does not fit on one GPU: a row that says so, with how far off it is
     one = df.iloc[0]
     assert one["note"].startswith("nothing fits; closest") and "over by" in one["note"]
-    assert one["peak_reserved_gib"] > one["capacity_gib"]
+    assert one["peak_needed_gib"] > one["capacity_gib"]
     assert pd.isna(one["step_time_s"]) and pd.isna(one["tokens_per_s"])
     for _, r in df[df["fits"]].iterrows():
         assert r["tp"] * r["pp"] * r["dp"] == r["gpus"]
@@ -50,7 +50,7 @@ def test_cluster_sweep_csv_rows_and_columns(cluster_sweep):
                                                   / r["step_time_s"])
         assert r["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s"] / r["gpus"])
         assert 0 < r["mfu"] < 1
-        assert r["peak_reserved_gib"] <= r["capacity_gib"]
+        assert r["peak_needed_gib"] <= r["capacity_gib"]
         tp, pp, dp, zero = (int(r[k]) for k in ("tp", "pp", "dp", "zero"))  # NaN elsewhere
         assert f"tp={tp} pp={pp} dp={dp} zero={zero}" in r["config"]
     # twice the GPUs, more throughput

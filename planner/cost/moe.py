@@ -620,7 +620,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
                         fwd_fixed=0.0, bwd_layer=0.0, bwd_fixed=0.0,
                         grad_overlapped=k.grad_overlapped,
                         gather_overlapped=k.gather_overlapped,
-                        overlap_slowdown=k.overlap_slowdown)
+                        overlap_slowdown=k.overlap_slowdown, churn_reserve=k.churn_reserve)
         for f in LAYER_FIELDS:   # what an MoE layer changes (the fields it leaves: 0)
             if f in changes:
                 setattr(delta, f, changes[f] - getattr(k, f))

@@ -45,10 +45,21 @@ DP_BUCKET_BYTES = 40e6 * 4
 # sweep of the fidelity tables): it covers every under-count (the largest, 1.7%, torchtitan's
 # 8B on 8 H100s) but the open gap of five of torchtitan's 405B pipeline rows (4-14% of the GPU,
 # which no margin of this size covers); 2% would leave one more uncovered (2.3%) and refuse three
-# fewer configurations that ran (6 refused at 3%, 3 at 2%, of 439 rows, all llm-foundry's but
-# NeMo's GPT-3 20B): kept at 3%, the out-of-memory side being the worse failure, on that little
-# evidence (31 rows, all torchtitan runs: its own tables and torchao's).
+# fewer configurations that ran (11 refused at 3%, 8 at 2%, of 535 rows: llm-foundry's A100 40GB
+# runs without recompute, NeMo's GPT-3 20B, six of Megatron-Bridge's DeepSeek-V3 MXFP8 runs):
+# kept at 3%, the out-of-memory side being the worse failure, on that little evidence (31 rows,
+# all torchtitan runs: its own tables and torchao's).
 DEFAULT_MARGIN_FRACTION = 0.03
+
+# The memory categories of a pipeline rank (StageCoeffs.memory), and of them the model state:
+# the weights, their gradients and the optimizer's state, a fixed set of tensors the run
+# allocates once (Megatron's contiguous parameter and gradient buffers, megatron/core/
+# distributed/param_and_grad_buffer.py; the optimizer's shards and moments) or again in the
+# same sizes every step (FSDP's gradients). The activations and working memory ("activations",
+# "other") churn within a step in many sizes: the caching allocator's reserve is on them alone
+# (MemoryBudget).
+MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "other")
+MODEL_STATE = ("params", "grads", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,9 @@ class StageCoeffs:
     # `moe` holds what one MoE layer adds to each (its layer fields; q of a rank's n layers are
     # MoE, rq of its r recomputed ones). None: every layer is alike.
     moe: "StageCoeffs | None" = None
+    # the caching allocator's reserve on the bytes that churn within a step (MemoryBudget:
+    # the engine's allocator_reserve), which the memory the plan needs adds to them
+    churn_reserve: float = 0.0
 
     @property
     def t_fixed(self) -> float:
@@ -308,20 +322,33 @@ class StageCoeffs:
 
     def memory(self, n: int, r: int, q: int = 0, rq: int = 0) -> dict:
         out = {k: self.mem_fixed.get(k, 0.0) + n * self.mem_layer.get(k, 0.0)
-               for k in ("params", "grads", "optimizer", "activations", "other")}
+               for k in MEMORY_CATEGORIES}
         out["activations"] -= r * self.mem_rec
         if self.moe is not None:
             for k in out:
                 out[k] += q * self.moe.mem_layer.get(k, 0.0)
             out["activations"] -= rq * self.moe.mem_rec
         out["total"] = sum(out.values())
+        out["needed"] = self.needed(out)
         return out
 
-    def mem_total_fixed(self) -> float:
-        return sum(self.mem_fixed.values())
+    def needed(self, mem: dict) -> float:
+        """The bytes a GPU must have for the allocated `mem` (by category): the model state
+        as allocated, the churned categories with the allocator's reserve (MemoryBudget)."""
+        g = mem.get   # MODEL_STATE as allocated, the rest of MEMORY_CATEGORIES with the reserve
+        return (g("params", 0.0) + g("grads", 0.0) + g("optimizer", 0.0)
+                + (g("activations", 0.0) + g("other", 0.0)) * (1.0 + self.churn_reserve))
 
-    def mem_total_layer(self) -> float:
-        return sum(self.mem_layer.values())
+    def needed_fixed(self) -> float:
+        return self.needed(self.mem_fixed)
+
+    def needed_layer(self) -> float:
+        return self.needed(self.mem_layer)
+
+    @property
+    def needed_rec(self) -> float:
+        """What recomputing a layer takes off `needed`: its saved activations, which churn."""
+        return self.mem_rec * (1.0 + self.churn_reserve)
 
 
 def exposed_comm_array(c_layer, c_fixed, h_layer, h_fixed, slowdown, n, q=0, dc=0.0, dh=0.0):
@@ -338,8 +365,24 @@ def exposed_comm_array(c_layer, c_fixed, h_layer, h_fixed, slowdown, n, q=0, dc=
 @dataclass(frozen=True)
 class MemoryBudget:
     """What fits on one GPU under an engine: memory_gib - the engine's context - the margin
-    is what its caching allocator may reserve; allocated bytes x (1 + allocator_reserve) is
-    what it reserves (torch.cuda.max_memory_reserved, which decides an out-of-memory)."""
+    is what its caching allocator may hold (`usable_gib`).
+
+    Two figures of a plan's memory come from its allocated bytes:
+    - `reserved`: allocated x (1 + allocator_reserve), what torch.cuda.max_memory_reserved
+      reads at the peak (the figure the published rows measured, against which the reserve
+      was checked). It counts cached blocks the allocator gives back before it fails: when
+      cudaMalloc fails it frees every cached segment with no block in use and tries again
+      (c10/cuda/CUDACachingAllocator.cpp, the allocator's header comment and its malloc's
+      release_cached_blocks), so this figure does not decide an out-of-memory;
+    - `needed` (StageCoeffs.needed): the model state as allocated, the churned categories
+      with the reserve (MODEL_STATE), which decides whether the plan fits. The model state's
+      tensors take whole segments that are never given back, so they leave no free fragment
+      in a segment in use; what fragments is the activations' and working buffers' churn.
+      Taken on the bytes allocated in all, the reserve had every one of seven configurations
+      that ran (NeMo's GPT-3 20B, six of Megatron-Bridge's DeepSeek-V3 MXFP8 runs) over
+      capacity: the most it can be of their allocated bytes is 3.5-4.9%; of their churned
+      bytes, every configuration that ran leaves at least 6.1% (benchmarks/results
+      fidelity_heldout_*.md)."""
     memory_gib: float
     context_gib: float
     margin_gib: float
@@ -353,9 +396,9 @@ class MemoryBudget:
         return allocated * (1.0 + self.allocator_reserve)
 
     @property
-    def allocatable_bytes(self) -> float:
-        """The most bytes the plan's tensors may take."""
-        return self.usable_gib * GIB / (1.0 + self.allocator_reserve)
+    def usable_bytes(self) -> float:
+        """The most bytes the plan may need (StageCoeffs.needed)."""
+        return self.usable_gib * GIB
 
 
 def default_margin_gib(gpu) -> float:
@@ -393,8 +436,8 @@ def rank_budgets(cluster, engine: Engine | None = None, margin_gib: float | None
 
 def capacity_bytes(cluster: Cluster, engine: Engine | None = None,
                    margin_gib: float | None = None) -> float:
-    """Bytes the plan's tensors may take on one GPU (MemoryBudget.allocatable_bytes)."""
-    return memory_budget(cluster, engine, margin_gib).allocatable_bytes
+    """Bytes the plan may need on one GPU (MemoryBudget.usable_bytes, StageCoeffs.needed)."""
+    return memory_budget(cluster, engine, margin_gib).usable_bytes
 
 
 def _head_in_flight(schedule: str, p: int, c) -> int:
@@ -686,7 +729,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             rank=rank, **layer, **fixed,
             mem_layer={"params": wl, "grads": gl, "optimizer": ol,
                        "activations": act_none * infl},
-            mem_rec=(act_none - act_rec) * infl))
+            mem_rec=(act_none - act_rec) * infl, churn_reserve=engine.allocator_reserve))
     if model.is_moe:
         from planner.cost.moe import with_moe_layers
         infl = [in_flight(schedule, p, k.rank, c.m, v) for k in coeffs]
@@ -831,9 +874,11 @@ class Estimate:
     time_breakdown_s: dict
     stage_memory_gib: list     # per pipeline rank, by category
     stage_time_s: list         # per pipeline rank, one micro-batch
-    capacity_gib: float        # what the allocator may reserve: memory - context - margin
+    capacity_gib: float        # what the allocator may hold: memory - context - margin
     peak_reserved_gib: float = 0.0   # the allocator's reserve at the peak (max over ranks)
     margin_gib: float = 0.0
+    # what the plan needs at the peak (max over ranks), which decides it fits (MemoryBudget)
+    peak_needed_gib: float = 0.0
     # per pipeline rank where the ranks' GPUs differ (a mixed cluster); empty: capacity_gib
     stage_capacity_gib: list = field(default_factory=list)
     stage_margin_gib: list = field(default_factory=list)   # likewise; empty: margin_gib
@@ -841,13 +886,14 @@ class Estimate:
 
     def overflow_gib(self) -> list:
         caps = self.stage_capacity_gib or [self.capacity_gib] * len(self.stage_memory_gib)
-        return [m["reserved"] - c for m, c in zip(self.stage_memory_gib, caps)]
+        return [m["needed"] - c for m, c in zip(self.stage_memory_gib, caps)]
 
     def to_dict(self) -> dict:
         return {"fits": self.fits, "step_time_s": self.step_time_s,
                 "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu,
                 "mfu": self.mfu, "peak_memory_gib": self.peak_memory_gib,
                 "peak_reserved_gib": self.peak_reserved_gib,
+                "peak_needed_gib": self.peak_needed_gib,
                 "capacity_gib": self.capacity_gib, "memory_margin_gib": self.margin_gib,
                 "time_breakdown_s": self.time_breakdown_s,
                 **({"stage_capacity_gib": self.stage_capacity_gib}
@@ -943,9 +989,10 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
         mems.append(m)
     caps = [b.usable_gib for b in budgets]
     cap = min(caps)
-    fits = all(mm["reserved"] <= cb for mm, cb in zip(mems, caps))
+    fits = all(mm["needed"] <= cb for mm, cb in zip(mems, caps))
     peak = max(mm["total"] for mm in mems)
     peak_reserved = max(mm["reserved"] for mm in mems)
+    peak_needed = max(mm["needed"] for mm in mems)
     tokens = c.seq_len * c.global_batch
     flops = model_flops_per_step(model, c.seq_len, c.global_batch)
     tflops = flops / step / c.num_gpus / 1e12
@@ -963,7 +1010,8 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
                     tflops_per_gpu=tflops, mfu=tflops / cluster.peak_tflops_per_gpu,
                     peak_memory_gib=peak, time_breakdown_s=breakdown,
                     stage_memory_gib=mems, stage_time_s=times, capacity_gib=cap,
-                    peak_reserved_gib=peak_reserved, margin_gib=budgets[0].margin_gib,
+                    peak_reserved_gib=peak_reserved, peak_needed_gib=peak_needed,
+                    margin_gib=budgets[0].margin_gib,
                     stage_capacity_gib=caps if len(set(caps)) > 1 else [],
                     stage_margin_gib=[b.margin_gib for b in budgets] if len(set(caps)) > 1
                     else [])

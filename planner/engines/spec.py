@@ -36,7 +36,8 @@ BALANCED_SPLIT = "balanced"
 CONTEXT_GIB = 2.0
 # PyTorch's caching allocator rounds large blocks up to 2 MiB segments and keeps freed blocks
 # cached; the reserve at peak is taken as 5% of the bytes allocated (checked against the
-# max_memory_reserved figures torchtitan publishes, benchmarks/results fidelity table).
+# max_memory_reserved figures torchtitan publishes, benchmarks/results fidelity table). What
+# decides a fit takes it on the churned bytes only (planner.cost.stage MemoryBudget).
 ALLOCATOR_RESERVE = 0.05
 
 
@@ -404,7 +405,8 @@ class Engine:
     pipeline_keeps_input_grads: bool = False
     context_gib: float = 0.0        # CUDA context, cuBLAS workspaces, NCCL buffers
     # caching-allocator reserve at peak, as a fraction of the bytes allocated: what
-    # torch.cuda.max_memory_reserved shows beyond max_memory_allocated
+    # torch.cuda.max_memory_reserved shows beyond max_memory_allocated; what a plan needs takes
+    # it on the activations and working buffers only (planner.cost.stage MemoryBudget)
     allocator_reserve: float = 0.0
     # 1F1B with fewer micro-batches than stages runs as GPipe (all m forwards held)
     short_1f1b_as_gpipe: bool = False

@@ -29,6 +29,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -120,7 +121,12 @@ class TopTimes:
         return self._times[self.top - 1] if len(self._times) >= self.top else math.inf
 
 
-# model-state memory categories of StageCoeffs.mem_fixed / mem_layer and of its memory()
+# a candidate's family (search's memory_test): its fields but the micro-batch, by name (the
+# enumeration sets a candidate's fields in its own order: enumeration._candidate)
+FAMILY_OF = operator.itemgetter(*(f.name for f in dataclasses.fields(Candidate)
+                                  if f.name != "mbs"))
+
+
 def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, infeasible: list,
              closest):
     """The candidate that misses by the least when nothing fits: `closest` (the best of the
@@ -129,6 +135,13 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
     least found so far cannot be it: visited in that bound's order, they are left unpriced."""
     if not infeasible:
         return closest
+    # a candidate rejected unpriced (the states screens, a family's smaller micro-batch) has
+    # its twin without the TP overlap rejected with it (the screens hold the same for both:
+    # SharedCoefficients.working_floor), but the twin misses by its buffers less
+    infeasible = infeasible + [(t, None, rules) for t, rules in
+                               ((without_tp_overlap(engine, c), rules)
+                                for c, coeffs, rules in infeasible if coeffs is None)
+                               if t is not None]
     budget = memory_budget(cluster, engine, margin_gib)
     cap = capacity_bytes(cluster, engine, margin_gib)
     over = lambda r: max(r.estimate.overflow_gib())   # noqa: E731
@@ -241,21 +254,43 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # model states do not depend on it), so once a micro-batch size cannot fit, no larger one
     # of the same family can: those are pruned unpriced. The family is every other knob: an
     # offload, the TP overlap's buffers, ZeRO++ or HSDP change the memory at the same size.
+    # A family's smallest enumerated micro-batch is tested first (its coefficients kept for
+    # its own turn), so that a family that fits at none is found with one build, whatever
+    # order the bounds visit its sizes in.
     too_big = {}
+
+    def family_of(c) -> tuple:
+        return FAMILY_OF(c.__dict__)
+
+    smallest = {}
+    for c in cands:
+        fam = family_of(c)
+        smallest[fam] = min(c.mbs, smallest.get(fam, c.mbs))
+    built = {}   # the coefficients of a smallest micro-batch built ahead of its turn
+
+    def overflows(c, coeffs, rules) -> bool:
+        caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
+        return sum(min(x, L) for x in caps) < L or rules.short_of_layers(caps, c.vpp)
 
     def memory_test(c, rules):
         """The coefficients of c, or None when c cannot fit (recorded)."""
         nonlocal pruned_mem
-        family = tuple(v for k, v in c.__dict__.items() if k != "mbs")
+        family = family_of(c)
+        least = smallest.get(family, c.mbs)
+        if c.mbs > least and family not in too_big:
+            first = dataclasses.replace(c, mbs=least)
+            if first not in built:
+                built[first] = shared.coefficients(first)
+                if overflows(first, built[first], rules_of(first)):
+                    too_big[family] = least
         if too_big.get(family, math.inf) < c.mbs:
             pruned_mem += 1
             infeasible.append((c, None, rules))
             if rejected:   # what rejected_layouts orders by; unused otherwise
                 rejected_bounds[c] = shared.quick_bound(c)
             return None
-        coeffs = shared.coefficients(c)
-        caps = max_layers(coeffs, cap, c.vpp, rules, c, lower=True)
-        if sum(min(x, L) for x in caps) < L or rules.short_of_layers(caps, c.vpp):
+        coeffs = built.pop(c, None) or shared.coefficients(c)
+        if overflows(c, coeffs, rules):
             pruned_mem += 1
             infeasible.append((c, coeffs, rules))
             rejected_bounds[c] = quick_lower_bound(coeffs, c, L, Q)
@@ -470,13 +505,13 @@ class RejectedLayout:
     memory allowed: `candidate`, its variant that misses by the least; `ideal_step_s`, its
     step on an even split with no more recompute than fixed (planner.cost.price); and its
     heuristic placement's worst overflow: `overflow_gib` on pipeline rank `rank`
-    (`reserved_gib` of `capacity_gib`), `recomputes_all` when that rank recomputes all its
+    (`needed_gib` of `capacity_gib`), `recomputes_all` when that rank recomputes all its
     layers."""
     candidate: Candidate
     ideal_step_s: float
     overflow_gib: float
     rank: int
-    reserved_gib: float
+    needed_gib: float
     capacity_gib: float
     recomputes_all: bool
 
@@ -490,14 +525,14 @@ def _ideal_price(model, cluster, c, rules: Rules, engine, margin_gib):
 
 
 def _overflow(model, cluster, c, coeffs, rules: Rules, engine, margin_gib) -> tuple:
-    """(GiB over, rank, reserved GiB, capacity GiB, recomputes all) of a candidate that fits
+    """(GiB over, rank, needed GiB, capacity GiB, recomputes all) of a candidate that fits
     on no placement: the worst rank of the heuristic placement (even split, the least
     recompute that could help)."""
     h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster, engine, margin_gib), rules,
                   engine=engine, margin_gib=margin_gib)
     over = h.estimate.overflow_gib()
     k = max(range(len(over)), key=lambda i: over[i])
-    return (over[k], k, h.estimate.stage_memory_gib[k]["reserved"], h.estimate.capacity_gib,
+    return (over[k], k, h.estimate.stage_memory_gib[k]["needed"], h.estimate.capacity_gib,
             bool(h.recompute[k] == h.layers[k] and h.layers[k] and c.recompute != "none"))
 
 
@@ -544,12 +579,12 @@ def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: lis
                                                                            engine),
                            rules, engine, margin_gib), step, c)
                 for step, c, coeffs, rules in group]
-        (over, k, reserved, capacity, recomputes_all), step, c = min(rows, key=lambda x: x[0][0])
+        (over, k, needed, capacity, recomputes_all), step, c = min(rows, key=lambda x: x[0][0])
         if not math.isfinite(step):   # a variant the quick bound skipped: price it now
             step = _ideal_price(model, cluster, c, rules_for(engine, c, f), engine,
                                 margin_gib).estimate.step_time_s
         out.append(RejectedLayout(candidate=c, ideal_step_s=step, overflow_gib=over, rank=k,
-                                  reserved_gib=reserved, capacity_gib=capacity,
+                                  needed_gib=needed, capacity_gib=capacity,
                                   recomputes_all=recomputes_all))
     return out
 

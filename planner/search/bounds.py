@@ -17,7 +17,8 @@ from planner.cost.moe import expert_dp, layer_kinds, moe_counts, replace_coeffs
 from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
 from planner.cost.schedule import in_flight
-from planner.cost.stage import Candidate, exposed_comm_array, stage_coefficients
+from planner.cost.stage import (DP_BUCKET_BYTES, Candidate, exposed_comm_array,
+                                 stage_coefficients)
 from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
 from planner.precision import TE_FP8_TRANSPOSE_BYTES, low_precision
 from planner.specs import Cluster, Model
@@ -116,12 +117,12 @@ def max_layers(coeffs, cap, v: int, rules: Rules, c: Candidate,
     for k, cap in zip(coeffs, per_rank(cap, len(coeffs))):
         if lower and k.moe is not None:   # lower_coeffs' mem_layer and mem_rec
             d = k.moe
-            per = (sum(min(val, val + d.mem_layer.get(key, 0.0))
-                       for key, val in k.mem_layer.items())
-                   - hi * max(k.mem_rec, k.mem_rec + d.mem_rec))
+            per = (k.needed({key: min(val, val + d.mem_layer.get(key, 0.0))
+                             for key, val in k.mem_layer.items()})
+                   - hi * max(k.needed_rec, k.needed_rec + d.needed_rec))
         else:
-            per = k.mem_total_layer() - hi * k.mem_rec
-        room = cap - k.mem_total_fixed()
+            per = k.needed_layer() - hi * k.needed_rec
+        room = cap - k.needed_fixed()
         if room < 0:
             out.append(0)
         elif per <= 0:
@@ -170,9 +171,9 @@ def _rank_min_times(coeffs, L: int, v: int, cap, c: Candidate, rules: Rules):
     n = np.arange(v, L + 1, dtype=float)
     if rules.min_layers and min(rules.min_layers) < v:   # from the fewest any rank may hold
         n = np.arange(min(rules.min_layers), L + 1, dtype=float)
-    mem0 = (_stacked([k.mem_total_fixed() for k in coeffs])
-            + n * _stacked([k.mem_total_layer() for k in coeffs]))
-    r = _least_recompute(mem0, _stacked([k.mem_rec for k in coeffs]), n,
+    mem0 = (_stacked([k.needed_fixed() for k in coeffs])
+            + n * _stacked([k.needed_layer() for k in coeffs]))
+    r = _least_recompute(mem0, _stacked([k.needed_rec for k in coeffs]), n,
                          _stacked(per_rank(cap, len(coeffs))), c, rules)
     with np.errstate(invalid="ignore"):
         t = (_stacked([k.t_fixed for k in coeffs]) + n * _stacked([k.t_layer for k in coeffs])
@@ -228,10 +229,10 @@ def _rank_min_times_kinds(coeffs, low, L: int, Q: int, v: int, cap, c: Candidate
     def col(values):   # one figure per rank, ranks along the first of three axes
         return np.asarray(values, dtype=float)[:, None, None]
 
-    mem0 = (col([k.mem_total_fixed() for k in coeffs]) + n * col([k.mem_total_layer()
-                                                                   for k in coeffs])
-            + q * col([sum(k.moe.mem_layer.values()) for k in coeffs]))
-    save = col([max(k.mem_rec, k.mem_rec + k.moe.mem_rec) for k in coeffs])
+    mem0 = (col([k.needed_fixed() for k in coeffs]) + n * col([k.needed_layer()
+                                                                for k in coeffs])
+            + q * col([k.moe.needed_layer() for k in coeffs]))
+    save = col([max(k.needed_rec, k.needed_rec + k.moe.needed_rec) for k in coeffs])
     r = np.where(ok, _least_recompute(mem0, save, n, col(per_rank(cap, len(coeffs))), c, rules),
                  np.inf)
     with np.errstate(invalid="ignore"):
@@ -259,9 +260,8 @@ def bottleneck(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None, low=None
         kinds_total = (sum(k.t_fixed for k in coeffs) + (L - Q) * min(k.t_layer for k in coeffs)
                        + Q * min(k.t_layer + k.moe.t_layer for k in coeffs))
         # every layer is held once: L - Q dense and Q MoE layers' memory pooled over ranks
-        kinds_memory = ((L - Q) * min(k.mem_total_layer() for k in coeffs)
-                        + Q * min(k.mem_total_layer() + sum(k.moe.mem_layer.values())
-                                  for k in coeffs))
+        kinds_memory = ((L - Q) * min(k.needed_layer() for k in coeffs)
+                        + Q * min(k.needed_layer() + k.moe.needed_layer() for k in coeffs))
         coeffs = low
     else:
         n_all, t_all = _rank_min_times(coeffs, L, v, cap, c, rules)
@@ -335,10 +335,10 @@ def lower_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None,
     elif rules.all_layers_recomputed:
         need = L
     else:   # pooled memory over ranks sets the least total recompute
-        excess = (sum(k.mem_total_fixed() for k in coeffs)
-                  + max(kinds_memory, L * min(k.mem_total_layer() for k in coeffs))
+        excess = (sum(k.needed_fixed() for k in coeffs)
+                  + max(kinds_memory, L * min(k.needed_layer() for k in coeffs))
                   - sum(per_rank(cap, p)))
-        mr = max(k.mem_rec for k in coeffs)
+        mr = max(k.needed_rec for k in coeffs)
         need = min(L, max(0, math.ceil(excess / mr))) if mr > 0 and excess > 0 else 0
     total = (max(kinds_total, sum(k.t_fixed for k in coeffs) + L * min(k.t_layer for k in coeffs))
              + need * min(k.t_rec for k in coeffs))
@@ -394,15 +394,15 @@ def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
 def _min_recompute(k, n: int, cap: float, c: Candidate, rules: Rules):
     """Fewest recomputed layers that make rank k fit with n layers, or None."""
     if c.recompute == "none":
-        return 0 if k.memory(n, 0)["total"] <= cap else None
+        return 0 if k.memory(n, 0)["needed"] <= cap else None
     if rules.all_layers_recomputed:
-        return n if k.memory(n, n)["total"] <= cap else None
-    over = k.memory(n, 0)["total"] - cap
+        return n if k.memory(n, n)["needed"] <= cap else None
+    over = k.memory(n, 0)["needed"] - cap
     if over <= 0:
         return 0
-    if k.mem_rec <= 0:
+    if k.needed_rec <= 0:
         return None
-    r = math.ceil(over / k.mem_rec)
+    r = math.ceil(over / k.needed_rec)
     return r if r <= rules.most_recomputed(n) else None
 
 
@@ -412,7 +412,7 @@ def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, coun
     (planner.cost.moe.moe_counts: where its chunks lie and which of their layers recompute)."""
     def fits(r):
         q, rq = counts(r)
-        return k.memory(n, r, q, rq)["total"] <= cap
+        return k.memory(n, r, q, rq)["needed"] <= cap
 
     if c.recompute == "none" or rules.all_layers_recomputed:
         r = 0 if c.recompute == "none" else n
@@ -489,6 +489,8 @@ class SharedCoefficients:
             # per micro-batch: the pp = 1 rank holds in_flight of them, which the callers
             # multiply in again
             per = 1.0 / in_flight("1f1b", 1, 0, one.m, 1)
+            # as the plan needs them (StageCoeffs.needed: activations churn)
+            per *= 1.0 + k.churn_reserve
             act = k.mem_layer.get("activations", 0.0) * per
             act_moe = act + d.mem_layer.get("activations", 0.0) * per if d else act
             mem_rec = k.mem_rec * per
@@ -500,7 +502,16 @@ class SharedCoefficients:
                 fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
                 rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
                 act=min(act, act_moe), saves=max(mem_rec, rec_moe),
-                kept_dense=kept[0], kept_moe=kept[1])
+                kept_dense=kept[0], kept_moe=kept[1],
+                # what the one rank needs of its fixed activations and working memory (the
+                # head's, the loss's, a layer's working set), as StageCoeffs.needed, but the
+                # gradient buckets, which only a candidate with dp > 1 holds, and the TP
+                # overlap's userbuffers, which its twin without the overlap does not (the
+                # screens that take this floor reject a candidate's twin with it)
+                fixed_churn=k.needed({
+                    "activations": k.mem_fixed.get("activations", 0.0),
+                    "other": k.mem_fixed.get("other", 0.0) - k.userbuffer_bytes
+                    - (DP_BUCKET_BYTES if one.dp > 1 else 0.0)}))
             if k.tp_overlap_slower:
                 # the searches try c without the overlap too (enumeration without_tp_overlap):
                 # its times, at the same activations, where they are less, so that c's
@@ -651,6 +662,25 @@ class SharedCoefficients:
             return first
         return min(L, na + (L if b <= 0 else int((room - na * a) // b)))
 
+    def working_floor(self, c: Candidate, figures: bool = False) -> float:
+        """Bytes every rank needs beyond its model states and kept activations, whatever its
+        layers, as StageCoeffs.needed takes them (churned, with the allocator's reserve):
+        - under ZeRO-3 over more than one rank, one layer's gradients unsharded in the
+          gradient dtype, which planner.cost.stage holds in "other" at the peak
+          (planner.cost.dataparallel zero3_layer_bytes, of the layer's parameters, at least
+          its linears');
+        - with `figures` and one pipeline rank, its fixed activations and working memory as
+          the candidate laid out without ZeRO holds them (_layer_figures fixed_churn: ZeRO
+          only adds to them, its gathered weights and gradients)."""
+        floor = 0.0
+        if c.zero >= 3 and c.shard > 1:
+            m, t = self.model, c.tp
+            linear = m.attn_matmul_params_on_rank(t) + m.mlp_matmul_params() / t
+            floor += self.engine.grad_bytes * linear * (1.0 + self.engine.allocator_reserve)
+        if figures and c.pp == 1:
+            floor += self._layer_figures(c)["fixed_churn"]
+        return floor
+
     def states_alone_can_fit(self, c: Candidate, cap: float) -> bool:
         """states_can_fit's screen of the model states alone (no activations kept): False
         only where states_can_fit is False; needs no layer figures."""
@@ -659,8 +689,8 @@ class SharedCoefficients:
                c.offload_optimizer, c.offload_params, c.dp_shard, c.precision, c.recipe)
         got = self._states_alone.get(key)
         if got is None:
-            got = self._states_alone[key] = self._states_fit(self.states(c), cap * (1 + 1e-9),
-                                                             c.vpp)
+            got = self._states_alone[key] = self._states_fit(
+                self.states(c), cap * (1 + 1e-9) - self.working_floor(c), c.vpp)
         return got
 
     def states_can_fit(self, c: Candidate, cap: float) -> bool:
@@ -670,7 +700,7 @@ class SharedCoefficients:
         full memory model: the rest (working buffers, logits) only adds. A rank holding n
         layers holds at least those of the n lightest the model has, and all ranks together
         those of every layer. (A hair of slack keeps float rounding on the safe side.)"""
-        room, L = cap * (1 + 1e-9), self.model.num_layers
+        room, L = cap * (1 + 1e-9) - self.working_floor(c, figures=True), self.model.num_layers
         states = self.states(c)
         # the model states alone first (the kept activations, >= 0, only add): a candidate
         # failing here needs no figure of its own
@@ -706,7 +736,8 @@ class SharedCoefficients:
 
     def states_overflow_gib(self, c: Candidate, budget) -> float:
         """A lower bound on max(overflow_gib()) of c's heuristic placement (the even split):
-        the most reserved bytes of the model states alone of any rank, less the capacity."""
+        the most bytes the model states alone need on any rank (StageCoeffs.needed: as
+        allocated), less the capacity."""
         model = self.model
         split = V.default_split(self.engine, model.num_layers, c.pp, c.vpp)
         if self.kinds is not None:
@@ -715,7 +746,7 @@ class SharedCoefficients:
             qs = split if model.is_moe else [0] * c.pp
         worst = max(fixed + (n - q) * dense + q * moe
                     for (fixed, dense, moe), n, q in zip(self.states(c), split, qs))
-        return budget.reserved(worst / GIB) - budget.usable_gib
+        return worst / GIB - budget.usable_gib
 
 
 def states_per_gpu_bound(model: Model, engine: Engine, num_gpus: int,
@@ -817,10 +848,10 @@ def placement_bound(coeffs, c: Candidate, cap: float, rules: Rules, P: list) -> 
 
     # each stage (a, n) with nothing recomputed, then what each recomputed layer changes
     nw, qw = n[starts], q[starts]
-    mem0 = (col([k.mem_total_fixed() for k in coeffs]) + nw * col([k.mem_total_layer()
-                                                                    for k in coeffs])
-            + qw * col([sum(d.mem_layer.values()) for d in moe]))
-    rec, moe_rec = col([k.mem_rec for k in coeffs]), col([d.mem_rec for d in moe])
+    mem0 = (col([k.needed_fixed() for k in coeffs]) + nw * col([k.needed_layer()
+                                                                 for k in coeffs])
+            + qw * col([d.needed_layer() for d in moe]))
+    rec, moe_rec = col([k.needed_rec for k in coeffs]), col([d.needed_rec for d in moe])
     room = cap * (1 + 1e-9)
     if (rec >= 0).all() and (rec + moe_rec >= 0).all():
         # every recomputed layer, dense or MoE, frees bytes: a stage fits on some allowed

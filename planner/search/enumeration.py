@@ -138,9 +138,27 @@ def searched_cp(model: Model, cluster: Cluster, f: Fixed, seq_len: int, tp: int,
     return out
 
 
+# enumerate_candidates' memo: a mixed search enumerates its slowest-GPU cluster for itself and
+# again for that cluster alone (planner.search.groups); a few entries, each a list of frozen
+# candidates handed out as a copy
+_ENUMERATED: dict = {}
+_ENUMERATED_KEPT = 8
+
+
 def enumerate_candidates(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
                          engine: Engine | None = None) -> list:
     engine = get_engine(engine)
+    key = (model, cluster, repr(f), seq_len, gbs, engine)
+    got = _ENUMERATED.get(key)
+    if got is None:
+        if len(_ENUMERATED) >= _ENUMERATED_KEPT:
+            _ENUMERATED.pop(next(iter(_ENUMERATED)))
+        got = _ENUMERATED[key] = _enumerate(model, cluster, f, seq_len, gbs, engine)
+    return list(got)
+
+
+def _enumerate(model: Model, cluster: Cluster, f: Fixed, seq_len: int, gbs: int,
+               engine: Engine) -> list:
     n = cluster.num_gpus
     tps = [f.tp] if f.tp else [t for t in divisors(n) if V.tp_allowed(engine, cluster, model, t)]
     out = []

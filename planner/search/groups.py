@@ -264,7 +264,7 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
             cl = mixed.with_pipeline(pipeline)
             coeffs = mixed_coefficients(model, cl, c, engine)
             slower = slower or any(k.tp_overlap_slower for k in coeffs)
-            caps_bytes = [b.allocatable_bytes for b in rank_budgets(cl, engine, margin_gib,
+            caps_bytes = [b.usable_bytes for b in rank_budgets(cl, engine, margin_gib,
                                                                      c.pp)]
             caps = max_layers(coeffs, caps_bytes, c.vpp, rules, c)
             # an engine that places no layers (rules.equal_split) gets its own split
@@ -298,7 +298,8 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
         orders = orders_of[c]
         if not orders:
             continue
-        if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared):
+        if not any(sh.states_alone_can_fit(c, big_cap) for sh in shared) or not any(
+                sh.states_can_fit(c, big_cap) for sh in shared):
             pruned_mem += len(orders)
             continue
         t = visit(idx, c, orders)

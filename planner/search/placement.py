@@ -250,8 +250,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
             mdl.AddMinEquality(r, [vr, n])             # chunk_recompute
         else:
             mdl.Add(r <= n - rules.kept_layers)
-        mem_expr = (int(math.ceil(k.mem_total_fixed())) + int(math.ceil(k.mem_total_layer())) * n
-                    - int(k.mem_rec) * r)
+        mem_expr = (int(math.ceil(k.needed_fixed())) + int(math.ceil(k.needed_layer())) * n
+                    - int(k.needed_rec) * r)
         t_expr = ns(k.t_fixed) + ns(k.t_layer) * n + ns(k.t_rec) * r
         tail_expr = ns(k.opt_fixed) + ns(k.opt_layer) * n
         q = dz = dt = None
@@ -285,8 +285,8 @@ def solve_cpsat(model, cluster, c, coeffs, cap, rules: Rules, hint=None, step_gu
                     _element_with_hull(mdl, idx, P, pr)
                     terms.append(pr - at[j])
                 mdl.Add(rq == sum(terms))
-            mem_expr = (mem_expr + int(math.ceil(sum(d.mem_layer.values()))) * q
-                        - int(d.mem_rec) * rq)
+            mem_expr = (mem_expr + int(math.ceil(d.needed_layer())) * q
+                        - int(d.needed_rec) * rq)
             t_expr = t_expr + ns(d.t_layer) * q + ns(d.t_rec) * rq
             tail_expr = tail_expr + ns(d.opt_layer) * q
             dz = [(e[0], e[2]) for e in d.exposures()]
