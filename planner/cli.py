@@ -200,7 +200,7 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-zeropp", dest="zeropp", action="store_false",
                    help="no ZeRO++")
     p.add_argument("--memory-margin", type=_non_negative_gib, metavar="GIB",
-                   help="GiB per GPU kept free below what the allocator may reserve "
+                   help="GiB per GPU kept free beside what the plan needs "
                         "(default: 3%% of the GPU's memory)")
     p.add_argument("--export", choices=EXPORT_FORMATS,
                    help="print the engine's configuration (plans for that engine)")
