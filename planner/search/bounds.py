@@ -505,13 +505,13 @@ class SharedCoefficients:
                 kept_dense=kept[0], kept_moe=kept[1],
                 # what the one rank needs of its fixed activations and working memory (the
                 # head's, the loss's, a layer's working set), as StageCoeffs.needed, but the
-                # gradient buckets, which only a candidate with dp > 1 holds, and the TP
+                # gradient buckets, which only a candidate sharding over ranks holds, and the TP
                 # overlap's userbuffers, which its twin without the overlap does not (the
                 # screens that take this floor reject a candidate's twin with it)
                 fixed_churn=k.needed({
                     "activations": k.mem_fixed.get("activations", 0.0),
                     "other": k.mem_fixed.get("other", 0.0) - k.userbuffer_bytes
-                    - (DP_BUCKET_BYTES if one.dp > 1 else 0.0)}))
+                    - (DP_BUCKET_BYTES if one.shard > 1 else 0.0)}))
             if k.tp_overlap_slower:
                 # the searches try c without the overlap too (enumeration without_tp_overlap):
                 # its times, at the same activations, where they are less, so that c's
