@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -85,10 +86,11 @@ RATIO_TARGETS = {("deepseek-v3", "h100x256"): 10, ("deepseek-v3", "h100x2048"): 
 # (2026-12-05: 3.03-3.09x before the fit was decided on the memory a plan needs, 3.1-3.2x
 # after), which the guide keeps out of the suite
 MIXED_INSTANCES = [
-    ("llama70b", "examples/mixed.json", ["--global-batch", "256"], 3),
+    ("llama70b", "examples/mixed.json", ["--global-batch", "256"], 3),   # of the checkout
     ("llama405b", {"groups": [{"gpu": "h100", "num_gpus": 512},
                               {"gpu": "a100", "num_gpus": 512}]}, [], 20),
 ]
+ROOT = Path(__file__).resolve().parents[1]
 IMPORT_FLOOR = [sys.executable, "-c", "import ortools.sat.python.cp_model, numpy, pandas"]
 MAX_SPLITS = 3_000_000
 EXHAUSTIVE_BUDGET_S = 90.0
@@ -419,18 +421,17 @@ HEADERS = ["model", "cluster", "GPUs", "process wall s", "process CPU s",
 
 def run_mixed(repeat: int, scratch) -> list:
     """Rows of MIXED_INSTANCES: the whole process's least wall and CPU time, its step."""
-    from pathlib import Path
     rows = []
+    Path(scratch).mkdir(parents=True, exist_ok=True)
     for i, (model_name, groups, extra, target) in enumerate(MIXED_INSTANCES):
         if isinstance(groups, dict):   # written out: a cluster file of its own
             path = Path(scratch) / f"mixed-{i}.json"
             path.write_text(json.dumps(groups))
-            groups, name = str(path), f"{sum(g['num_gpus'] for g in groups['groups'])} GPUs " \
-                "(" + " + ".join(f"{g['gpu']}x{g['num_gpus']}" for g in groups["groups"]) + ")"
+            name = " + ".join(f"{g['gpu']}x{g['num_gpus']}" for g in groups["groups"])
         else:
-            name = groups
+            path, name = ROOT / groups, groups
         wall, cpu, out = time_process(_plan_cmd() + ["--model", model_name, "--cluster",
-                                                     groups, "--json"] + extra, repeat)
+                                                     str(path), "--json"] + extra, repeat)
         plan = json.loads(out) if out.strip().startswith("{") else None
         rows.append({"model": model_name, "cluster": name, "extra": " ".join(extra),
                      "process_wall_s": wall, "process_cpu_s": cpu, "ratio_target": target,

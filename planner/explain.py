@@ -18,6 +18,7 @@ from rich.table import Table
 from planner import rules as V
 from planner.limits import divisors
 from planner.cost.price import price_plan
+from planner.cost.stage import MEMORY_CATEGORIES
 from planner.errors import BadInput
 from planner.power import limited_name
 from planner.engines import get_engine
@@ -29,7 +30,6 @@ PARTS = {"compute": "compute", "tp_comm": "TP comm", "cp_comm": "exposed CP comm
          "dp_comm_exposed": "exposed DP comm", "bubble": "bubble", "optimizer": "optimizer",
          "ep_comm": "EP dispatch+combine", "offload": "exposed offload copies",
          "activation_offload": "exposed activation offload copies"}
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "other")
 NOT_DIVISIBLE_SHOWN = 3
 
 
@@ -345,7 +345,7 @@ def attention_label(plan: Plan) -> str:
     return f"{plan.attention} attention"
 
 
-def _needed(mem: dict) -> float:
+def needed_gib(mem: dict) -> float:
     """A stage's needed GiB (planner.cost.stage MemoryBudget); a plan written before the
     figure existed has its reserved one, which then decided."""
     return mem.get("needed", mem.get("reserved", mem.get("total", 0.0)))
@@ -358,7 +358,7 @@ def _peak_memory_text(plan: Plan) -> str:
     caps = e.get("stage_capacity_gib") or []
     groups = plan.rank_groups()
     if caps and groups and len(caps) == len(groups):
-        needed = [max((_needed(st.memory_gib) for st in plan.stages_of_rank(r)), default=0.0)
+        needed = [max((needed_gib(st.memory_gib) for st in plan.stages_of_rank(r)), default=0.0)
                   for r in range(len(caps))]
         r = min(range(len(caps)), key=lambda i: caps[i] - needed[i])
         return (f"least room: {needed[r]:.1f} / {caps[r]:.1f} GiB needed on rank {r} "
@@ -492,8 +492,8 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
         t.add_column("time/mb", justify="right", no_wrap=True)
     for st in plan.stages:
         mem = st.memory_gib
-        total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_PARTS))
-        needed = _needed(mem)
+        total = mem.get("total", sum(mem.get(k, 0.0) for k in MEMORY_CATEGORIES))
+        needed = needed_gib(mem)
         cap = caps[st.pp_rank] if st.pp_rank < len(caps) else e.get("capacity_gib",
                                                                      c.gpu.memory_gib)
         row = [str(st.index), str(st.pp_rank),
@@ -501,7 +501,7 @@ def render(plan: Plan, alternatives: list | None = None, width: int = 120) -> st
                f"{st.layers[0]}-{st.layers[1] - 1} ({st.num_layers})" if st.num_layers
                else "- (0)",
                str(st.recompute_layers),
-               *(f"{mem.get(k, 0.0):.1f}" for k in MEMORY_PARTS),
+               *(f"{mem.get(k, 0.0):.1f}" for k in MEMORY_CATEGORIES),
                f"{total:.1f}", f"{needed:.1f}",
                f"{cap - needed:.1f}" if needed <= cap else f"OOM by {needed - cap:.1f}"]
         if timing:

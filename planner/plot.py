@@ -25,7 +25,8 @@ from planner.cost.schedule import forward_and_wgrad, in_flight, rank_orders
 from planner.cost.schedule import simulate as simulate_actions
 from planner.vocab import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInput
-from planner.explain import MEMORY_PARTS, summary_line
+from planner.cost.stage import MEMORY_CATEGORIES
+from planner.explain import needed_gib, summary_line
 from planner.plan import Plan
 
 MAX_DRAWN = 16
@@ -286,7 +287,7 @@ def plan_figure(plan: Plan):
     # each rank against its own GPU where the ranks' GPUs differ (a mixed cluster)
     rank_caps = e.get("stage_capacity_gib") or []
     bottom = [0.0] * p
-    for part in MEMORY_PARTS:
+    for part in MEMORY_CATEGORIES:
         vals = [mm.get(part, 0.0) for mm in mems]
         ax2.bar(range(p), vals, bottom=bottom, color=MEMORY_COLORS[part], label=part,
                 width=0.7)
@@ -309,8 +310,7 @@ def plan_figure(plan: Plan):
         ax2.axhline(plan.cluster.gpu.memory_gib, color="#444444", linestyle=":", linewidth=1,
                     label=f"GPU memory {plan.cluster.gpu.memory_gib:.0f} GiB")
     for r, tot in enumerate(bottom):
-        # what decides the fit: the tensors with the allocator's reserve on the churned ones
-        if mems[r].get("needed", tot) > rank_caps[r]:
+        if needed_gib(mems[r]) > rank_caps[r]:   # what decides the fit
             ax2.text(r, tot, "OOM", ha="center", va="bottom", fontsize=8, color="#b00020")
     pad = max(0.0, (4 - p) / 2)
     ax2.set_xlim(-0.5 - pad, p - 0.5 + pad)

@@ -9,9 +9,10 @@ import pytest
 
 from planner.catalog import get_cluster, get_model
 from planner.cost.moe import moe_counts
-from planner.cost.stage import capacity_bytes, evaluate, memory_budget, stage_coefficients
+from planner.cost.stage import (MODEL_STATE, capacity_bytes, evaluate, memory_budget,
+                                 stage_coefficients)
 from planner.engines import get_engine
-from planner.search import (STATE_KEYS, Fixed, SharedCoefficients, default_global_batch,
+from planner.search import (Fixed, SharedCoefficients, default_global_batch,
                             default_seq_len, enumerate_candidates, heuristic, quick_lower_bound,
                             rules_for, search, solve_candidate, states_per_gpu_bound)
 from planner.search.bounds import lower_bound, without_buffers_bound
@@ -90,7 +91,7 @@ def check_states_bounds(model, cluster, engine, cands, rng, placements=4):
             held = rank_memory_bound(shared, c, layers, qs)
             for k, n, r, q, rq, b, h in zip(coeffs, layers, rec, qs, rqs, bound, held):
                 mem = k.memory(n, r, q, rq) if coeffs[0].moe is not None else k.memory(n, r)
-                states = sum(mem[x] for x in STATE_KEYS)
+                states = sum(mem[x] for x in MODEL_STATE)
                 assert b <= states * (1 + 1e-12), (c, k.rank)
                 assert h <= mem["needed"] * (1 + 1e-9), (c, k.rank)
             # the cluster-wide bound: the busiest rank holds at least the states per GPU
@@ -298,6 +299,6 @@ def test_offload_states_bound_holds_with_fp8_primary_weights():
         coeffs = stage_coefficients(model, cluster, c, engine)
         rules = rules_for(engine, c)
         layers, rec = random_placement(random.Random(5), c, model.num_layers, rules)
-        states = max(sum(k.memory(n, r)[x] for x in STATE_KEYS)
+        states = max(sum(k.memory(n, r)[x] for x in MODEL_STATE)
                      for k, n, r in zip(coeffs, layers, rec))
         assert states_per_gpu_bound(model, engine, c.num_gpus, offload=True) <= states, c

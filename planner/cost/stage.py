@@ -216,8 +216,10 @@ class StageCoeffs:
     # without it is faster, at less memory (planner.search.enumeration without_tp_overlap)
     tp_overlap_slower: bool = False
     # of mem_fixed["other"], the TP overlap's userbuffers (planner.cost.memory
-    # userbuffer_bytes): what the plan without the overlap does not hold
+    # userbuffer_bytes): what the plan without the overlap does not hold; and the gradient
+    # buckets, which only a rank sharding its states over others holds
     userbuffer_bytes: float = 0.0
+    bucket_bytes: float = 0.0
     # a model with dense and MoE layers: the per-layer fields above describe a dense layer and
     # `moe` holds what one MoE layer adds to each (its layer fields; q of a rank's n layers are
     # MoE, rq of its r recomputed ones). None: every layer is alike.
@@ -646,8 +648,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
             wf += facts.compute_elem_bytes * fixed_params / zpp.hpz
         wf, gf = (a + x for a, x in zip((wf, gf), pipelined_fsdp_unsharded(
             engine, c, fixed_params, states, dp)))
-        other = DP_BUCKET_BYTES if dp > 1 else 0.0
-        buffers = 0.0
+        buckets = DP_BUCKET_BYTES if dp > 1 else 0.0
+        other, buffers = buckets, 0.0
         if engine.tp_overlap_userbuffers and tp_overlapped:
             # the TP overlap's userbuffers, outside PyTorch's allocator (counted here, so
             # under its reserve too: 5% more of them than they take)
@@ -709,7 +711,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                     offb_fixed=off.bwd_s * local(fixed_params),
                     mem_fixed={"params": wf, "grads": gf, "optimizer": of,
                                "activations": fixed_act, "other": other},
-                    userbuffer_bytes=buffers, **z)
+                    userbuffer_bytes=buffers, bucket_bytes=buckets, **z)
 
     coeffs, fixed_parts = [], {}
     for rank in (range(p) if ranks is None else ranks):

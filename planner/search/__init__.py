@@ -48,7 +48,7 @@ from planner.precision import default_recipe
 from planner.rules_fixed import check_fixed   # the rules layer's, for the fixed CLI values
 from planner.specs import Cluster, Model
 # the rooms of the search, and what other modules import from planner.search
-from planner.search.bounds import (STATE_KEYS, Rules, SharedCoefficients,  # noqa: F401
+from planner.search.bounds import (Rules, SharedCoefficients,  # noqa: F401
                                    bottleneck, bottleneck_split,
                                    lower_bound, lower_coeffs, max_layers, placement_bound,
                                    quick_lower_bound,

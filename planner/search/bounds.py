@@ -17,8 +17,7 @@ from planner.cost.moe import expert_dp, layer_kinds, moe_counts, replace_coeffs
 from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
 from planner.cost.schedule import in_flight
-from planner.cost.stage import (DP_BUCKET_BYTES, Candidate, exposed_comm_array,
-                                 stage_coefficients)
+from planner.cost.stage import Candidate, exposed_comm_array, stage_coefficients
 from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
 from planner.precision import TE_FP8_TRANSPOSE_BYTES, low_precision
 from planner.specs import Cluster, Model
@@ -430,8 +429,6 @@ def _min_recompute_kinds(k, n: int, cap: float, c: Candidate, rules: Rules, coun
     return lo
 
 
-STATE_KEYS = ("params", "grads", "optimizer")
-
 
 class SharedCoefficients:
     """Stage coefficients of a search's candidates, and two bounds computed without them.
@@ -505,13 +502,13 @@ class SharedCoefficients:
                 kept_dense=kept[0], kept_moe=kept[1],
                 # what the one rank needs of its fixed activations and working memory (the
                 # head's, the loss's, a layer's working set), as StageCoeffs.needed, but the
-                # gradient buckets, which only a candidate sharding over ranks holds, and the TP
-                # overlap's userbuffers, which its twin without the overlap does not (the
-                # screens that take this floor reject a candidate's twin with it)
+                # gradient buckets, which a candidate of this shape sharding over no other
+                # rank does not hold, and the TP overlap's userbuffers, which its twin without
+                # the overlap does not (the screens that take this floor reject the twin with it)
                 fixed_churn=k.needed({
                     "activations": k.mem_fixed.get("activations", 0.0),
                     "other": k.mem_fixed.get("other", 0.0) - k.userbuffer_bytes
-                    - (DP_BUCKET_BYTES if one.shard > 1 else 0.0)}))
+                    - k.bucket_bytes}))
             if k.tp_overlap_slower:
                 # the searches try c without the overlap too (enumeration without_tp_overlap):
                 # its times, at the same activations, where they are less, so that c's
