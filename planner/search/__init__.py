@@ -318,10 +318,10 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     def try_without_overlap(c, bound: float, for_memory: bool = True) -> None:
         """Queue c without the TP overlap (enumeration without_tp_overlap) at c's `bound`:
         for memory where c has no plan that fits, or one that recomputes or offloads layers,
-        or none within the threshold by c's own lower bound (which holds the recompute c's
-        buffers need) while its bound without them is within it (bounds
-        without_buffers_bound); or where the overlap makes a pass slower (`for_memory`
-        False). c's bound holds for the twin (planner.search.bounds takes the faster of the
+        or its bound without the buffers (bounds without_buffers_bound) is below its known
+        plan (the buffers forced a slower split) or, where c's own lower bound (which holds
+        the recompute and the split c's buffers need) is beyond the threshold, within it;
+        or where the overlap makes a pass slower (`for_memory` False). c's bound holds for the twin (planner.search.bounds takes the faster of the
         two), and is the least in the heap now (what is drawn later bounds above it), so the
         twin is visited next but for candidates of the same bound; its model states are c's
         less its buffers (the states screens passed), its own bound is taken there
@@ -377,7 +377,11 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         known = plain(known)
         if known is not None:
             best_heur.add(known.estimate.step_time_s, key=c)
-        if not slower and (known is None or any(known.recompute)):
+        # the twin's times are c's or more: only its memory, freed of the buffers, can bring
+        # it under c's known plan (fewer layers recomputed, or a faster split)
+        if not slower and (known is None or any(known.recompute) or without_buffers_bound(
+                coeffs, c, L, cap, rules, lb, Q, model) < known.estimate.step_time_s * (
+                    1 - 1e-9)):
             try_without_overlap(c, lb0)
         scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test

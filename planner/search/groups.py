@@ -254,9 +254,10 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
         """Price c's heuristic plan on each pipeline order; c without the TP overlap where
         it is wanted (enumeration without_tp_overlap), else None: where the overlap makes a
         pass slower, or costs memory and on some order no plan fits, or one fits only
-        recomputing or offloading layers, or c's own lower bound, which holds the recompute
-        its buffers need, is beyond the best plan while its bound without them is not
-        (bounds without_buffers_bound; the twin's own bound decides there)."""
+        recomputing or offloading layers, or its bound without the buffers (bounds
+        without_buffers_bound) is below the plan it has (the buffers forced a slower split)
+        or, where c's own lower bound, which holds the recompute and split its buffers
+        need, is beyond the best plan, not (the twin's own bound decides there)."""
         nonlocal pruned_mem, pruned_bound
         rules = rules_for(engine, c, f)
         for_memory, slower = False, False
@@ -285,7 +286,11 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                           margin_gib=margin_gib)
             res = MixedResult(c, h.layers, h.recompute, h.estimate, cluster=cl)
             consider(res)
-            for_memory = for_memory or not res.estimate.fits or any(h.recompute)
+            # the twin's times are c's or more: only its memory, freed of the buffers, can
+            # bring it under this plan (fewer layers recomputed, or a faster split)
+            for_memory = for_memory or not res.estimate.fits or any(h.recompute) or (
+                without_buffers_bound(coeffs, c, L, caps_bytes, rules, lb)
+                < res.estimate.step_time_s * (1 - 1e-9))
             scored.append((lb, idx, res, coeffs, caps_bytes, rules))
         if slower:
             return without_tp_overlap(engine, c, for_memory=False)
