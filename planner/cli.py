@@ -339,6 +339,23 @@ def _nothing_fits_message(model, cluster, fixed, report) -> str:
     return msg
 
 
+def _check_margin(margin_gib, cluster, engine) -> None:
+    """A --memory-margin that leaves a GPU of the cluster no memory for the plan (its memory
+    less the engine's context, planner.cost.stage.MemoryBudget) is bad input, not a search
+    where nothing fits."""
+    if margin_gib is None:
+        return
+    from planner.cost.stage import memory_budget
+    for group in (cluster.groups if isinstance(cluster, MixedCluster) else (cluster,)):
+        budget = memory_budget(group, engine, margin_gib)
+        if budget.usable_gib <= 0:
+            left = budget.memory_gib - budget.context_gib
+            raise BadInput(f"--memory-margin {margin_gib:g} GiB leaves no memory for the plan on "
+                           f"{group.gpu.name}: its {budget.memory_gib:g} GiB less {engine.name}'s "
+                           f"{budget.context_gib:g} GiB context leave {left:.1f} GiB; give a "
+                           f"margin below {left:.1f}")
+
+
 def run_plan(argv) -> int:
     a = plan_parser().parse_args(argv)
     _check_plot_path(a)
@@ -356,6 +373,7 @@ def run_plan(argv) -> int:
     if a.precision == AUTO and a.recipe:
         raise BadInput("--recipe names the recipe of a fixed --precision; --precision auto "
                        "tries every recipe the engine offers")
+    _check_margin(a.memory_margin, cluster, engine)
     fixed = _fixed(a, engine)
     if isinstance(cluster, MixedCluster):
         return _run_mixed(a, model, cluster, engine, fixed, profile)

@@ -56,3 +56,20 @@ def test_an_overflow_beyond_the_margin_names_none(tmp_path, capsys, needed_gib):
     assert main([*ARGS, "--cluster", path]) == 3
     err = capsys.readouterr().err
     assert "overflows stage 0" in err and "accepts it" not in err
+
+
+@pytest.mark.parametrize("over", [0.0, 1000.0, 1e308])
+def test_a_margin_that_leaves_no_memory_is_bad_input(tmp_path, capsys, over):
+    """A margin of the GPU's memory less the engine's context, or more, leaves the plan nothing:
+    one line naming the most it may be and exit 2 (at 1e308 the search overflowed converting
+    an infinite recompute count, a traceback; at 1000 GiB it reported a capacity of -922 GiB);
+    just below that the search runs and answers whether anything fits (exit 3 here)."""
+    gpu_gib, context = 80.0, get_engine(ENGINE).context_gib
+    path = cluster_file(tmp_path, gpu_gib)
+    most = gpu_gib - context
+    assert main([*ARGS, "--cluster", path, "--memory-margin", repr(most + over)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "leaves no memory" in err, err
+    assert f"below {most:.1f}" in err
+    assert main([*ARGS, "--cluster", path, "--memory-margin", repr(most - 0.5)]) == 3
+    assert "nothing fits" in capsys.readouterr().err
