@@ -428,8 +428,19 @@ def _run_mixed(a, model, cluster, engine, fixed, profile) -> int:
     if best is None:
         msg = (f"nothing fits {model.name} on {cluster.name} under {engine.name}: no pipeline "
                f"over its groups nor any group alone")
-        if report.closest is not None:
-            msg += "; " + closest_text(report.closest)
+        closest, where = report.closest, ""
+        if closest is None:
+            # no pipeline over the groups was priced (their model states fit no placement):
+            # the closest of a group alone or of every GPU as the slowest, the one that
+            # overflows least
+            tried = [a for a in (*report.alone, report.slowest)
+                     if a is not None and a.report is not None and a.report.closest is not None]
+            if tried:
+                least = min(tried, key=lambda a: max(a.report.closest.estimate.overflow_gib()))
+                closest = least.report.closest
+                where = least.name + (", " if least is report.slowest else " alone, ")
+        if closest is not None:
+            msg += f"; {where}" + closest_text(closest)
         raise NothingFits(msg)
     if report.chosen == "mixed":
         plan = to_plan(model, best.cluster, best, report)

@@ -286,3 +286,28 @@ def test_launch_gives_each_group_its_node_ranks(tmp_path, capsys):
     assert '--node-rank "$NODE_RANK"' in out and "c10d" not in out
     err = refused(capsys, "launch", str(tmp_path / "p.json"), "--nnodes", "2", "--slurm")
     assert "node ranks" in err
+
+
+def test_nothing_fits_names_a_closest_plan_where_no_pipeline_was_priced(capsys):
+    """With 60 GiB of each GPU kept free no pipeline over the groups passes the model-state
+    screen, so the mixed search prices none (it reported no closest plan, only that nothing
+    fits); the message names the closest plan of a group alone, which overflows by what the
+    search on that group alone finds."""
+    margin = 60
+    assert main(["--model", "llama70b", "--cluster", MIXED, "--memory-margin", str(margin)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "closest:" in err, err
+    group, over = re_closest(err)
+    alone = search(get_model("llama70b"), get_cluster(MIXED).groups[group], margin_gib=margin,
+                   top=1, rejected=False)
+    assert alone.best is None
+    assert max(alone.closest.estimate.overflow_gib()) == pytest.approx(over, abs=0.05)
+
+
+def re_closest(err):
+    """(index of the group named, overflow GiB) of a mixed "nothing fits" line."""
+    import re
+    m = re.search(r"; (\S+) alone, closest: .* by (\d+\.\d) GiB", err)
+    assert m, err
+    names = [g.name for g in get_cluster(MIXED).groups]
+    return names.index(m.group(1)), float(m.group(2))
