@@ -27,7 +27,7 @@ MAX_COUNTS_SEARCHED = 12
 def _fits(model, cluster, fixed, seq_len, gbs, engine, margin_gib):
     try:
         r = search(model, cluster, fixed, seq_len, gbs, top=1, engine=engine,
-                   margin_gib=margin_gib, rejected=False)
+                   margin_gib=margin_gib, rejected=False, find_closest=False)
     except BadInput:
         return None
     return r.best

@@ -310,3 +310,30 @@ def test_offload_states_bound_holds_with_fp8_primary_weights():
         states = max(sum(k.memory(n, r)[x] for x in MODEL_STATE)
                      for k, n, r in zip(coeffs, layers, rec))
         assert states_per_gpu_bound(model, engine, c.num_gpus, offload=True) <= states, c
+
+
+@pytest.mark.parametrize("model,cluster", [("llama405b", "h100x16"),
+                                           ("qwen3-235b-a22b", "h100x8")])
+def test_closest_misses_by_the_least_of_every_candidate(model, cluster):
+    """Where nothing fits, the closest plan overflows by the least that any candidate's
+    heuristic placement does (each candidate with the TP overlap also without it), every
+    candidate priced (brute force): the search prices only those its states bound and the
+    micro-batch rule (a family's smaller micro-batch overflows no more) leave, a few
+    hundred of some thousands."""
+    import dataclasses
+    m, cl, eng = get_model(model), get_cluster(cluster), get_engine("megatron")
+    s = default_seq_len(m)
+    gbs = default_global_batch(s, cl.num_gpus)
+    got = search(m, cl, top=1, engine=eng, rejected=False)
+    assert got.best is None and got.closest is not None
+    cap = capacity_bytes(cl, eng, None)
+    least = None
+    f = dataclasses.replace(Fixed(), offload_searched=True)   # as the search tries last
+    cands = enumerate_candidates(m, cl, f, s, gbs, eng)
+    cands += [t for t in (without_tp_overlap(eng, c, for_memory=False) for c in cands) if t]
+    for c in cands:
+        coeffs = stage_coefficients(m, cl, c, eng)
+        over = max(heuristic(m, cl, c, coeffs, cap, rules_for(eng, c, f), engine=eng)
+                   .estimate.overflow_gib())
+        least = over if least is None else min(least, over)
+    assert max(got.closest.estimate.overflow_gib()) == pytest.approx(least, abs=1e-9)

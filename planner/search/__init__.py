@@ -132,7 +132,9 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
     """The candidate that misses by the least when nothing fits: `closest` (the best of the
     solved candidates) or the first of `infeasible` whose heuristic placement overflows least,
     as if every one were priced in turn. Those whose model states alone overflow more than the
-    least found so far cannot be it: visited in that bound's order, they are left unpriced."""
+    least found so far cannot be it: visited in that bound's order, they are left unpriced; so
+    are those of a family (FAMILY_OF) with a smaller micro-batch among them, which overflows
+    no more."""
     if not infeasible:
         return closest
     # a candidate rejected unpriced (the states screens, a family's smaller micro-batch) has
@@ -148,10 +150,19 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
     bounds = [shared.states_overflow_gib(c, budget) for c, _, _ in infeasible]
     least = over(closest) if closest is not None else math.inf
     priced = {}
+    # a candidate needs no less memory than its family's smaller micro-batch on every
+    # placement (the rule memory_test prunes a family by): only a family's smallest is priced
+    smallest = {}
+    for c, _, _ in infeasible:
+        fam = FAMILY_OF(c.__dict__)
+        smallest[fam] = min(c.mbs, smallest.get(fam, c.mbs))
+    beyond = lambda b: b > least + 1e-6 * max(1.0, abs(least))   # noqa: E731
     for i in sorted(range(len(infeasible)), key=lambda i: bounds[i]):
-        if bounds[i] > least + 1e-6 * max(1.0, abs(least)):
+        if beyond(bounds[i]):
             break
         c, coeffs, rules = infeasible[i]
+        if c.mbs > smallest[FAMILY_OF(c.__dict__)]:
+            continue
         res = heuristic(model, cluster, c, coeffs or shared.coefficients(c), cap, rules,
                         engine=engine, margin_gib=margin_gib)
         priced[i] = res
@@ -164,10 +175,12 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
 def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
            global_batch: int | None = None, top: int = 5, progress=None,
            engine: Engine | str | None = None, margin_gib: float | None = None,
-           rejected: bool = True) -> SearchReport:
+           rejected: bool = True, find_closest: bool = True) -> SearchReport:
     """Best plans for `model` on `cluster` under the fixed choices, for `engine`.
     `rejected=False`: the report's rejected list need only hold the candidates the search
-    itself found out of memory (not every one planner.explain could show)."""
+    itself found out of memory (not every one planner.explain could show).
+    `find_closest=False`: where nothing fits, the candidate that misses by the least is not
+    sought beyond those the search priced (a caller asking only whether anything fits)."""
     t0 = time.perf_counter()
     f = fixed or Fixed()
     engine = engine_for(engine, f.compile)
@@ -457,8 +470,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         # nothing fits on the GPUs alone: search again with the engine's offloads
         # (planner.cost.offload), where the states that do not fit may go
         return search(model, cluster, dataclasses.replace(f, offload_searched=True), seq_len,
-                      gbs, top, progress, engine, margin_gib, rejected)
-    if not ranked:   # nothing fits: find the candidate that misses by the least
+                      gbs, top, progress, engine, margin_gib, rejected, find_closest)
+    if not ranked and find_closest:   # nothing fits: find the candidate that misses by the least
         closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
     before = pruned_mem
     if rejected and ranked and unpriced:
