@@ -355,11 +355,15 @@ def without_buffers_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, own: 
     """A step no placement of c without its TP overlap beats, where the overlap is not slower
     (StageCoeffs.tp_overlap_slower), from c's own coefficients (lower_bound): the twin's times
     are c's or more (the overlap only hides), its memory c's less the overlap's userbuffers
-    (StageCoeffs.userbuffer_bytes). `own`: c's lower bound, which holds for the twin only
-    where c holds no buffers: whatever its recompute rule, the buffers' memory can decide
-    which splits fit (and the bound is inf where none does), so a twin freed of them is
+    (StageCoeffs.userbuffer_bytes). `own`: c's lower bound, which holds for the twin where c
+    holds no buffers, or where c fits (`own` finite) with no choice the buffers' memory could
+    sway: one split (pp 1, or the engine's own) and a recompute that does not depend on
+    memory (none, or every layer). Elsewhere the buffers can decide which splits fit (the
+    bound is inf where none does) or how many layers recompute, so a twin freed of them is
     bounded on its own memory."""
-    if not any(k.userbuffer_bytes for k in coeffs):
+    if not any(k.userbuffer_bytes for k in coeffs) or (
+            math.isfinite(own) and (c.pp == 1 or rules.equal_split or rules.fixed_split)
+            and (c.recompute == "none" or rules.all_layers_recomputed)):
         return own
     freed = [replace_coeffs(k, mem_fixed={**k.mem_fixed,
                                           "other": k.mem_fixed["other"] - k.userbuffer_bytes})
