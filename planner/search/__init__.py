@@ -334,11 +334,12 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         or its bound without the buffers (bounds without_buffers_bound) is below its known
         plan (the buffers forced a slower split) or, where c's own lower bound (which holds
         the recompute and the split c's buffers need) is beyond the threshold, within it;
-        or where the overlap makes a pass slower (`for_memory` False). c's bound holds for the twin (planner.search.bounds takes the faster of the
-        two), and is the least in the heap now (what is drawn later bounds above it), so the
-        twin is visited next but for candidates of the same bound; its model states are c's
-        less its buffers (the states screens passed), its own bound is taken there
-        (lower_bound), its figures built only then."""
+        or where the overlap makes a pass slower (`for_memory` False). c's bound holds for
+        the twin (planner.search.bounds takes the faster of the two), and is the least in the
+        heap now (what is drawn later bounds above it), so the twin is visited next but for
+        candidates of the same bound; its model states are c's less its buffers (the states
+        screens passed), its own bound is taken there (lower_bound), its figures built only
+        then."""
         t = without_tp_overlap(engine, c, for_memory)
         if t is not None:
             heapq.heappush(live_heap, (bound, next(extra), t))
