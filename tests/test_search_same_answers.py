@@ -175,6 +175,15 @@ knobs and times, offloading two layers fewer; qwen3_h100x64_tp4 led by interleav
 or 4, 38.54-40.75 s where 40.67-44.26 s were), `closest` now priced; gpt-oss_h100x32_pp1 led by
 tp 2 selective-recompute plans with both overlaps at 22.89 s (was tp 8 at 25.73 s), then tp 4
 without recompute at 22.94 s.
+Rewritten for a candidate and its twin without the TP overlap ranked as one, at the faster of
+their plans (planner.search TopTimes keyed by the pair): the record held at the commit before
+(its suite passed); two instances move, their `ranked` lists replaced by the search's output
+without the later knobs, every remaining plan and time as recorded, the slower of a pair
+dropped and the next plans moving up: deepseek-v3_h100x256_fixed loses ranks 2-3 (the twins
+without the overlap of ranks 0-1, 18.19 and 18.21 s against 17.84 and 17.86 s), its rank 4
+(18.53 s) now 2, then 18.56 s and 19.91 s; qwen3_h100x64_tp4 loses rank 1 (vp 4 with the
+overlap at 38.75 s, the candidate whose twin without it is rank 0 at 38.54 s), ranks 2-4 move
+up, then vp 3 tp 4 pp 8 at 40.91 s.
 Where the old search's correctness is in question, the brute-force checks
 (tests/test_search.py, tests/test_moe_planner.py, benchmarks/search_speed.py's exhaustive
 check) are the independent reference; this one only pins behaviour.

@@ -103,8 +103,9 @@ def default_global_batch(seq_len: int, num_gpus: int) -> int:
 
 
 class TopTimes:
-    """Step times kept sorted, one per key when keyed (a key's later time replaces its
-    earlier one): `threshold` is the top-th least, inf until there are that many."""
+    """Step times kept sorted, one per key when keyed (a key's least: a candidate's plan only
+    improves, and a candidate and its twin without the TP overlap are one key, ranked at the
+    faster of the two): `threshold` is the top-th least, inf until there are that many."""
 
     def __init__(self, top: int):
         self.top, self._times, self._of = max(top, 1), [], {}
@@ -113,6 +114,8 @@ class TopTimes:
         if key is not None:
             old = self._of.get(key)
             if old is not None:
+                if old <= t:
+                    return
                 del self._times[bisect.bisect_left(self._times, old)]
             self._of[key] = t
         bisect.insort(self._times, t)
@@ -325,6 +328,11 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # heuristic so far, so does every later one's full bound, so the loop below would prune
     # them all: they are not priced at all.
     best_heur = TopTimes(top)
+    # the candidate whose twin without the TP overlap each queued twin is: a candidate and its
+    # twin are ranked as one, at the faster of their plans (the overlap is a knob the search
+    # chooses per candidate; its slower setting is no alternative worth a place)
+    twin_of = {}
+    pair = lambda c: twin_of.get(c, c)   # noqa: E731
     unpriced, beyond_bound = [], 0
     extra = itertools.count(len(cands))   # heap indices of the candidates added below
 
@@ -342,6 +350,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         then."""
         t = without_tp_overlap(engine, c, for_memory)
         if t is not None:
+            twin_of[t] = c
             heapq.heappush(live_heap, (bound, next(extra), t))
 
     for item in live_in_order():
@@ -390,7 +399,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                     known = alt
         known = plain(known)
         if known is not None:
-            best_heur.add(known.estimate.step_time_s, key=c)
+            best_heur.add(known.estimate.step_time_s, key=pair(c))
         # the twin's times are c's or more: only its memory, freed of the buffers, can bring
         # it under c's known plan (fewer layers recomputed, or a faster split)
         if not slower and (known is None or any(known.recompute) or without_buffers_bound(
@@ -412,7 +421,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     plans = {x[1]: x[6] for x in scored if x[6] is not None}
     best_plans = TopTimes(top)
     for c, r in plans.items():
-        best_plans.add(r.estimate.step_time_s, c)
+        best_plans.add(r.estimate.step_time_s, pair(c))
     solved, pruned_bound, pruned_placement = 0, 0, 0
     # a bound past the threshold, or no placement that fits (inf)
     beyond = lambda b, t: math.isinf(b) or b > t * (1 + 1e-9)   # noqa: E731
@@ -465,8 +474,13 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         if fits:
             res = plain(res)
             plans[c] = res
-            best_plans.add(res.estimate.step_time_s, c)
-    ranked = sorted(plans.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+            best_plans.add(res.estimate.step_time_s, pair(c))
+    faster = {}   # the faster plan of each candidate and its twin
+    for c, r in plans.items():
+        k = pair(c)
+        if k not in faster or r.estimate.step_time_s < faster[k].estimate.step_time_s:
+            faster[k] = r
+    ranked = sorted(faster.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
     if not ranked and _offload_may_help(model, f, engine):
         # nothing fits on the GPUs alone: search again with the engine's offloads
         # (planner.cost.offload), where the states that do not fit may go
