@@ -311,3 +311,17 @@ def re_closest(err):
     assert m, err
     names = [g.name for g in get_cluster(MIXED).groups]
     return names.index(m.group(1)), float(m.group(2))
+
+
+def test_a_candidate_and_its_twin_take_one_place(llama70b_mixed):
+    """The TP overlap is a knob the search chooses per candidate: no ranked plan is another's
+    twin without it on the same pipeline (planner.search ranks them so too). The ranking held
+    tp 4 pp 8 with the overlap at 97.3 s and its twin without it at 103.5 s, third."""
+    import dataclasses
+    _, report, _ = llama70b_mixed
+    assert len(report.ranked) == 5
+    seen = {(r.candidate, r.cluster.pipeline) for r in report.ranked}
+    assert len(seen) == len(report.ranked)
+    for r in report.ranked:
+        other = dataclasses.replace(r.candidate, tp_comm_overlap=not r.candidate.tp_comm_overlap)
+        assert (other, r.cluster.pipeline) not in seen, r.candidate
