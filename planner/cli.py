@@ -19,6 +19,7 @@ from planner.limits import MAX_INT_ARG
 from planner.catalog import get_cluster, get_model
 from planner.cost.context import CP_COMM_TYPES
 from planner.cost.moe import DISPATCHERS
+from planner.cost.stage import memory_budget
 from planner.engines import DEFAULT_ENGINE, ENGINES, get_engine
 from planner.errors import BadInput, NothingFits, PlannerError
 from planner.explain import (alternatives, describe_candidate, ensure_estimate,
@@ -345,7 +346,6 @@ def _check_margin(margin_gib, cluster, engine) -> None:
     where nothing fits."""
     if margin_gib is None:
         return
-    from planner.cost.stage import memory_budget
     for group in (cluster.groups if isinstance(cluster, MixedCluster) else (cluster,)):
         budget = memory_budget(group, engine, margin_gib)
         if budget.usable_gib <= 0:

@@ -124,6 +124,17 @@ class TopTimes:
         return self._times[self.top - 1] if len(self._times) >= self.top else math.inf
 
 
+def fastest_per_key(items, top: int) -> list:
+    """The `top` fastest results of (key, result) pairs, one per key, at its fastest: a
+    candidate and its twin without the TP overlap are one key (the overlap is a knob the
+    search chooses per candidate), as are a candidate's heuristic and exact placements."""
+    fastest = {}
+    for k, r in items:
+        if k not in fastest or r.estimate.step_time_s < fastest[k].estimate.step_time_s:
+            fastest[k] = r
+    return sorted(fastest.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+
+
 # a candidate's family (search's memory_test): its fields but the micro-batch, by name (the
 # enumeration sets a candidate's fields in its own order: enumeration._candidate)
 FAMILY_OF = operator.itemgetter(*(f.name for f in dataclasses.fields(Candidate)
@@ -155,16 +166,16 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
     priced = {}
     # a candidate needs no less memory than its family's smaller micro-batch on every
     # placement (the rule memory_test prunes a family by): only a family's smallest is priced
+    family = [FAMILY_OF(c.__dict__) for c, _, _ in infeasible]
     smallest = {}
-    for c, _, _ in infeasible:
-        fam = FAMILY_OF(c.__dict__)
+    for (c, _, _), fam in zip(infeasible, family):
         smallest[fam] = min(c.mbs, smallest.get(fam, c.mbs))
     beyond = lambda b: b > least + 1e-6 * max(1.0, abs(least))   # noqa: E731
     for i in sorted(range(len(infeasible)), key=lambda i: bounds[i]):
         if beyond(bounds[i]):
             break
         c, coeffs, rules = infeasible[i]
-        if c.mbs > smallest[FAMILY_OF(c.__dict__)]:
+        if c.mbs > smallest[family[i]]:
             continue
         res = heuristic(model, cluster, c, coeffs or shared.coefficients(c), cap, rules,
                         engine=engine, margin_gib=margin_gib)
@@ -475,12 +486,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             res = plain(res)
             plans[c] = res
             best_plans.add(res.estimate.step_time_s, pair(c))
-    faster = {}   # the faster plan of each candidate and its twin
-    for c, r in plans.items():
-        k = pair(c)
-        if k not in faster or r.estimate.step_time_s < faster[k].estimate.step_time_s:
-            faster[k] = r
-    ranked = sorted(faster.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+    ranked = fastest_per_key(((pair(c), r) for c, r in plans.items()), top)
     if not ranked and _offload_may_help(model, f, engine):
         # nothing fits on the GPUs alone: search again with the engine's offloads
         # (planner.cost.offload), where the states that do not fit may go

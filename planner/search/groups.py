@@ -31,7 +31,7 @@ from planner import rules as V
 from planner.errors import BadInput
 from planner.power import limit_suffix, limited_name
 from planner.rules_fixed import check_fixed
-from planner.search import default_global_batch, default_seq_len, search
+from planner.search import default_global_batch, default_seq_len, fastest_per_key, search
 from planner.search.bounds import (SharedCoefficients, lower_bound, max_layers, rules_for,
                                     without_buffers_bound)
 from planner.search.enumeration import Fixed, enumerate_candidates, without_tp_overlap
@@ -343,15 +343,9 @@ def search_mixed(model: Model, mixed: MixedCluster, fixed: Fixed | None = None,
                 or exact.estimate.step_time_s < heur.estimate.step_time_s):
             consider(MixedResult(c, exact.layers, exact.recompute, exact.estimate,
                                  status=status, gap=gap, cluster=cl))
-    # one place per candidate and pipeline order, at its fastest plan: its heuristic or exact
-    # placement, with or without the TP overlap (a candidate and its twin are one, as
-    # planner.search ranks them)
-    faster = {}
-    for r in plans:
-        k = (twin_of.get(r.candidate, r.candidate), r.cluster.pipeline)
-        if k not in faster or r.estimate.step_time_s < faster[k].estimate.step_time_s:
-            faster[k] = r
-    ranked = sorted(faster.values(), key=lambda r: r.estimate.step_time_s)[:max(top, 1)]
+    # one place per candidate and pipeline order
+    ranked = fastest_per_key((((twin_of.get(r.candidate, r.candidate), r.cluster.pipeline), r)
+                              for r in plans), top)
     mixed_best = ranked[0] if ranked else None
     gap = 0.0   # the whole search's, as planner.search reports it
     if mixed_best is not None:
