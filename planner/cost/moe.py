@@ -465,12 +465,26 @@ LAYER_FIELDS = ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "fwd_layer
                 "ep_rec", "mem_rec")
 
 
-def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: list, lp,
-                    states: dict, tp_pass: tuple, infl: list, reruns: tuple) -> list:
-    """Stage coefficients of an MoE model from those of its dense layer (`coeffs`): every
-    layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
-    with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs). `reruns`: the
-    dense layer's planner.cost.stage.selective_reruns."""
+@dataclass(frozen=True)
+class MoeCompute:
+    """What one MoE layer's compute adds to its dense layer's on one GPU, per micro-batch:
+    `fwd` and `bwd` seconds without the dropless host stall (dropless_host_stall), of which
+    `cast_fwd` the experts' low-precision casts less the dense MLP's; `layer` the MoeLayer, its
+    forward GEMM seconds (router, experts, shared expert: `gemm`) and the dense MLP's
+    element-wise forward seconds it replaces (`dense_mlp_elem`)."""
+    layer: MoeLayer
+    fwd: float
+    bwd: float
+    cast_fwd: float
+    gemm: float
+    dense_mlp_elem: float
+
+
+def moe_compute(model: Model, cluster: Cluster, c, engine, facts, lp) -> MoeCompute:
+    """The MoE layer of candidate `c` and what its compute adds to the dense layer's (the
+    experts', router's and shared expert's GEMMs, element-wise work and casts in place of the
+    dense MLP's). `facts`: planner.cost.facts of the engine on the GPU; `lp`: the plan's low
+    precision."""
     # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
     b, s, t = c.mbs, c.seq_len // c.cp, c.tp
     gpu = facts.gpu
@@ -483,30 +497,65 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     dm_gemm, dm_elem = dense_mlp_fwd(model, gpu, b, s, t, lp, engine.elementwise_traffic,
                                      engine.elementwise_kernels)
     gemm = ml.router_fwd + ml.experts_fwd + ml.shared_fwd
+    # the casts: the experts' linears' in place of the dense MLP's
+    dm_cast_fwd, dm_cast_bwd = dense_mlp_casts(model, gpu, b, s, t, lp)
+    d_cast_fwd, d_cast_bwd = ml.cast_fwd - dm_cast_fwd, ml.cast_bwd - dm_cast_bwd
+    fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + d_cast_fwd
+    # backward: GEMMs twice their forward, element-wise work twice, permutations (and what
+    # else moves the same bytes back, MoeLayer.same_bytes_back_fwd) once
+    bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
+           + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - ml.same_bytes_back_fwd - dm_elem)
+           + ml.same_bytes_back_fwd
+           + d_cast_bwd)
+    return MoeCompute(ml, fwd, bwd, d_cast_fwd, gemm, dm_elem)
+
+
+def drops_mlp_tp(model: Model) -> bool:
+    """Whether an MoE layer drops its dense layer's MLP tensor-parallel pair (half the layer's
+    TP communication): each tp rank dispatches its own sequence-parallel tokens over its ep
+    group and the etp gather of the received rows is the dispatcher's (Megatron-Core
+    MoEAlltoAllTokenDispatcher; runtime/expert.py likewise), unless a shared expert, a
+    TP-split MLP, needs the pair."""
+    return not model.shared_expert_ffn_hidden
+
+
+def moe_layer_floor(model: Model, cluster: Cluster, c, engine, facts, lp,
+                    dense_tp: float) -> float:
+    """At least what one MoE layer adds to a dense layer's time (planner.cost.stage
+    StageCoeffs t_layer): moe_compute's forward and backward, the dropless host stall at its
+    least (the sync alone, its issuing of the grouped GEMMs taken as covered by any forward),
+    the dispatch and combine each way where they are not overlapped (none where they are),
+    less the MLP's TP pair where it goes, half of `dense_tp`, at most the dense layer's TP
+    seconds."""
+    mc = moe_compute(model, cluster, c, engine, facts, lp)
+    stall = dropless_host_stall(engine, c, model.num_experts // c.ep, math.inf)
+    ep = 0.0 if c.ep_comm_overlap else 2 * mc.layer.comm_fwd
+    return mc.fwd + mc.bwd + stall + ep - (dense_tp / 2 if drops_mlp_tp(model) else 0.0)
+
+
+def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: list, lp,
+                    states: dict, tp_pass: tuple, infl: list, reruns: tuple) -> list:
+    """Stage coefficients of an MoE model from those of its dense layer (`coeffs`): every
+    layer MoE gives MoE-layer coefficients; dense and MoE layers mixed give the dense ones
+    with `moe` = what an MoE layer adds (planner.cost.stage.StageCoeffs). `reruns`: the
+    dense layer's planner.cost.stage.selective_reruns."""
+    # a context-parallel rank holds s/cp tokens of each sequence (planner.cost.stage)
+    b, s, t = c.mbs, c.seq_len // c.cp, c.tp
+    gpu = facts.gpu
+    mc = moe_compute(model, cluster, c, engine, facts, lp)
+    ml, dm_elem, gemm = mc.layer, mc.dense_mlp_elem, mc.gemm
     # tensor parallelism (`tp_pass`: the dense layer's forward and backward share): the
-    # attention's all-gather / reduce-scatter pair stays; the MLP's pair goes unless a shared
-    # expert, a TP-split MLP, needs it: each tp rank dispatches its own sequence-parallel
-    # tokens over its ep group and the etp gather of the received rows is the dispatcher's
-    # (Megatron-Core MoEAlltoAllTokenDispatcher; runtime/expert.py likewise)
-    mlp_tp = (0.0, 0.0) if model.shared_expert_ffn_hidden else (tp_pass[0] / 2, tp_pass[1] / 2)
+    # attention's all-gather / reduce-scatter pair stays; the MLP's goes (drops_mlp_tp)
+    mlp_tp = (tp_pass[0] / 2, tp_pass[1] / 2) if drops_mlp_tp(model) else (0.0, 0.0)
     # dropless routing's host stall, in forward and in a recomputed forward (the engine's
     # moe_layer_overhead_s and moe_expert_overhead_s; planner.engines.spec); with drop-and-pad
     # the token counts are known on the host (capacity x ranks; megatron/core/transformer/moe/
     # token_dispatcher.py skips the device-to-host copy): none. `fwd_layer` is a per-layer
     # figure, the same on every pipeline rank
-    # the casts: the experts' linears' in place of the dense MLP's
-    dm_cast_fwd, dm_cast_bwd = dense_mlp_casts(model, gpu, b, s, t, lp)
-    d_cast_fwd, d_cast_bwd = ml.cast_fwd - dm_cast_fwd, ml.cast_bwd - dm_cast_bwd
-    moe_fwd = gemm + ml.elem_fwd - dm_gemm - dm_elem + d_cast_fwd
+    moe_fwd, d_bwd, d_cast_fwd = mc.fwd, mc.bwd, mc.cast_fwd
     stall = dropless_host_stall(engine, c, model.num_experts // c.ep,
                                 coeffs[0].fwd_layer - mlp_tp[0] + moe_fwd + ml.comm_fwd)
     d_fwd = moe_fwd + stall
-    # backward: GEMMs twice their forward, element-wise work twice, permutations (and what
-    # else moves the same bytes back, MoeLayer.same_bytes_back_fwd) once
-    d_bwd = (GEMM_BWD_FACTOR * (gemm - dm_gemm)
-             + ELEMENTWISE_BWD_FACTOR * (ml.elem_fwd - ml.same_bytes_back_fwd - dm_elem)
-             + ml.same_bytes_back_fwd
-             + d_cast_bwd)
     # a recomputed layer runs its forward again: "full" all of it, dispatch included;
     # "selective" the modules asked for (planner.cost.recompute), the MoE side's in place of
     # the dense MLP's

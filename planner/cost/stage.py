@@ -490,6 +490,84 @@ def _step_time(facts, off, c: Candidate, params_local: float) -> float:
     return (off.step_cpu_s + off.step_move_s) * params_local
 
 
+def tp_forward_comm(model: Model, cluster: Cluster, c: Candidate, facts) -> float:
+    """Seconds of one layer's tensor-parallel communication in forward (backward moves as much):
+    2 all-reduces (Megatron, Shoeybi et al. 2019, Fig. 4), or with sequence parallel 2
+    all-gathers + 2 reduce-scatters (Korthikanti et al. 2022, Sec. 4.2.2), the same volume,
+    of the hidden states of a context-parallel rank's tokens. `model` as the engine builds
+    it (Engine.built_model)."""
+    t = c.tp
+    if t == 1:
+        return 0.0
+    tp_link = comm.group_link(cluster, t, 1)
+    act = facts.comm_elem_bytes * c.mbs * (c.seq_len // c.cp) * model.hidden
+    one = (comm.all_gather(act, t, tp_link) + comm.reduce_scatter(act, t, tp_link)) if c.sp \
+        else comm.all_reduce(act, t, tp_link)
+    return 2 * one
+
+
+def _tp_overlapped(c: Candidate) -> bool:
+    return c.tp_comm_overlap and c.tp > 1 and c.sp
+
+
+def tp_passes(c: Candidate, facts, lt, tp_fwd: float) -> tuple:
+    """(forward, backward) seconds one layer's tensor-parallel communication (`tp_fwd` each
+    pass, tp_forward_comm) adds to its passes: all of it, or under the TP overlap (Megatron-
+    Core's userbuffers; torchtitan's async TP, torch's symmetric-memory fused ops, alike) in
+    the passes the engine overlaps (Engine.tp_comm_overlap_passes) what sticks out of the
+    GEMMs of `lt` (the layer's LayerTime): each all-gather / reduce-scatter is split into t
+    chunks pipelined with the GEMM that consumes / produces it (QKV, out-proj, FC1, FC2), t - 1
+    transfers beside t GEMM chunks, so one chunk's GEMM (the local shard's first, or the last
+    before its reduce-scatter) has nothing to hide: what sticks out of the other (t - 1) / t
+    of the pass's GEMMs, plus the slowdown of the GEMMs it runs beside (the GPU's
+    overlap_slowdown, as for every overlapped collective: StageCoeffs.exposed_comm)."""
+    if not _tp_overlapped(c):
+        return tp_fwd, tp_fwd
+    t, slow = c.tp, facts.gpu.overlap_slowdown
+    passes = facts.engine.tp_comm_overlap_passes
+    return tuple(max(0.0, tp_fwd - g * (t - 1) / t) + slow * tp_fwd if name in passes
+                 else tp_fwd
+                 for name, g in (("fwd", lt.gemm_fwd), ("bwd", GEMM_BWD_FACTOR * lt.gemm_fwd)))
+
+
+def _layer_time(model: Model, c: Candidate, facts, lp, tp_fwd: float):
+    """The compute of one (dense) layer and micro-batch on one GPU (planner.cost.facts)."""
+    return facts.layer_time(model, c.mbs, c.seq_len, c.tp, c.sp, c.flash, tp_fwd, lp=lp,
+                            cp=c.cp)
+
+
+def time_floor_figures(model: Model, cluster: Cluster, c: Candidate,
+                       engine: Engine | None = None) -> tuple:
+    """(fixed, dense, moe), seconds of one micro-batch on one GPU, at most what
+    stage_coefficients prices c laid out on one pipeline rank at ZeRO < 3 without ZeRO++'s
+    quantising kernels (under the TP overlap, the faster of it and its twin without it):
+    `fixed` the embedding's and the head's forward and backward compute (StageCoeffs
+    compute_fixed, less any MTP module); `dense` a layer's forward and backward with its TP and
+    CP communication (t_layer); `moe` what an MoE layer adds to it at least (planner.cost.moe
+    moe_layer_floor: the dropless host stall at its least, no EP communication under the EP
+    overlap), 0 for a dense model. For any count of MoE layers up to the layers,
+    L x dense + Q x moe is at most the layers' time (an MoE layer drops at most half the dense
+    layer's TP communication). None needs the stage coefficients built: the searches order
+    candidates by the bound these give before they build any (planner.search.bounds
+    SharedCoefficients.time_floor)."""
+    engine = get_engine(engine)
+    model = engine.built_model(model, c.tp)
+    facts = facts_for(engine, cluster.gpu)
+    lp = low_precision(engine, cluster.gpu, c.precision, c.recipe, c.zero, c.offload_optimizer)
+    b, sl, t = c.mbs, c.seq_len // c.cp, c.tp
+    fixed = sum(facts.embedding_time(model, b, sl, t)) + sum(facts.head_time(model, b, sl, t))
+    tp_fwd = tp_forward_comm(model, cluster, c, facts)
+    lt = _layer_time(model, c, facts, lp, tp_fwd)
+    tp = sum(tp_passes(c, facts, lt, tp_fwd))
+    cpx = cp_exchange(model, b, c.seq_len, t, c.cp, c.cp_comm, cluster, lt.attn_fwd)
+    dense = lt.fwd + lt.bwd + min(tp, 2 * tp_fwd) + cpx.fwd + cpx.bwd
+    moe = 0.0
+    if model.is_moe:
+        from planner.cost.moe import moe_layer_floor
+        moe = moe_layer_floor(model, cluster, c, engine, facts, lp, max(tp, 2 * tp_fwd))
+    return fixed, dense, moe
+
+
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
                        engine: Engine | None = None, ranks=None) -> list:
     """StageCoeffs of every pipeline rank (or of the pipeline ranks `ranks`), for the model as
@@ -510,16 +588,8 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     rep_link = comm.group_link(cluster, c.replicas, t * c.shard)
     pp_link = comm.group_link(cluster, 2, t * cp * c.dp)
 
-    # tensor parallel: per layer 2 all-reduces forward and 2 backward (Megatron, Shoeybi et al.
-    # 2019, Fig. 4), or with sequence parallel 2 all-gathers + 2 reduce-scatters each way
-    # (Korthikanti et al. 2022, Sec. 4.2.2): the same volume.
     act = facts.comm_elem_bytes * b * sl * model.hidden
-    if t > 1:
-        one = (comm.all_gather(act, t, tp_link) + comm.reduce_scatter(act, t, tp_link)) if c.sp \
-            else comm.all_reduce(act, t, tp_link)
-        tp_fwd = 2 * one
-    else:
-        tp_fwd = 0.0
+    tp_fwd = tp_forward_comm(model, cluster, c, facts)
     tp_pass = (tp_fwd, tp_fwd)   # what forward and backward pay of it
 
     # pipeline point-to-point: the activation forward and its gradient backward per chunk;
@@ -537,23 +607,9 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
 
     # the block linears' weights on this GPU: what low precision quantises
     linear_params = model.attn_matmul_params_on_rank(t) + model.mlp_matmul_params() / t
-    lt = facts.layer_time(model, b, s, t, c.sp, flash, tp_fwd, lp=lp, cp=cp)
-    tp_overlapped = c.tp_comm_overlap and t > 1 and c.sp
-    if tp_overlapped:
-        # the overlap (Megatron-Core's userbuffers; torchtitan's async TP, torch's symmetric-
-        # memory fused ops, alike) splits each all-gather / reduce-scatter into t chunks pipelined
-        # with the GEMM that consumes / produces it (QKV, out-proj, FC1, FC2): t - 1 transfers
-        # run beside t GEMM chunks, so one chunk's GEMM (the local shard's first, or the last
-        # before its reduce-scatter) has nothing to hide; what sticks out of the other
-        # (t - 1) / t of the pass's GEMMs, plus the slowdown of the GEMMs it runs beside (the
-        # GPU's overlap_slowdown, as for every overlapped collective: StageCoeffs.exposed_comm)
-        # in the passes the engine overlaps (Engine.tp_comm_overlap_passes)
-        slow = facts.gpu.overlap_slowdown
-        passes = facts.engine.tp_comm_overlap_passes
-        tp_pass = tuple(max(0.0, tp_fwd - g * (t - 1) / t) + slow * tp_fwd
-                        if name in passes else tp_fwd
-                        for name, g in (("fwd", lt.gemm_fwd),
-                                        ("bwd", GEMM_BWD_FACTOR * lt.gemm_fwd)))
+    lt = _layer_time(model, c, facts, lp, tp_fwd)
+    tp_overlapped = _tp_overlapped(c)
+    tp_pass = tp_passes(c, facts, lt, tp_fwd)
     tp_layer = tp_pass[0] + tp_pass[1]
     # selective recompute of modules (planner.cost.recompute): the attention core as the
     # "selective" formulas price it, the other modules what they free and run again

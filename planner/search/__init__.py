@@ -232,28 +232,34 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # Model states first: a candidate whose weights, gradients and optimizer states alone
     # overflow every placement cannot fit (activations and buffers only add); its coefficients
     # are never built. The rest are visited in the order of a bound below lower_bound
-    # (SharedCoefficients.quick_bound, from figures its variants share): drawn lazily, in
-    # the order of time_bound (below quick_bound, from figures shared by every recompute
-    # choice), so that a candidate whose time_bound is past where the visit stops has no
-    # figures of its own built. The order they come in is quick_bound's, as if every one had
-    # been computed (live_in_order).
+    # (SharedCoefficients.quick_bound, from figures its variants share), drawn lazily: in the
+    # order of time_floor (the layers' compute alone, no figures built), then of time_bound
+    # (below quick_bound, from figures shared by every recompute choice), so that a candidate
+    # whose time_floor is past where the visit stops has no figures of its layer shape
+    # built, and one whose time_bound is, none of its own. The order they come in is
+    # quick_bound's, as if every one had been computed (live_in_order).
     states_out = []   # (enumeration index, infeasible entry) of the states screens' rejects
-    pending = []
+    pending = []      # (time_floor, index, candidate), in that order
     for idx, c in enumerate(cands):
         if not shared.states_alone_can_fit(c, cap):
             states_out.append((idx, (c, None, rules_of(c))))
             continue
-        pending.append((shared.time_bound(c), idx, c))
+        pending.append((shared.time_floor(c), idx, c))
     pending.sort(key=lambda x: (x[0], x[1]))
     pruned_mem += len(states_out)
+    bounded = []      # heap of (time_bound, index, candidate) of the pending ones not drawn
     live_heap, drawn = [], 0
 
     def draw(upto: float) -> None:
-        """Screen and bound the pending candidates whose time_bound is at most `upto`."""
+        """Screen and bound the pending candidates whose time_bound is at most `upto` (every
+        one whose time_floor, below it, is at most `upto` has it computed)."""
         nonlocal drawn, pruned_mem
         while drawn < len(pending) and pending[drawn][0] <= upto:
             _, idx, c = pending[drawn]
             drawn += 1
+            heapq.heappush(bounded, (shared.time_bound(c), idx, c))
+        while bounded and bounded[0][0] <= upto:
+            _, idx, c = heapq.heappop(bounded)
             if not shared.states_can_fit(c, cap):
                 pruned_mem += 1
                 states_out.append((idx, (c, None, rules_of(c))))
@@ -268,8 +274,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         while True:
             if live_heap:
                 draw(live_heap[0][0])
-            elif drawn < len(pending):
-                draw(pending[drawn][0])
+            elif drawn < len(pending) or bounded:
+                draw(min(pending[drawn][0] if drawn < len(pending) else math.inf,
+                         bounded[0][0] if bounded else math.inf))
                 continue
             else:
                 return

@@ -17,7 +17,8 @@ from planner.cost.moe import expert_dp, layer_kinds, moe_counts, replace_coeffs
 from planner.cost.compute import BF16
 from planner.cost.facts import facts_for
 from planner.cost.schedule import in_flight
-from planner.cost.stage import Candidate, exposed_comm_array, stage_coefficients
+from planner.cost.stage import (Candidate, exposed_comm_array, time_floor_figures,
+                                stage_coefficients)
 from planner.engines.spec import BALANCED_SPLIT, PER_CHUNK, Engine
 from planner.precision import TE_FP8_TRANSPOSE_BYTES, low_precision
 from planner.specs import Cluster, Model
@@ -30,6 +31,16 @@ def _pipeline_free(c: Candidate) -> Candidate:
     out = object.__new__(Candidate)
     out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", zero=0)
     return out
+
+
+def _shape_key(c: Candidate) -> tuple:
+    """What a layer's figures depend on beside its recompute choice: every field that changes
+    them (the MoE dispatch, overlap, capacity and imbalance included, and the micro-batches
+    under the EP overlap, whose first forward and last backward run unpaired: planner.cost.moe
+    unpaired_pass_share); pp, the schedule and ZeRO are the class's own (laid out at pp 1)."""
+    return (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap,
+            c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance,
+            c.m if c.ep_comm_overlap else 0)
 
 
 def lower_coeffs(k):
@@ -459,7 +470,7 @@ class SharedCoefficients:
         L = model.num_layers
         self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
                         else (0, L) if model.is_moe else (L, 0))
-        self._in_flight, self._pooled, self._shape_times = {}, {}, {}
+        self._in_flight, self._pooled, self._shape_times, self._floors = {}, {}, {}, {}
         self._states_alone = {}   # (layout, vpp, cap, V) -> states_alone_can_fit
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
@@ -475,13 +486,7 @@ class SharedCoefficients:
         """Figures of one candidate per class laid out with pp = 1 (one rank, one micro-batch
         in flight): fixed and per-layer times, per-layer recompute time, activations and what
         recomputing a layer frees; per kind (dense, MoE added) where the kinds mix."""
-        # every field that changes a layer's figures (the MoE dispatch, overlap, capacity and
-        # imbalance included); pp, the schedule and ZeRO are the class's own (laid out at pp 1)
-        # (and the micro-batches under the EP overlap, whose first forward and last backward
-        # run unpaired: planner.cost.moe unpaired_pass_share)
-        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap, c.recompute,
-               c.recompute_modules, c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor,
-               c.moe_imbalance, c.m if c.ep_comm_overlap else 0)
+        key = (_shape_key(c), c.recompute, c.recompute_modules)
         got = self._times.get(key)
         if got is None:
             one = _pipeline_free(c)
@@ -529,19 +534,40 @@ class SharedCoefficients:
         planner.cost.stage; tests/test_search_speed_bounds.py checks they agree), built once
         per shape. A hair below, so that last-bit differences between two choices' builds
         cannot lift it above."""
-        key = (c.mbs, c.tp, c.sp, c.cp, c.cp_comm, c.ep, c.etp, c.tp_comm_overlap,
-               c.ep_comm_overlap, c.moe_dispatcher, c.moe_capacity_factor, c.moe_imbalance,
-               c.m if c.ep_comm_overlap else 0)
+        key = _shape_key(c)
         fig = self._shape_times.get(key)
         if fig is None:
             fig = self._shape_times[key] = self._layer_figures(c)
+        return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"]) * (1 - 1e-9)
+
+    def time_floor(self, c: Candidate) -> float:
+        """Below time_bound(c), without building any stage coefficients: its pipeline of the
+        layers' times at their least (planner.cost.stage time_floor_figures: the compute with
+        the TP and CP communication, the dropless host stall at its least, no EP
+        communication under the EP overlap; the embedding's and head's compute, no MTP
+        module), so that the search builds the figures of the layer shapes it draws only
+        (planner.search). tests/test_search_speed_bounds.py checks it."""
+        key = _shape_key(c)
+        got = self._floors.get(key)
+        if got is None:
+            got = self._floors[key] = time_floor_figures(self.model, self.cluster, c,
+                                                         self.engine)
+        fixed, dense, moe = got
+        if self.kinds is None and self.model.is_moe:   # every layer MoE: its layer is one
+            dense, moe = dense + moe, 0.0
+        # where it is time_bound's own figures (no stall, EP overlap or MTP module beyond
+        # them), summed in another order: a margin over last-bit differences
+        return self._pipelined(c, fixed, dense, moe) * (1 - 1e-6)
+
+    def _pipelined(self, c: Candidate, fixed: float, layer: float, moe: float) -> float:
+        """The step of c's m micro-batches over its pp ranks with `fixed` + L x `layer` (+ the
+        MoE layers x `moe` where the kinds mix) evenly split (quick_lower_bound's form)."""
         L, p = self.model.num_layers, c.pp
-        total = fig["fixed"] + L * fig["layer"] + (self.kinds[-1] * fig["moe"]
-                                                   if self.kinds is not None else 0.0)
+        total = fixed + L * layer + (self.kinds[-1] * moe if self.kinds is not None else 0.0)
         mean = total / p
         if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
-            return c.m * mean * (1 - 1e-9)
-        return (c.m * mean + (p - 1) * mean / c.vpp) * (1 - 1e-9)
+            return c.m * mean
+        return c.m * mean + (p - 1) * mean / c.vpp
 
     def in_flight(self, c: Candidate) -> list:
         """Micro-batches in flight per pipeline rank, as planner.cost.stage counts them."""
