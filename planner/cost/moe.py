@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass
 
 from planner.cost import comm
@@ -465,6 +466,12 @@ LAYER_FIELDS = ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "fwd_layer
                 "ep_rec", "mem_rec")
 
 
+# what makes two ranks' dense layers alike for with_moe_layers (but for the activations)
+_RANK_LAYER_KEY = operator.attrgetter(
+    "grad_overlapped", "gather_overlapped", "overlap_slowdown",
+    *(f for f in LAYER_FIELDS if f != "mem_rec"))
+
+
 @dataclass(frozen=True)
 class MoeCompute:
     """What one MoE layer's compute adds to its dense layer's on one GPU, per micro-batch:
@@ -524,12 +531,15 @@ def moe_layer_floor(model: Model, cluster: Cluster, c, engine, facts, lp,
     """At least what one MoE layer adds to a dense layer's time (planner.cost.stage
     StageCoeffs t_layer): moe_compute's forward and backward, the dropless host stall at its
     least (the sync alone, its issuing of the grouped GEMMs taken as covered by any forward),
-    the dispatch and combine each way where they are not overlapped (none where they are),
+    the dispatch and combine each way (overlapped: the slowdown of the compute beside them),
     less the MLP's TP pair where it goes, half of `dense_tp`, at most the dense layer's TP
     seconds."""
     mc = moe_compute(model, cluster, c, engine, facts, lp)
     stall = dropless_host_stall(engine, c, model.num_experts // c.ep, math.inf)
-    ep = 0.0 if c.ep_comm_overlap else 2 * mc.layer.comm_fwd
+    # overlapped, each pass's all-to-alls at least slow down the compute they run beside
+    # (overlapped_ep_comm: what sticks out of it, or the slowdown, of at most all of them)
+    ep = 2 * mc.layer.comm_fwd * (min(1.0, facts.gpu.overlap_slowdown) if c.ep_comm_overlap
+                                  else 1.0)
     return mc.fwd + mc.bwd + stall + ep - (dense_tp / 2 if drops_mlp_tp(model) else 0.0)
 
 
@@ -695,8 +705,7 @@ def with_moe_layers(model: Model, cluster: Cluster, c, engine, facts, coeffs: li
     for k, fl in zip(coeffs, infl):
         mem_fixed = dict(k.mem_fixed)
         mem_fixed["other"] = mem_fixed.get("other", 0.0) + other
-        key = (k.grad_overlapped, k.gather_overlapped, k.overlap_slowdown,
-               *(getattr(k, f) for f in LAYER_FIELDS if f != "mem_rec"))
+        key = _RANK_LAYER_KEY(k)
         if key not in built:
             built[key] = layer_changes(k)
         changes, delta = in_flight_changes(k, fl, *built[key])

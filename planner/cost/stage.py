@@ -541,8 +541,8 @@ def time_floor_figures(model: Model, cluster: Cluster, c: Candidate,
     """(fixed, dense, moe), seconds of one micro-batch on one GPU, at most what
     stage_coefficients prices c laid out on one pipeline rank at ZeRO < 3 without ZeRO++'s
     quantising kernels (under the TP overlap, the faster of it and its twin without it):
-    `fixed` the embedding's and the head's forward and backward compute (StageCoeffs
-    compute_fixed, less any MTP module); `dense` a layer's forward and backward with its TP and
+    `fixed` the embedding's and the head's forward and backward compute and the MTP modules'
+    but their eh_proj (StageCoeffs compute_fixed); `dense` a layer's forward and backward with its TP and
     CP communication (t_layer); `moe` what an MoE layer adds to it at least (planner.cost.moe
     moe_layer_floor: the dropless host stall at its least, no EP communication under the EP
     overlap), 0 for a dense model. For any count of MoE layers up to the layers,
@@ -565,7 +565,10 @@ def time_floor_figures(model: Model, cluster: Cluster, c: Candidate,
     if model.is_moe:
         from planner.cost.moe import moe_layer_floor
         moe = moe_layer_floor(model, cluster, c, engine, facts, lp, max(tp, 2 * tp_fwd))
-    return fixed, dense, moe
+    # each MTP module: a layer of the last layer's kind, the embedding and head again (its
+    # eh_proj left out: _with_mtp_modules)
+    last = dense + (moe if model.moe_layer(model.num_layers - 1) else 0.0)
+    return fixed * (1 + model.mtp_layers) + model.mtp_layers * last, dense, moe
 
 
 def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,

@@ -43,6 +43,13 @@ def _shape_key(c: Candidate) -> tuple:
             c.m if c.ep_comm_overlap else 0)
 
 
+# lower_coeffs: the per-layer fields an MoE layer's delta may lower (a time), or must raise
+# (a pass beside which a collective hides, what recomputing frees)
+_LOWER_FIELDS = ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "ep_layer", "ep_rec",
+                 "zf_layer", "zb_layer", "grad_layer", "gather_layer", "opt_layer")
+_HIGHER_FIELDS = ("fwd_layer", "bwd_layer", "mem_rec")
+
+
 def lower_coeffs(k):
     """Stage coefficients no layer of either kind is below (per-layer time and memory the
     smaller kind's, hiding compute and recompute savings the larger's): bounds and memory
@@ -50,11 +57,9 @@ def lower_coeffs(k):
     if k.moe is None:
         return k
     d = k.moe
-    lo = {f: min(getattr(k, f), getattr(k, f) + getattr(d, f))
-          for f in ("compute_layer", "compute_rec", "tp_layer", "tp_rec", "ep_layer", "ep_rec",
-                    "zf_layer", "zb_layer", "grad_layer", "gather_layer", "opt_layer")}
-    hi = {f: max(getattr(k, f), getattr(k, f) + getattr(d, f))
-          for f in ("fwd_layer", "bwd_layer", "mem_rec")}
+    kd, dd = k.__dict__, d.__dict__
+    lo = {f: min(kd[f], kd[f] + dd[f]) for f in _LOWER_FIELDS}
+    hi = {f: max(kd[f], kd[f] + dd[f]) for f in _HIGHER_FIELDS}
     mem = {key: min(val, val + d.mem_layer.get(key, 0.0)) for key, val in k.mem_layer.items()}
     return replace_coeffs(k, moe=None, mem_layer=mem, **lo, **hi)
 
