@@ -351,7 +351,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     # chooses per candidate; its slower setting is no alternative worth a place)
     twin_of = {}
     pair = lambda c: twin_of.get(c, c)   # noqa: E731
-    unpriced, beyond_bound = [], 0
+    unpriced, beyond_bound, stopped = [], 0, None
     extra = itertools.count(len(cands))   # heap indices of the candidates added below
 
     def try_without_overlap(c, bound: float, for_memory: bool = True) -> None:
@@ -374,9 +374,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
     for item in live_in_order():
         lb0, _, c = item
         if lb0 > best_heur.threshold() * (1 + 1e-9):
-            if rejected:   # the rest of the candidates, screened and in order, as below
-                draw(math.inf)
-                unpriced = [item] + sorted(live_heap, key=lambda x: (x[0], x[1]))
+            stopped = item   # the rest: screened where the rejected layouts need them (below)
             break
         rules = rules_of(c)
         coeffs = memory_test(c, rules)
@@ -426,10 +424,9 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             try_without_overlap(c, lb0)
         scored.append((lb, c, coeffs, heur, rules, low, known))
     # the states screens' rejects first, in enumeration order, then those of memory_test
+    # (their bounds, what rejected_layouts orders by, taken where it needs them: bound_of)
+    screened_out = len(states_out)
     infeasible[:0] = [entry for _, entry in sorted(states_out, key=lambda x: x[0])]
-    if rejected:   # what rejected_layouts orders by; unused otherwise
-        for c, _, _ in infeasible[:len(states_out)]:
-            rejected_bounds[c] = shared.quick_bound(c)
     # Candidates in lower-bound order. Heuristic and bottleneck-split placements are real
     # plans, so the K-th best of them is a threshold a candidate's bound must beat to be worth
     # an exact solve (the placement a solve returns does not depend on that cutoff:
@@ -501,27 +498,77 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                       gbs, top, progress, engine, margin_gib, rejected, find_closest)
     if not ranked and find_closest:   # nothing fits: find the candidate that misses by the least
         closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
+    unscreened = 0
+
+    def bound_of(c) -> float:
+        """A rejected candidate's bound (quick_bound where the search took none)."""
+        got = rejected_bounds.get(c)
+        if got is None:
+            got = rejected_bounds[c] = shared.quick_bound(c)
+        return got
+
+    floors = {}
+
+    def floor_of(c) -> float:
+        """At most bound_of(c), and cheaper where the bound is not known yet."""
+        got = rejected_bounds.get(c)
+        if got is None:
+            got = floors.get(c)
+            if got is None:
+                got = floors[c] = shared.time_floor(c)
+        return got
+
     before = pruned_mem
-    if rejected and ranked and unpriced:
+    if rejected and ranked and stopped is not None:
         # The rejected candidates planner.explain can show: of layouts (tp, cp, pp, dp) with a
         # rejected candidate whose bound without recompute (below the even split's step time,
         # the "ideal" it shows) beats the best plan; the unpriced ones get the memory test,
         # those that may found such a layout first, then the rest of those layouts, so the
-        # rejected list holds every candidate of them that cannot fit.
+        # rejected list holds every candidate of them that cannot fit. A candidate whose
+        # time_bound is past the plan's step can found none (its quick_bound is no less): only
+        # those of the layouts found are screened of them (draw's screens), the rest are
+        # pruned by bound unscreened.
         base = ranked[0].estimate.step_time_s
         layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
+        draw(base)
+        unpriced = [stopped] + list(live_heap)
         unpriced = sorted(unpriced, key=lambda x: x[1])
         tested = set()
         for _, _, c in unpriced:
             if shared.quick_bound(c) < base:
                 memory_test(c, rules_of(c))
                 tested.add(c)
-        shown = {layout(c) for c, _, _ in infeasible if rejected_bounds[c] < base}
+        failed = pruned_mem - before   # the memory tests above that failed
+        # the layouts found (a bound below the plan's step), and those rejected_layouts may
+        # show (at most it): every candidate of these screened, as draw screens, those that
+        # pass unpriced
+        shown, near = set(), set()
+        for c, _, _ in infeasible:
+            if floor_of(c) <= base and bound_of(c) <= base:
+                near.add(layout(c))
+                if bound_of(c) < base:
+                    shown.add(layout(c))
+        rest = pending[drawn:] + bounded
+        del pending[drawn:], bounded[:]
+        for item in rest:
+            _, idx, c = item
+            if layout(c) not in near:
+                unscreened += 1
+            elif shared.states_can_fit(c, cap):
+                unpriced.append(item)
+            else:
+                pruned_mem += 1
+                states_out.append((idx, (c, None, rules_of(c))))
+        infeasible[:screened_out] = [entry for _, entry in
+                                     sorted(states_out, key=lambda x: x[0])]
+        unpriced.sort(key=lambda x: x[1])
+        before = pruned_mem - failed   # the screens' rejects above are no unpriced ones
         for _, _, c in unpriced:
             if c not in tested and layout(c) in shown:
                 memory_test(c, rules_of(c))
     # the rest: beyond the bound
-    pruned_bound += len(unpriced) - (pruned_mem - before) + beyond_bound + pruned_placement
+    pruned_bound += (len(unpriced) - (pruned_mem - before) + unscreened + beyond_bound
+                     + pruned_placement)
     out_of_memory = [(c, "out of memory on every placement of its layers")
                      for c, _, _ in infeasible]
     gap = 0.0
@@ -529,7 +576,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         best_s = ranked[0].estimate.step_time_s
         gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
     shown_rejected = (rejected_layouts(model, cluster, engine, margin_gib, f, out_of_memory,
-                                       rejected_bounds, ranked[0].estimate.step_time_s)
+                                       bound_of, floor_of, ranked[0].estimate.step_time_s)
                       if rejected and ranked else [])
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
@@ -582,39 +629,45 @@ def _overflow(model, cluster, c, coeffs, rules: Rules, engine, margin_gib) -> tu
 
 
 def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: list,
-                     known_bounds: dict, base: float,
+                     bound_of, floor_of, base: float,
                      shown: int = REJECTED_LAYOUTS_SHOWN) -> list:
     """[RejectedLayout] of the `shown` layouts among the `rejected` (Candidate, reason) whose
     ideal beats the plan's step `base`, fastest ideal first.
 
-    Ideals (a placement's step time) are at least the quick bound, here from pipeline rank
-    0's coefficients (every rank's per-layer time is the same, other ranks' fixed times are
-    >= 0) unless the search computed it (`known_bounds`). In bound order, once a bound exceeds
-    the plan's step and the shown-th smallest layout minimum so far, no later candidate can
-    enter or reorder the layouts shown: those are left unpriced."""
+    Ideals (a placement's step time) are at least a candidate's bound (`bound_of`: the
+    search's quick bound), and that at least its floor (`floor_of`, cheaper). In bound order,
+    once a bound exceeds the plan's step and the shown-th smallest layout minimum so far, no
+    later candidate can enter or reorder the layouts shown: those are left unpriced, and a
+    candidate whose floor is past the plan's step has its bound taken only where its layout is
+    shown."""
     engine = get_engine(engine)
-    bounded = []
-    for c, _ in rejected:
-        lb = known_bounds.get(c)
-        if lb is None:
-            first = stage_coefficients(model, cluster, c, engine, ranks=[0])
-            lb = quick_lower_bound(first, c, model.num_layers)
-        bounded.append((lb, c))
-    bounded.sort(key=lambda x: x[0])
+    # (bound, place in `rejected`): the order the layouts' variants are taken in
+    near, far = [], []
+    for pos, (c, _) in enumerate(rejected):
+        if floor_of(c) <= base:
+            near.append((bound_of(c), pos, c))
+        else:
+            far.append((pos, c))
+    near.sort(key=lambda x: x[:2])
     layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
     groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
     mins = {}     # each layout's least ideal so far
-    for i, (lb, c) in enumerate(bounded):
+    rest = []     # past the cut, in bound order
+    for i, (lb, pos, c) in enumerate(near):
         least = sorted(mins.values())
         cut = min(base, least[shown - 1] if len(least) >= shown else math.inf)
         if lb > cut:
+            rest = near[i:]
             break
         rules = rules_for(engine, c, f)
         ideal = _ideal_price(model, cluster, c, rules, engine, margin_gib)
         groups.setdefault(layout(c), []).append((ideal.estimate.step_time_s, c, ideal.coeffs,
                                                  rules))
         mins[layout(c)] = min(mins.get(layout(c), math.inf), ideal.estimate.step_time_s)
-    for lb, c in bounded[i:] if bounded and lb > cut else []:
+    # a floor past the plan's step is a bound past every cut: after all of `near` taken
+    rest = sorted(rest + [(bound_of(c), pos, c) for pos, c in far if layout(c) in groups],
+                  key=lambda x: x[:2])
+    for _, _, c in rest:
         if layout(c) in groups:   # the shown layouts' other variants, unpriced
             groups[layout(c)].append((math.inf, c, None, rules_for(engine, c, f)))
     ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
