@@ -84,7 +84,9 @@ class SearchReport:
     # and the candidates whose solve stopped at SOLVER_SECONDS
     gap: float = 0.0
     solver_limit_hit: int = 0
-    # quick_lower_bound of rejected candidates whose coefficients the search computed
+    # a bound below the ideal step of the rejected candidates whose bound the search took (the
+    # rejected layouts' order): quick_lower_bound where it built their coefficients, else
+    # SharedCoefficients.quick_bound
     rejected_bounds: dict = field(default_factory=dict)
     # the rejected layouts explain shows beside the plan (RejectedLayout, fastest ideal first;
     # filled by search(rejected=True) when a plan fits)
