@@ -388,6 +388,8 @@ def test_rejected_layouts_as_if_every_candidate_were_memory_tested(name, cluster
     shared = SharedCoefficients(m, c, engine)
     every = rejected_layouts(m, c, engine, None, Fixed(), out, shared.quick_bound,
                              shared.quick_bound, report.best.estimate.step_time_s)
-    row = lambda r: ((r.candidate.tp, r.candidate.cp, r.candidate.pp, r.candidate.dp),   # noqa: E731
-                     round(r.ideal_step_s, 9), round(r.overflow_gib, 9))
+    def row(r):
+        x = r.candidate
+        return (x.tp, x.cp, x.pp, x.dp), round(r.ideal_step_s, 9), round(r.overflow_gib, 9)
+
     assert [row(r) for r in report.rejected_layouts] == [row(r) for r in every]

@@ -507,6 +507,7 @@ def tp_forward_comm(model: Model, cluster: Cluster, c: Candidate, facts) -> floa
 
 
 def _tp_overlapped(c: Candidate) -> bool:
+    """Whether c overlaps its TP communication with the GEMMs (sequence parallel only)."""
     return c.tp_comm_overlap and c.tp > 1 and c.sp
 
 
@@ -542,14 +543,14 @@ def time_floor_figures(model: Model, cluster: Cluster, c: Candidate,
     stage_coefficients prices c laid out on one pipeline rank at ZeRO < 3 without ZeRO++'s
     quantising kernels (under the TP overlap, the faster of it and its twin without it):
     `fixed` the embedding's and the head's forward and backward compute and the MTP modules'
-    but their eh_proj (StageCoeffs compute_fixed); `dense` a layer's forward and backward with its TP and
-    CP communication (t_layer); `moe` what an MoE layer adds to it at least (planner.cost.moe
-    moe_layer_floor: the dropless host stall at its least, no EP communication under the EP
-    overlap), 0 for a dense model. For any count of MoE layers up to the layers,
-    L x dense + Q x moe is at most the layers' time (an MoE layer drops at most half the dense
-    layer's TP communication). None needs the stage coefficients built: the searches order
-    candidates by the bound these give before they build any (planner.search.bounds
-    SharedCoefficients.time_floor)."""
+    but their eh_proj (StageCoeffs compute_fixed); `dense` a layer's forward and backward
+    with its TP and CP communication (t_layer); `moe` what an MoE layer adds to it at least
+    (planner.cost.moe moe_layer_floor: the dropless host stall at its least, the EP overlap's
+    dispatch at its least), 0 for a dense model. For any count of MoE layers up to the
+    layers, L x dense + Q x moe is at most the layers' time (an MoE layer drops at most half
+    the dense layer's TP communication). None needs the stage coefficients built: the
+    searches order candidates by the bound these give before they build any
+    (planner.search.bounds SharedCoefficients.time_floor)."""
     engine = get_engine(engine)
     model = engine.built_model(model, c.tp)
     facts = facts_for(engine, cluster.gpu)
@@ -593,7 +594,6 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
 
     act = facts.comm_elem_bytes * b * sl * model.hidden
     tp_fwd = tp_forward_comm(model, cluster, c, facts)
-    tp_pass = (tp_fwd, tp_fwd)   # what forward and backward pay of it
 
     # pipeline point-to-point: the activation forward and its gradient backward per chunk;
     # Megatron sends 1/t of it per rank (scatter-gather, Narayanan et al. 2021, Sec. 4.1).
@@ -612,7 +612,7 @@ def stage_coefficients(model: Model, cluster: Cluster, c: Candidate,
     linear_params = model.attn_matmul_params_on_rank(t) + model.mlp_matmul_params() / t
     lt = _layer_time(model, c, facts, lp, tp_fwd)
     tp_overlapped = _tp_overlapped(c)
-    tp_pass = tp_passes(c, facts, lt, tp_fwd)
+    tp_pass = tp_passes(c, facts, lt, tp_fwd)   # what forward and backward pay of it
     tp_layer = tp_pass[0] + tp_pass[1]
     # selective recompute of modules (planner.cost.recompute): the attention core as the
     # "selective" formulas price it, the other modules what they free and run again
