@@ -500,7 +500,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                       gbs, top, progress, engine, margin_gib, rejected, find_closest)
     if not ranked and find_closest:   # nothing fits: find the candidate that misses by the least
         closest = _closest(model, cluster, engine, margin_gib, shared, infeasible, closest)
-    unscreened = 0
+    unscreened = screens_out = 0   # of the rest where the visit stopped (below)
 
     def bound_of(c) -> float:
         """A rejected candidate's bound (quick_bound where the search took none)."""
@@ -540,7 +540,6 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             if shared.quick_bound(c) < base:
                 memory_test(c, rules_of(c))
                 tested.add(c)
-        failed = pruned_mem - before   # the memory tests above that failed
         # the layouts found (a bound below the plan's step), and those rejected_layouts may
         # show (at most it): every candidate of these screened, as draw screens, those that
         # pass unpriced
@@ -560,17 +559,17 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                 unpriced.append(item)
             else:
                 pruned_mem += 1
+                screens_out += 1
                 states_out.append((idx, (c, None, rules_of(c))))
         infeasible[:screened_out] = [entry for _, entry in
                                      sorted(states_out, key=lambda x: x[0])]
         unpriced.sort(key=lambda x: x[1])
-        before = pruned_mem - failed   # the screens' rejects above are no unpriced ones
         for _, _, c in unpriced:
             if c not in tested and layout(c) in shown:
                 memory_test(c, rules_of(c))
-    # the rest: beyond the bound
-    pruned_bound += (len(unpriced) - (pruned_mem - before) + unscreened + beyond_bound
-                     + pruned_placement)
+    # the rest: beyond the bound (the unpriced ones the memory tests above did not reject)
+    pruned_bound += (len(unpriced) - (pruned_mem - before - screens_out) + unscreened
+                     + beyond_bound + pruned_placement)
     out_of_memory = [(c, "out of memory on every placement of its layers")
                      for c, _, _ in infeasible]
     gap = 0.0

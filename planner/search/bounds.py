@@ -548,10 +548,10 @@ class SharedCoefficients:
     def time_floor(self, c: Candidate) -> float:
         """Below time_bound(c), without building any stage coefficients: its pipeline of the
         layers' times at their least (planner.cost.stage time_floor_figures: the compute with
-        the TP and CP communication, the dropless host stall at its least, no EP
-        communication under the EP overlap; the embedding's and head's compute, no MTP
-        module), so that the search builds the figures of the layer shapes it draws only
-        (planner.search). tests/test_search_speed_bounds.py checks it."""
+        the TP and CP communication, the dropless host stall and the EP overlap's dispatch at
+        their least; the embedding's, head's and MTP modules' compute), so that the search
+        builds the figures of the layer shapes it draws only (planner.search).
+        tests/test_search_speed_bounds.py checks it."""
         key = _shape_key(c)
         got = self._floors.get(key)
         if got is None:
@@ -564,11 +564,15 @@ class SharedCoefficients:
         # them), summed in another order: a margin over last-bit differences
         return self._pipelined(c, fixed, dense, moe) * (1 - 1e-6)
 
-    def _pipelined(self, c: Candidate, fixed: float, layer: float, moe: float) -> float:
+    def _pipelined(self, c: Candidate, fixed: float, layer: float, moe: float,
+                   recompute: float = 0.0) -> float:
         """The step of c's m micro-batches over its pp ranks with `fixed` + L x `layer` (+ the
-        MoE layers x `moe` where the kinds mix) evenly split (quick_lower_bound's form)."""
+        MoE layers x `moe` where the kinds mix, + `recompute`) evenly split
+        (quick_lower_bound's form)."""
         L, p = self.model.num_layers, c.pp
         total = fixed + L * layer + (self.kinds[-1] * moe if self.kinds is not None else 0.0)
+        if recompute:
+            total += recompute
         mean = total / p
         if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
             return c.m * mean
@@ -593,8 +597,7 @@ class SharedCoefficients:
         planner.cost.stage prices them) and the model states of `states`."""
         fig = self._layer_figures(c)
         L, p = self.model.num_layers, c.pp
-        total = fig["fixed"] + L * fig["layer"] + (self.kinds[-1] * fig["moe"]
-                                                   if self.kinds is not None else 0.0)
+        need = 0
         if rules is not None and c.recompute != "none":
             if rules.all_layers_recomputed:
                 need = L
@@ -605,11 +608,8 @@ class SharedCoefficients:
                 saves = fig["saves"] * max(infl) * (1 + 1e-9)
                 need = (min(L, max(0, math.ceil(excess / saves)))
                         if saves > 0 and excess > 0 else 0)
-            total += need * fig["rec"]
-        mean = total / p
-        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
-            return c.m * mean
-        return c.m * mean + (p - 1) * mean / c.vpp
+        return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"],
+                               need * fig["rec"] if need else 0.0)
 
     def _copy_floor(self, c: Candidate) -> float:
         """Bytes per linear parameter a low-precision recipe's weight copies take off a
