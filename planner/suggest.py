@@ -20,7 +20,8 @@ from planner.search import (Fixed, Result, check_fixed, default_global_batch, de
 from planner.specs import Cluster
 
 # GPU counts searched one by one (each not ruled out by the memory bound) before the rest
-# are tried at doublings only; a Suggestion says whether its count is proven the smallest
+# are tried at doublings of a host only (_doubled_unit); a Suggestion says whether its count
+# is proven the smallest
 MAX_COUNTS_SEARCHED = 12
 
 
@@ -61,6 +62,18 @@ def gpu_counts(cluster: Cluster):
     while k * step <= MAX_GPUS:             # planner.limits: no cluster beyond it is planned
         yield k * step
         k += 1
+
+
+def _doubled_unit(cluster: Cluster, n: int) -> bool:
+    """n GPUs are the cluster's unit doubled (a power of two times it): a host of
+    `gpus_per_node`, or where hosts share a larger NVLink domain, a tray within it and a whole
+    domain beyond it (gpu_counts). The sizes clusters come in, and where a power-of-two global
+    batch splits evenly: doublings of some other count (102, 204, 408, ...) may miss every one
+    of them, each count with no configuration at that batch."""
+    gpn, domain = cluster.gpus_per_node, _domain(cluster)
+    unit = domain if domain > gpn and n >= domain else gpn
+    k, rest = divmod(n, unit)
+    return rest == 0 and k & (k - 1) == 0
 
 
 def _more_gpus(cluster: Cluster, n: int) -> Cluster:
@@ -160,16 +173,16 @@ def suggestions(model, cluster: Cluster, fixed: Fixed, seq_len: int, gbs: int,
     if not tips:
         f = _layout_free(fixed, recompute=fixed.recompute,
                          recompute_modules=fixed.recompute_modules)
-        searched, last = 0, None
+        searched = 0
         for n in gpu_counts(cluster):
             bigger = _more_gpus(cluster, n)
             if _hopeless(model, bigger, engine, margin_gib, fixed):
                 continue            # a sound bound: no layout on n GPUs holds the model states
-            if searched >= MAX_COUNTS_SEARCHED and n < 2 * last:
-                continue            # past the one-by-one budget: doublings only
+            if searched >= MAX_COUNTS_SEARCHED and not _doubled_unit(cluster, n):
+                continue            # past the one-by-one budget: doublings of a host only
             g = max(gbs, n // 8) if gbs % (n // min(n, 8)) else gbs
             best = _fits(model, bigger, f, seq_len, g, engine, margin_gib)
-            searched, last = searched + 1, n
+            searched += 1
             if best is not None:
                 tip("gpus", f, best, n, g, minimal=searched <= MAX_COUNTS_SEARCHED,
                     gpn=bigger.gpus_per_node)

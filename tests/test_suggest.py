@@ -59,6 +59,33 @@ def test_fewest_gpus_match_a_brute_force_over_counts(gib, n, gpn, seq, gbs):
     assert tips[0].step_time_s == pytest.approx(want_step, rel=1e-9)
 
 
+@pytest.mark.parametrize("layers,hidden,gib,gbs", [(8, 1024, 2.5, 64), (12, 2048, 2.8, 64)])
+def test_past_the_budget_the_doubled_hosts_that_fit_are_not_skipped(layers, hidden, gib, gbs):
+    """More counts than MAX_COUNTS_SEARCHED lie between the memory bound and the fewest that
+    fits, so the suggestion goes on at doublings. Doublings of the last count searched (30:
+    60, 120, ...; 44: 88, 176) found no configuration of the power-of-two global batch on most
+    and answered 960 GPUs with the batch raised to 120 where 32 fit, 176 where 128 did; the
+    doublings of a host (64, 128, ...) are what it tries now. Against a brute force over every
+    count: the answer is at least the fewest that fits, at most the fewest doubled host that
+    does, at the user's global batch."""
+    model, c = tiny(layers, hidden), cluster(gib, 2, 2)
+    fixed = Fixed(**GPUS_ALONE)
+    assert search(model, c, fixed, 1024, gbs, top=1, rejected=False).best is None
+    first = next(n for n in sg.gpu_counts(c) if not sg._hopeless(model, sg._more_gpus(c, n),
+                                                                  None, None, fixed))
+    fewest, _ = brute_force_fewest(model, c, fixed, 1024, gbs, limit=256)
+    assert (fewest - first) // c.gpus_per_node >= sg.MAX_COUNTS_SEARCHED   # past the budget
+    doubled = []
+    for n in (c.gpus_per_node * 2 ** k for k in range(1, 8)):
+        if n >= fewest and search(model, sg._more_gpus(c, n), fixed, 1024, gbs, top=1,
+                                  rejected=False).best is not None:
+            doubled.append(n)
+    tips = sg.suggestions(model, c, fixed, 1024, gbs)
+    assert [t.change for t in tips] == ["gpus"]
+    assert fewest <= tips[0].num_gpus <= doubled[0]
+    assert tips[0].global_batch == gbs and not tips[0].minimal
+
+
 def test_the_memory_bound_never_skips_a_count_that_fits():
     model = tiny()
     for gib, n in itertools.product((2.4, 3.0, 4.0), range(1, 13)):
