@@ -64,6 +64,19 @@ def lower_coeffs(k):
     return replace_coeffs(k, moe=None, mem_layer=mem, **lo, **hi)
 
 
+def zero_bubble_floor(m: int, slowest: float, total: float, wgrad_total: float) -> float:
+    """A zero-bubble schedule's simulated pipeline at least (planner.cost.schedule
+    zero_bubble_time), from `slowest`, at most its slowest rank's time per micro-batch,
+    `total`, at most the ranks' times summed, and `wgrad_total`, at least their weight
+    gradients summed: the busiest rank's m micro-batches, and the dependency chain of any one
+    micro-batch (planner.cost.schedule _run_order), its forward through every stage then its
+    input gradient back (stage 0 running its whole backward in W), which holds every rank's
+    forward and input-gradient seconds, its time less its weight gradients. The second is
+    what a pipeline of few micro-batches pays (m = 1: every stage one after the other), which
+    m x the slowest rank leaves out."""
+    return max(m * slowest, total - wgrad_total)
+
+
 # ---- per-candidate pieces ---------------------------------------------------
 
 @dataclass(frozen=True)
@@ -340,6 +353,9 @@ def lower_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None,
     `got`: `bottleneck`'s answer where computed.
     """
     p, m, v = c.pp, c.m, c.vpp
+    # a rank's weight gradients per layer, at most (its MoE layers' counted as a dense one's,
+    # as planner.cost.schedule forward_and_wgrad counts them)
+    w_max = max(k.wgrad_layer for k in coeffs)
     if got is False:
         got = bottleneck(coeffs, c, L, cap, rules, Q, low, model)
     if got is None:
@@ -361,8 +377,8 @@ def lower_bound(coeffs, c: Candidate, L: int, cap, rules: Rules, Q=None,
     total = max(total, t_star)
     n = math.ceil(L / p)
     tail = min(k.tail_lower(n) for k in coeffs)
-    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
-        return m * t_star + tail
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble: zero_bubble_floor
+        return zero_bubble_floor(m, t_star, total, L * w_max) + tail
     return m * t_star + (total - t_star) / v + tail
 
 
@@ -396,7 +412,8 @@ def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
     dense and MoE layers (full coefficients with `moe`, Q of the L layers MoE) each kind's
     layers at least that kind's least per-layer time, as `lower_bound`'s kinds total. The
     slowest stage is at least total/p, so the step is at least
-    m * total/p + (p - 1)/v * total/p (pipeline_time with every stage at the mean)."""
+    m * total/p + (p - 1)/v * total/p (pipeline_time with every stage at the mean); under a
+    zero-bubble schedule zero_bubble_floor of them."""
     p, m, v = c.pp, c.m, c.vpp
     total = sum(k.t_fixed for k in coeffs)
     if Q is not None and coeffs[0].moe is not None:
@@ -405,8 +422,8 @@ def quick_lower_bound(coeffs, c: Candidate, L: int, Q=None) -> float:
     else:
         total += L * min(k.t_layer for k in coeffs)
     mean = total / p
-    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
-        return m * mean
+    if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble: zero_bubble_floor
+        return zero_bubble_floor(m, mean, total, L * max(k.wgrad_layer for k in coeffs))
     return m * mean + (p - 1) * mean / v
 
 
@@ -511,6 +528,8 @@ class SharedCoefficients:
                 min(act, act - mem_rec), min(act_moe, act_moe - rec_moe))
             got = dict(
                 fixed=k.compute_fixed, layer=k.t_layer, moe=d.t_layer if d else 0.0,
+                # a layer's weight gradients (a zero-bubble schedule's chain leaves them out)
+                wgrad=k.wgrad_layer,
                 rec=min(k.t_rec, k.t_rec + d.t_rec) if d else k.t_rec,
                 act=min(act, act_moe), saves=max(mem_rec, rec_moe),
                 kept_dense=kept[0], kept_moe=kept[1],
@@ -529,6 +548,7 @@ class SharedCoefficients:
                 # bounds hold for it as well
                 plain = self._layer_figures(without_tp_overlap(self.engine, c, False))
                 got.update({x: min(got[x], plain[x]) for x in ("fixed", "layer", "moe", "rec")})
+                got["wgrad"] = max(got["wgrad"], plain["wgrad"])
             self._times[key] = got
         return got
 
@@ -543,7 +563,8 @@ class SharedCoefficients:
         fig = self._shape_times.get(key)
         if fig is None:
             fig = self._shape_times[key] = self._layer_figures(c)
-        return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"]) * (1 - 1e-9)
+        return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"],
+                               wgrad=fig["wgrad"]) * (1 - 1e-9)
 
     def time_floor(self, c: Candidate) -> float:
         """Below time_bound(c), without building any stage coefficients: its pipeline of the
@@ -565,17 +586,18 @@ class SharedCoefficients:
         return self._pipelined(c, fixed, dense, moe) * (1 - 1e-6)
 
     def _pipelined(self, c: Candidate, fixed: float, layer: float, moe: float,
-                   recompute: float = 0.0) -> float:
+                   recompute: float = 0.0, wgrad: float = math.inf) -> float:
         """The step of c's m micro-batches over its pp ranks with `fixed` + L x `layer` (+ the
         MoE layers x `moe` where the kinds mix, + `recompute`) evenly split
-        (quick_lower_bound's form)."""
+        (quick_lower_bound's form; `wgrad`: a layer's weight gradients at most, which a
+        zero-bubble schedule's chain leaves out, zero_bubble_floor; inf: no chain)."""
         L, p = self.model.num_layers, c.pp
         total = fixed + L * layer + (self.kinds[-1] * moe if self.kinds is not None else 0.0)
         if recompute:
             total += recompute
         mean = total / p
-        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble may be any >= 0
-            return c.m * mean
+        if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble: zero_bubble_floor
+            return zero_bubble_floor(c.m, mean, total, L * wgrad)
         return c.m * mean + (p - 1) * mean / c.vpp
 
     def in_flight(self, c: Candidate) -> list:
@@ -609,7 +631,7 @@ class SharedCoefficients:
                 need = (min(L, max(0, math.ceil(excess / saves)))
                         if saves > 0 and excess > 0 else 0)
         return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"],
-                               need * fig["rec"] if need else 0.0)
+                               need * fig["rec"] if need else 0.0, wgrad=fig["wgrad"])
 
     def _copy_floor(self, c: Candidate) -> float:
         """Bytes per linear parameter a low-precision recipe's weight copies take off a
