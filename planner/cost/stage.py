@@ -990,6 +990,40 @@ def offload_stalls(model: Model, cluster: Cluster, c: Candidate, engine: Engine,
     return out
 
 
+def _kind_counts(model: Model, c: Candidate, coeffs: list, layers: list, recompute: list
+                 ) -> tuple:
+    """(MoE layers, recomputed MoE layers) per rank where dense and MoE layers mix, else 0s."""
+    if coeffs[0].moe is not None:   # dense and MoE layers: how many of each a rank holds
+        from planner.cost.moe import moe_counts
+        return moe_counts(model, c.pp, c.vpp, layers, recompute)
+    return [0] * len(coeffs), [0] * len(coeffs)
+
+
+def _stage_memory(coeffs: list, layers: list, recompute: list, qs: list, rqs: list,
+                  budgets: list) -> list:
+    """Per rank, its memory in GiB as Estimate.stage_memory_gib holds it."""
+    mems = []
+    for kk, nn, rr, qq, rqq, budget in zip(coeffs, layers, recompute, qs, rqs, budgets):
+        m = {key: val / GIB for key, val in kk.memory(nn, rr, qq, rqq).items()}
+        m["reserved"] = budget.reserved(m["total"])
+        mems.append(m)
+    return mems
+
+
+def overflow(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
+             coeffs: list, engine: Engine | None = None, margin_gib: float | None = None
+             ) -> tuple:
+    """(Estimate.overflow_gib(), Estimate.stage_memory_gib, the ranks' usable GiB) of the
+    plan, as `evaluate` gives them, without its time: what a search that only asks by how
+    much a placement misses (the closest candidate, the rejected layouts) needs."""
+    engine = get_engine(engine)
+    budgets = rank_budgets(cluster, engine, margin_gib, len(coeffs))
+    qs, rqs = _kind_counts(model, c, coeffs, layers, recompute)
+    mems = _stage_memory(coeffs, layers, recompute, qs, rqs, budgets)
+    caps = [b.usable_gib for b in budgets]
+    return [m["needed"] - cb for m, cb in zip(mems, caps)], mems, caps
+
+
 def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompute: list,
              coeffs: list | None = None, engine: Engine | None = None,
              margin_gib: float | None = None) -> Estimate:
@@ -997,11 +1031,7 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     engine = get_engine(engine)
     coeffs = coeffs or stage_coefficients(model, cluster, c, engine)
     budgets = rank_budgets(cluster, engine, margin_gib, len(coeffs))
-    if coeffs[0].moe is not None:   # dense and MoE layers: how many of each a rank holds
-        from planner.cost.moe import moe_counts
-        qs, rqs = moe_counts(model, c.pp, c.vpp, layers, recompute)
-    else:
-        qs = rqs = [0] * len(coeffs)
+    qs, rqs = _kind_counts(model, c, coeffs, layers, recompute)
     times = [k.time(n, r, q, rq) for k, n, r, q, rq in zip(coeffs, layers, recompute, qs, rqs)]
     stalls = [0.0] * len(coeffs)
     if c.recompute == "offload" and any(recompute):
@@ -1043,11 +1073,7 @@ def evaluate(model: Model, cluster: Cluster, c: Candidate, layers: list, recompu
     if model.is_moe:   # expert-parallel dispatch and combine (all-to-all or all-gather)
         breakdown["ep_comm"] = c.m * (n * k.ep_layer + r * k.ep_rec
                                       + (q * km.ep_layer + rq * km.ep_rec if km else 0.0))
-    mems = []
-    for kk, nn, rr, qq, rqq, budget in zip(coeffs, layers, recompute, qs, rqs, budgets):
-        m = {key: val / GIB for key, val in kk.memory(nn, rr, qq, rqq).items()}
-        m["reserved"] = budget.reserved(m["total"])
-        mems.append(m)
+    mems = _stage_memory(coeffs, layers, recompute, qs, rqs, budgets)
     caps = [b.usable_gib for b in budgets]
     cap = min(caps)
     fits = all(mm["needed"] <= cb for mm, cb in zip(mems, caps))

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from planner.cost.moe import candidate_dispatcher, layer_kinds
 from planner.cost.offload import host_use
 from planner.cost.recompute import DEFAULT_MODULES
-from planner.cost.stage import Candidate, capacity_bytes, memory_budget, stage_coefficients
+from planner.cost.stage import (Candidate, capacity_bytes, memory_budget, overflow,
+                                stage_coefficients)
 from planner.cost.price import price   # the one price of a placement
 from planner import rules as V
 from planner.engines import engine_for, get_engine
@@ -57,8 +58,8 @@ from planner.search.enumeration import (MICRO_BATCHES, SEARCHED_VPP, Fixed,  # n
                                       enumerate_candidates, expert_layouts, searched_cp,
                                       searched_recompute, without_tp_overlap)
 from planner.search.placement import (SOLVER_SECONDS, TIME_UNITS, Result,  # noqa: F401
-                                      _hull_cuts, chunk_recompute, heuristic, solve_candidate,
-                                      solve_cpsat)
+                                      _hull_cuts, chunk_recompute, heuristic,
+                                      heuristic_placement, solve_candidate, solve_cpsat)
 
 
 # Default tokens per step: Llama 3 pre-training started at 4M tokens per batch
@@ -179,13 +180,20 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
         c, coeffs, rules = infeasible[i]
         if c.mbs > smallest[family[i]]:
             continue
-        res = heuristic(model, cluster, c, coeffs or shared.coefficients(c), cap, rules,
-                        engine=engine, margin_gib=margin_gib)
-        priced[i] = res
-        least = min(least, over(res))
+        # its heuristic placement's overflow, unpriced (its memory alone): only the one
+        # returned is priced, below (a zero-bubble schedule of thousands of micro-batches
+        # takes seconds to simulate)
+        coeffs = coeffs or shared.coefficients(c)
+        layers, rec = heuristic_placement(model, c, coeffs, cap, rules, engine=engine)
+        over_i = max(overflow(model, cluster, c, layers, rec, coeffs, engine, margin_gib)[0])
+        priced[i] = (over_i, c, coeffs, layers, rec)
+        least = min(least, over_i)
     if closest is not None and over(closest) <= least:
         return closest
-    return next(priced[i] for i in sorted(priced) if over(priced[i]) == least)
+    _, c, coeffs, layers, rec = next(priced[i] for i in sorted(priced)
+                                     if priced[i][0] == least)
+    return Result(c, layers, rec, price(model, cluster, c, layers, rec, engine, margin_gib,
+                                        coeffs).estimate)
 
 
 def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: int | None = None,
@@ -621,12 +629,13 @@ def _overflow(model, cluster, c, coeffs, rules: Rules, engine, margin_gib) -> tu
     """(GiB over, rank, needed GiB, capacity GiB, recomputes all) of a candidate that fits
     on no placement: the worst rank of the heuristic placement (even split, the least
     recompute that could help)."""
-    h = heuristic(model, cluster, c, coeffs, capacity_bytes(cluster, engine, margin_gib), rules,
-                  engine=engine, margin_gib=margin_gib)
-    over = h.estimate.overflow_gib()
+    layers, rec = heuristic_placement(model, c, coeffs,
+                                      capacity_bytes(cluster, engine, margin_gib), rules,
+                                      engine=engine)
+    over, mems, caps = overflow(model, cluster, c, layers, rec, coeffs, engine, margin_gib)
     k = max(range(len(over)), key=lambda i: over[i])
-    return (over[k], k, h.estimate.stage_memory_gib[k]["needed"], h.estimate.capacity_gib,
-            bool(h.recompute[k] == h.layers[k] and h.layers[k] and c.recompute != "none"))
+    return (over[k], k, mems[k]["needed"], min(caps),
+            bool(rec[k] == layers[k] and layers[k] and c.recompute != "none"))
 
 
 def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: list,

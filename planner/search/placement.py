@@ -64,6 +64,14 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
     """The engine's default split (planner.rules.default_split: DeepSpeed's partition, else
     the even split), or `split`, or the user's, with the least recompute that fits (`cap`:
     bounds.per_rank); may not fit."""
+    split, rec = heuristic_placement(model, c, coeffs, cap, rules, split, engine)
+    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
+    return Result(c, split, rec, est)
+
+
+def heuristic_placement(model, c, coeffs, cap, rules: Rules, split=None, engine=None) -> tuple:
+    """heuristic's (layers, recomputed layers) per rank, unpriced: what it places depends on
+    memory alone."""
     if split is None:
         split = (list(rules.fixed_split) if rules.fixed_split
                  else V.default_split(get_engine(engine), model.num_layers, c.pp, c.vpp))
@@ -85,9 +93,7 @@ def heuristic(model, cluster, c, coeffs, cap, rules: Rules, split=None, engine=N
             r = _min_recompute_kinds(k, n, cap, c, rules, counts)
         rec.append(r if r is not None else (rules.most_recomputed(n) if c.recompute != "none"
                                              else 0))
-    rec = engine_recompute(rec, split, c, rules)
-    est = price(model, cluster, c, split, rec, engine, margin_gib, coeffs).estimate
-    return Result(c, split, rec, est)
+    return split, engine_recompute(rec, split, c, rules)
 
 
 def engine_recompute(rec: list, split: list, c, rules: Rules) -> list:
