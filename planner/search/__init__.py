@@ -148,10 +148,11 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
              closest):
     """The candidate that misses by the least when nothing fits: `closest` (the best of the
     solved candidates) or the first of `infeasible` whose heuristic placement overflows least,
-    as if every one were priced in turn. Those whose model states alone overflow more than the
-    least found so far cannot be it: visited in that bound's order, they are left unpriced; so
-    are those of a family (FAMILY_OF) with a smaller micro-batch among them, which overflows
-    no more."""
+    as if every one were priced in turn. A placement's overflow is its memory's alone
+    (planner.cost.stage.overflow): only the candidate returned is priced. Those whose model
+    states alone overflow more than the least found so far cannot be it: visited in that
+    bound's order, they are left unmeasured; so are those of a family (FAMILY_OF) with a
+    smaller micro-batch among them, which overflows no more."""
     if not infeasible:
         return closest
     # a candidate rejected unpriced (the states screens, a family's smaller micro-batch) has
@@ -166,7 +167,7 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
     over = lambda r: max(r.estimate.overflow_gib())   # noqa: E731
     bounds = [shared.states_overflow_gib(c, budget) for c, _, _ in infeasible]
     least = over(closest) if closest is not None else math.inf
-    priced = {}
+    measured = {}
     # a candidate needs no less memory than its family's smaller micro-batch on every
     # placement (the rule memory_test prunes a family by): only a family's smallest is priced
     family = [FAMILY_OF(c.__dict__) for c, _, _ in infeasible]
@@ -180,18 +181,18 @@ def _closest(model, cluster, engine, margin_gib, shared: SharedCoefficients, inf
         c, coeffs, rules = infeasible[i]
         if c.mbs > smallest[family[i]]:
             continue
-        # its heuristic placement's overflow, unpriced (its memory alone): only the one
-        # returned is priced, below (a zero-bubble schedule of thousands of micro-batches
-        # takes seconds to simulate)
+        # its heuristic placement's overflow, unpriced: only the one returned is priced,
+        # below (a zero-bubble schedule of thousands of micro-batches takes seconds to
+        # simulate)
         coeffs = coeffs or shared.coefficients(c)
         layers, rec = heuristic_placement(model, c, coeffs, cap, rules, engine=engine)
         over_i = max(overflow(model, cluster, c, layers, rec, coeffs, engine, margin_gib)[0])
-        priced[i] = (over_i, c, coeffs, layers, rec)
+        measured[i] = (over_i, c, coeffs, layers, rec)
         least = min(least, over_i)
     if closest is not None and over(closest) <= least:
         return closest
-    _, c, coeffs, layers, rec = next(priced[i] for i in sorted(priced)
-                                     if priced[i][0] == least)
+    _, c, coeffs, layers, rec = next(measured[i] for i in sorted(measured)
+                                     if measured[i][0] == least)
     return Result(c, layers, rec, price(model, cluster, c, layers, rec, engine, margin_gib,
                                         coeffs).estimate)
 
