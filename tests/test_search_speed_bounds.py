@@ -392,22 +392,20 @@ def test_the_closest_candidate_is_priced_once():
     is priced: llama3.1-405b on 48 A100s under our runtime, global batch 4096, had its closest
     candidates' zero-bubble schedules of 2,048 micro-batches simulated, 29 s of a 36 s search
     (3.5 s now)."""
+    import unittest.mock
     import planner.cost.price as price_module
-    m, cl = get_model("llama3-8b"), cluster_with_memory(2.6, n=8)
+    from planner.search import _closest
+    m, cl, eng = get_model("llama3-8b"), cluster_with_memory(2.6, n=8), get_engine("megatron")
+    infeasible = [(c, None, rules_for(eng, c))
+                  for c in enumerate_candidates(m, cl, Fixed(), 2048, 8, eng)[:300]]
     calls = []
     real = price_module.evaluate
 
     def counted(*a, **k):
-        calls.append(a[2])
+        calls.append(a[2])   # the candidate priced
         return real(*a, **k)
-    shared = SharedCoefficients(m, cl, get_engine("megatron"))
-    from planner.search import _closest
-    eng = get_engine("megatron")
-    cands = enumerate_candidates(m, cl, Fixed(), 2048, 8, eng)
-    infeasible = [(c, None, rules_for(eng, c)) for c in cands[:300]]
-    import unittest.mock
     with unittest.mock.patch.object(price_module, "evaluate", counted):
-        got = _closest(m, cl, eng, None, shared, infeasible, None)
+        got = _closest(m, cl, eng, None, SharedCoefficients(m, cl, eng), infeasible, None)
     assert len(calls) == 1 and calls[0] == got.candidate
 
 

@@ -592,9 +592,8 @@ class SharedCoefficients:
         (quick_lower_bound's form; `wgrad`: a layer's weight gradients at most, which a
         zero-bubble schedule's chain leaves out, zero_bubble_floor; inf: no chain)."""
         L, p = self.model.num_layers, c.pp
-        total = fixed + L * layer + (self.kinds[-1] * moe if self.kinds is not None else 0.0)
-        if recompute:
-            total += recompute
+        total = (fixed + L * layer + (self.kinds[-1] * moe if self.kinds is not None else 0.0)
+                 + recompute)
         mean = total / p
         if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble: zero_bubble_floor
             return zero_bubble_floor(c.m, mean, total, L * wgrad)
