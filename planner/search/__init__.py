@@ -530,39 +530,44 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         return got
 
     before = pruned_mem
+    ideals = {}   # candidate -> its ideal price (_ideal_price), shared with rejected_layouts
     if rejected and ranked and stopped is not None:
-        # The rejected candidates planner.explain can show: of layouts (tp, cp, pp, dp) with a
-        # rejected candidate whose bound without recompute (below the even split's step time,
-        # the "ideal" it shows) beats the best plan; the unpriced ones get the memory test,
-        # those that may found such a layout first, then the rest of those layouts, so the
-        # rejected list holds every candidate of them that cannot fit. A candidate whose
-        # time_bound is past the plan's step can found none (its quick_bound is no less): only
-        # those of the layouts found are screened of them (draw's screens), the rest are
-        # pruned by bound unscreened.
+        # The rejected candidates planner.explain can show (rejected_layouts): the layouts
+        # (tp, cp, pp, dp) of the least ideal steps (an even split's price, at least a
+        # candidate's bound) among the candidates that cannot fit, below the best plan's, and
+        # every candidate of those layouts that cannot fit (their least overflow). Taken as
+        # rejected_layouts takes them, in bound order until a bound passes its cut (the plan's
+        # step, or the shown-th least layout ideal so far): the unpriced candidates enter at
+        # their quick bound, below the bound a memory test's reject gets, and are memory-
+        # tested when drawn, so that only those whose bound is within the cut are tested. Then
+        # the candidates of the layouts found are screened and memory-tested, the rest pruned
+        # by bound unscreened. tests/test_cli_explain.py checks the layouts shown against every
+        # candidate memory-tested.
         base = ranked[0].estimate.step_time_s
-        layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
         draw(base)
-        unpriced = [stopped] + list(live_heap)
-        unpriced = sorted(unpriced, key=lambda x: x[1])
+        unpriced = sorted([stopped] + list(live_heap), key=lambda x: x[1])
+        found = LayoutIdeals(model, cluster, engine, margin_gib, f, base, ideals)
+        order = itertools.count()
+        queue = [(bound_of(c), next(order), c, False) for c, _, _ in infeasible
+                 if floor_of(c) <= base]
+        queue += [(b, next(order), c, True) for b, c in
+                  ((shared.quick_bound(c), c) for _, _, c in unpriced) if b < base]
+        heapq.heapify(queue)
         tested = set()
-        for _, _, c in unpriced:
-            if shared.quick_bound(c) < base:
-                memory_test(c, rules_of(c))
-                tested.add(c)
-        # the layouts found (a bound below the plan's step), and those rejected_layouts may
-        # show (at most it): every candidate of these screened, as draw screens, those that
-        # pass unpriced
-        shown, near = set(), set()
-        for c, _, _ in infeasible:
-            if floor_of(c) <= base and bound_of(c) <= base:
-                near.add(layout(c))
-                if bound_of(c) < base:
-                    shown.add(layout(c))
+        while queue and queue[0][0] <= found.cut():
+            _, _, c, untested = heapq.heappop(queue)
+            if not untested:
+                found.take(c, rules_of(c))
+                continue
+            tested.add(c)
+            if memory_test(c, rules_of(c)) is None and floor_of(c) <= base:
+                heapq.heappush(queue, (bound_of(c), next(order), c, False))
+        shown = found.layouts()
         rest = pending[drawn:] + bounded
         del pending[drawn:], bounded[:]
         for item in rest:
             _, idx, c = item
-            if layout(c) not in near:
+            if layout_of(c) not in shown:
                 unscreened += 1
             elif shared.states_can_fit(c, cap):
                 unpriced.append(item)
@@ -574,7 +579,7 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
                                      sorted(states_out, key=lambda x: x[0])]
         unpriced.sort(key=lambda x: x[1])
         for _, _, c in unpriced:
-            if c not in tested and layout(c) in shown:
+            if c not in tested and layout_of(c) in shown:
                 memory_test(c, rules_of(c))
     # the rest: beyond the bound (the unpriced ones the memory tests above did not reject)
     pruned_bound += (len(unpriced) - (pruned_mem - before - screens_out) + unscreened
@@ -586,7 +591,8 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         best_s = ranked[0].estimate.step_time_s
         gap = max(0.0, (best_s - min(best_s, open_bound)) / best_s)
     shown_rejected = (rejected_layouts(model, cluster, engine, margin_gib, f, out_of_memory,
-                                       bound_of, floor_of, ranked[0].estimate.step_time_s)
+                                       bound_of, floor_of, ranked[0].estimate.step_time_s,
+                                       ideals=ideals)
                       if rejected and ranked else [])
     return SearchReport(best=ranked[0] if ranked else None, ranked=ranked, candidates=len(cands),
                         pruned_memory=pruned_mem, pruned_bound=pruned_bound, solved=solved,
@@ -639,9 +645,52 @@ def _overflow(model, cluster, c, coeffs, rules: Rules, engine, margin_gib) -> tu
             bool(rec[k] == layers[k] and layers[k] and c.recompute != "none"))
 
 
+def layout_of(c: Candidate) -> tuple:
+    """The layout a rejected candidate is shown under: (tp, cp, pp, dp)."""
+    return c.tp, c.cp, c.pp, c.dp
+
+
+class LayoutIdeals:
+    """The rejected candidates' ideal steps (_ideal_price) taken in bound order, as
+    rejected_layouts takes them: per layout its variants priced so far and their least, and
+    the cut past which a bound (at most the ideal) can neither enter nor reorder the `shown`
+    layouts: the plan's step `base`, or the shown-th least layout so far. `ideals`: the
+    prices by candidate, kept across instances (each priced once)."""
+
+    def __init__(self, model, cluster, engine, margin_gib, f: Fixed, base: float,
+                 ideals: dict, shown: int = REJECTED_LAYOUTS_SHOWN):
+        self.model, self.cluster, self.engine = model, cluster, get_engine(engine)
+        self.margin_gib, self.f, self.base, self.shown = margin_gib, f, base, shown
+        self.ideals = ideals
+        self.groups = {}   # layout -> [(ideal step, candidate, coefficients, rules)]
+        self.mins = {}     # layout -> least ideal step
+
+    def cut(self) -> float:
+        least = sorted(self.mins.values())
+        return min(self.base, least[self.shown - 1] if len(least) >= self.shown else math.inf)
+
+    def take(self, c: Candidate, rules: Rules) -> None:
+        ideal = self.ideals.get(c)
+        if ideal is None:
+            ideal = self.ideals[c] = _ideal_price(self.model, self.cluster, c, rules,
+                                                  self.engine, self.margin_gib)
+        step = ideal.estimate.step_time_s
+        self.groups.setdefault(layout_of(c), []).append((step, c, ideal.coeffs, rules))
+        self.mins[layout_of(c)] = min(self.mins.get(layout_of(c), math.inf), step)
+
+    def layouts(self) -> set:
+        """The layouts shown: those of the `shown` least ideals below `base`, and any that
+        ties the last of them (whichever the order of their taking puts first)."""
+        below = sorted(x for x in self.mins.values() if x < self.base)
+        if not below:
+            return set()
+        last = below[min(self.shown, len(below)) - 1]
+        return {k for k, x in self.mins.items() if x <= last}
+
+
 def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: list,
                      bound_of, floor_of, base: float,
-                     shown: int = REJECTED_LAYOUTS_SHOWN) -> list:
+                     shown: int = REJECTED_LAYOUTS_SHOWN, ideals: dict | None = None) -> list:
     """[RejectedLayout] of the `shown` layouts among the `rejected` (Candidate, reason) whose
     ideal beats the plan's step `base`, fastest ideal first.
 
@@ -650,7 +699,7 @@ def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: lis
     once a bound exceeds the plan's step and the shown-th smallest layout minimum so far, no
     later candidate can enter or reorder the layouts shown: those are left unpriced, and a
     candidate whose floor is past the plan's step has its bound taken only where its layout is
-    shown."""
+    shown. `ideals`: the prices already taken, by candidate (LayoutIdeals)."""
     engine = get_engine(engine)
     # (bound, place in `rejected`): the order the layouts' variants are taken in
     near, far = [], []
@@ -660,27 +709,21 @@ def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: lis
         else:
             far.append((pos, c))
     near.sort(key=lambda x: x[:2])
-    layout = lambda c: (c.tp, c.cp, c.pp, c.dp)   # noqa: E731
-    groups = {}   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
-    mins = {}     # each layout's least ideal so far
+    found = LayoutIdeals(model, cluster, engine, margin_gib, f, base,
+                         {} if ideals is None else ideals, shown)
+    groups = found.groups   # one row per layout: its variants (ZeRO, micro-batch, ...) alike
     rest = []     # past the cut, in bound order
     for i, (lb, pos, c) in enumerate(near):
-        least = sorted(mins.values())
-        cut = min(base, least[shown - 1] if len(least) >= shown else math.inf)
-        if lb > cut:
+        if lb > found.cut():
             rest = near[i:]
             break
-        rules = rules_for(engine, c, f)
-        ideal = _ideal_price(model, cluster, c, rules, engine, margin_gib)
-        groups.setdefault(layout(c), []).append((ideal.estimate.step_time_s, c, ideal.coeffs,
-                                                 rules))
-        mins[layout(c)] = min(mins.get(layout(c), math.inf), ideal.estimate.step_time_s)
+        found.take(c, rules_for(engine, c, f))
     # a floor past the plan's step is a bound past every cut: after all of `near` taken
-    rest = sorted(rest + [(bound_of(c), pos, c) for pos, c in far if layout(c) in groups],
+    rest = sorted(rest + [(bound_of(c), pos, c) for pos, c in far if layout_of(c) in groups],
                   key=lambda x: x[:2])
     for _, _, c in rest:
-        if layout(c) in groups:   # the shown layouts' other variants, unpriced
-            groups[layout(c)].append((math.inf, c, None, rules_for(engine, c, f)))
+        if layout_of(c) in groups:   # the shown layouts' other variants, unpriced
+            groups[layout_of(c)].append((math.inf, c, None, rules_for(engine, c, f)))
     ordered = sorted(groups.values(), key=lambda g: min(x[0] for x in g))
     out = []
     for group in [g for g in ordered if min(x[0] for x in g) < base][:shown]:
