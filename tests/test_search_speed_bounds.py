@@ -50,7 +50,7 @@ def random_placement(rng, c, L, rules):
     elif rules.all_layers_recomputed:
         rec = list(layers)
     else:
-        rec = [rng.randint(0, n) for n in layers]
+        rec = [rng.randint(0, rules.most_recomputed(n)) for n in layers]
     return layers, rec
 
 
@@ -134,6 +134,56 @@ def test_time_bounds_are_below_quick_lower_bound_and_the_heuristic_plan(name, cl
         heur = heuristic(model, cluster, c, coeffs, cap, rules, engine=engine)
         if heur.estimate.fits:
             assert with_rec <= heur.estimate.step_time_s * (1 + 1e-12)
+
+
+# the engines' ZeRO-2/3 and offload candidates: dense, all-MoE, dense then MoE with MTP, and
+# the TP overlap's twins (Megatron at tp > 1)
+EXPOSED_SWEEP = [("llama70b", "h100x32", "torchtitan"), ("llama70b", "h100x32", "fsdp"),
+                 ("llama70b", "h100x32", "deepspeed"), ("llama70b", "h100x32", "megatron"),
+                 ("qwen3-30b-a3b", "h100x16", "torchtitan"), ("deepseek-v3", "h100x256",
+                                                               "megatron"),
+                 ("llama3-8b", "h100x8", "runtime")]
+
+
+@pytest.mark.parametrize("name,cluster_name,engine_name", EXPOSED_SWEEP)
+def test_exposure_floor_is_below_every_placements_exposures_and_step(name, cluster_name,
+                                                                     engine_name):
+    """SharedCoefficients.exposure_floor against the full cost model on random placements of
+    ZeRO-2/3 and offloading candidates (every split shape, every recompute count the engine
+    allows): never above the ranks' exposed ZeRO collectives and host copies summed
+    (StageCoeffs.zero_exposed, as planner.cost.stage.evaluate prices each rank's), nor that
+    of the candidate without its TP overlap; every_placement_bound never above any
+    placement's step, fitting or not, and quick_bound with its recompute never above a
+    fitting one's. And it is not idle: on some candidates it is most of what is exposed."""
+    model, cluster, engine = get_model(name), get_cluster(cluster_name), get_engine(engine_name)
+    shared = SharedCoefficients(model, cluster, engine)
+    cap = capacity_bytes(cluster, engine)
+    rng = random.Random(5)
+    cands = [c for c in sampled(model, cluster, engine, k=2000, seed=4)
+             if c.zero >= 2 or c.offload_optimizer != "none" or c.offload_params != "none"]
+    assert cands
+    tight = 0
+    for c in rng.sample(cands, min(25, len(cands))):
+        floor = shared.exposure_floor(c)
+        twin = without_tp_overlap(engine, c, False) if c.tp_comm_overlap else None
+        for cand in [c] + ([twin] if twin is not None else []):
+            coeffs = stage_coefficients(model, cluster, cand, engine)
+            rules = rules_for(engine, cand)
+            for _ in range(3):
+                layers, rec = random_placement(rng, cand, model.num_layers, rules)
+                if coeffs[0].moe is not None:
+                    qs, _ = moe_counts(model, cand.pp, cand.vpp, layers, rec)
+                else:
+                    qs = [0] * cand.pp
+                exposed = sum(k.zero_exposed(n, q) for k, n, q in zip(coeffs, layers, qs))
+                assert floor <= exposed * (1 + 1e-9) + 1e-12, (cand, layers)
+                tight += floor >= 0.5 * exposed > 0
+                e = evaluate(model, cluster, cand, layers, rec, coeffs, engine)
+                assert shared.every_placement_bound(c) <= e.step_time_s * (1 + 1e-12), cand
+                if e.fits:
+                    assert shared.quick_bound(c, rules_for(engine, c), cap) <= (
+                        e.step_time_s * (1 + 1e-12)), cand
+    assert tight >= 1
 
 
 def test_time_floor_is_below_time_bound_where_it_is_exact():

@@ -382,12 +382,22 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
             twin_of[t] = c
             heapq.heappush(live_heap, (bound, next(extra), t))
 
+    tightened = set()   # the candidates whose heap bound holds their exposure floor
     for item in live_in_order():
-        lb0, _, c = item
+        lb0, idx, c = item
         if lb0 > best_heur.threshold() * (1 + 1e-9):
             stopped = item   # the rest: screened where the rejected layouts need them (below)
             break
         rules = rules_of(c)
+        if c not in tightened:
+            # its bound with the ZeRO collectives and host copies that stick out at least
+            # (SharedCoefficients.exposure_floor, a build of its own): taken only for the
+            # candidates that reach the top, and where it is higher, c goes back in its place
+            tightened.add(c)
+            tight = shared.quick_bound(c, rules, cap, exposed=True)
+            if tight > lb0 * (1 + 1e-9):
+                heapq.heappush(live_heap, (tight, idx, c))
+                continue
         coeffs = memory_test(c, rules)
         if coeffs is None:
             try_without_overlap(c, lb0)
@@ -538,8 +548,10 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         # every candidate of those layouts that cannot fit (their least overflow). Taken as
         # rejected_layouts takes them, in bound order until a bound passes its cut (the plan's
         # step, or the shown-th least layout ideal so far): the unpriced candidates enter at
-        # their quick bound, below the bound a memory test's reject gets, and are memory-
-        # tested when drawn, so that only those whose bound is within the cut are tested. Then
+        # their quick bound, re-enter when drawn at the bound with their exposure floor (below
+        # any placement's step, fitting or not: every_placement_bound; a reject's ideal is
+        # one) and are memory-tested when drawn again, so that only those whose bound is
+        # within the cut are tested (a reject re-enters at its own bound). Then
         # the candidates of the layouts found are screened and memory-tested, the rest pruned
         # by bound unscreened. tests/test_cli_explain.py checks the layouts shown against every
         # candidate memory-tested.
@@ -548,20 +560,24 @@ def search(model: Model, cluster: Cluster, fixed: Fixed | None = None, seq_len: 
         unpriced = sorted([stopped] + list(live_heap), key=lambda x: x[1])
         found = LayoutIdeals(model, cluster, engine, margin_gib, f, base, ideals)
         order = itertools.count()
-        queue = [(bound_of(c), next(order), c, False) for c, _, _ in infeasible
+        REJECTED, UNTESTED, TIGHT = 0, 1, 2   # a queued candidate's state
+        queue = [(bound_of(c), next(order), c, REJECTED) for c, _, _ in infeasible
                  if floor_of(c) <= base]
-        queue += [(b, next(order), c, True) for b, c in
+        queue += [(b, next(order), c, UNTESTED) for b, c in
                   ((shared.quick_bound(c), c) for _, _, c in unpriced) if b < base]
         heapq.heapify(queue)
         tested = set()
         while queue and queue[0][0] <= found.cut():
-            _, _, c, untested = heapq.heappop(queue)
-            if not untested:
+            key, _, c, state = heapq.heappop(queue)
+            if state == REJECTED:
                 found.take(c, rules_of(c))
-                continue
-            tested.add(c)
-            if memory_test(c, rules_of(c)) is None and floor_of(c) <= base:
-                heapq.heappush(queue, (bound_of(c), next(order), c, False))
+            elif state == UNTESTED:   # its bound with the exposure floor first, then its turn
+                tight = shared.every_placement_bound(c)
+                heapq.heappush(queue, (max(key, tight), next(order), c, TIGHT))
+            else:
+                tested.add(c)
+                if memory_test(c, rules_of(c)) is None and floor_of(c) <= base:
+                    heapq.heappush(queue, (bound_of(c), next(order), c, REJECTED))
         shown = found.layouts()
         rest = pending[drawn:] + bounded
         del pending[drawn:], bounded[:]

@@ -33,6 +33,22 @@ def _pipeline_free(c: Candidate) -> Candidate:
     return out
 
 
+def _one_rank_sharded(c: Candidate) -> Candidate:
+    """c laid out on one pipeline rank (pp 1, 1F1B, no recompute) with its data parallelism,
+    ZeRO stage and offloads kept: what a layer's ZeRO collectives and host copies, and the
+    passes they hide behind, are on every pipeline rank of c (exposure_floor)."""
+    out = object.__new__(Candidate)
+    out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", recompute="none")
+    return out
+
+
+def _exposure_key(c: Candidate) -> tuple:
+    """What exposure_floor depends on: the layer's shape, and the data-parallel layout, ZeRO
+    stage, offloads and precision its collectives and copies move."""
+    return (_shape_key(c), c.dp, c.zero, c.dp_shard, c.zeropp, c.offload_optimizer,
+            c.offload_params, c.precision, c.recipe)
+
+
 def _shape_key(c: Candidate) -> tuple:
     """What a layer's figures depend on beside its recompute choice: every field that changes
     them (the MoE dispatch, overlap, capacity and imbalance included, and the micro-batches
@@ -493,6 +509,7 @@ class SharedCoefficients:
         self._counts = ((L - self.kinds[-1], self.kinds[-1]) if self.kinds is not None
                         else (0, L) if model.is_moe else (L, 0))
         self._in_flight, self._pooled, self._shape_times, self._floors = {}, {}, {}, {}
+        self._exposures = {}      # _exposure_key -> exposure_floor
         self._states_alone = {}   # (layout, vpp, cap, V) -> states_alone_can_fit
         # bytes per parameter as planner.cost.stage passes them to model_state_bytes
         facts = facts_for(engine, cluster.gpu)
@@ -586,15 +603,20 @@ class SharedCoefficients:
         return self._pipelined(c, fixed, dense, moe) * (1 - 1e-6)
 
     def _pipelined(self, c: Candidate, fixed: float, layer: float, moe: float,
-                   recompute: float = 0.0, wgrad: float = math.inf) -> float:
+                   recompute: float = 0.0, wgrad: float = math.inf,
+                   exposed: float = 0.0) -> float:
         """The step of c's m micro-batches over its pp ranks with `fixed` + L x `layer` (+ the
         MoE layers x `moe` where the kinds mix, + `recompute`) evenly split
         (quick_lower_bound's form; `wgrad`: a layer's weight gradients at most, which a
-        zero-bubble schedule's chain leaves out, zero_bubble_floor; inf: no chain)."""
+        zero-bubble schedule's chain leaves out, zero_bubble_floor; inf: no chain).
+        `exposed`: what the ranks' exposures (exposure_floor) add to their times at least,
+        in every stage's time (planner.cost.schedule.pipeline_time takes the ranks' times
+        with them), but a zero-bubble schedule's input-gradient chain, which the floor takes
+        without them."""
         L, p = self.model.num_layers, c.pp
         total = (fixed + L * layer + (self.kinds[-1] * moe if self.kinds is not None else 0.0)
                  + recompute)
-        mean = total / p
+        mean = (total + exposed) / p
         if c.schedule in ZERO_BUBBLE_SCHEDULES:   # its simulated bubble: zero_bubble_floor
             return zero_bubble_floor(c.m, mean, total, L * wgrad)
         return c.m * mean + (p - 1) * mean / c.vpp
@@ -609,13 +631,16 @@ class SharedCoefficients:
                                           for i in range(c.pp)]
         return got
 
-    def quick_bound(self, c: Candidate, rules: Rules | None = None, cap: float | None = None
-                    ) -> float:
+    def quick_bound(self, c: Candidate, rules: Rules | None = None, cap: float | None = None,
+                    exposed: bool = False) -> float:
         """A lower bound on quick_lower_bound(coefficients of c, c, L, Q); with `rules` and
         `cap`, on lower_bound(...) instead: the stages' times also hold the least recompute
         the pooled memory of the ranks needs (lower_bound's `need`), with the activations of a
         rank's layer those of one micro-batch x the micro-batches it holds in flight (as
-        planner.cost.stage prices them) and the model states of `states`."""
+        planner.cost.stage prices them) and the model states of `states`. `exposed`: every
+        stage's time also holds the exposure_floor, which makes it a bound on the step of
+        every placement that fits, no longer below lower_bound (whose pipeline fill leaves
+        the exposures out)."""
         fig = self._layer_figures(c)
         L, p = self.model.num_layers, c.pp
         need = 0
@@ -630,7 +655,60 @@ class SharedCoefficients:
                 need = (min(L, max(0, math.ceil(excess / saves)))
                         if saves > 0 and excess > 0 else 0)
         return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"],
-                               need * fig["rec"] if need else 0.0, wgrad=fig["wgrad"])
+                               need * fig["rec"] if need else 0.0, wgrad=fig["wgrad"],
+                               exposed=self.exposure_floor(c) if exposed else 0.0)
+
+    def every_placement_bound(self, c: Candidate) -> float:
+        """Below the step of every placement of c, whether it fits or not (an out-of-memory
+        candidate's ideal: planner.search rejected_layouts): quick_bound(c) with the
+        exposure_floor, without the recompute that fitting would need."""
+        fig = self._layer_figures(c)
+        return self._pipelined(c, fig["fixed"], fig["layer"], fig["moe"], wgrad=fig["wgrad"],
+                               exposed=self.exposure_floor(c))
+
+    def exposure_floor(self, c: Candidate) -> float:
+        """Seconds that one micro-batch's ZeRO collectives and offload copies stick out of the
+        passes they run beside (StageCoeffs.exposures, priced per rank by
+        StageCoeffs.zero_exposed), summed over c's pipeline ranks, at least, on any placement
+        of its layers: each rank's is at least its smallest layer bucket and at least its
+        collective less its pass, plus the compute the collective slows, so the ranks' sum is
+        at least max(pp x the smallest bucket, C - H) + slowdown x C, where C and H, the
+        collective and the pass of every layer held once and the embedding's and head's, are
+        those of c laid out on one rank with its ZeRO kept (_one_rank_sharded: per layer the
+        same on every rank; the fixed parts' collectives no less when split over two ranks).
+        With the TP overlap, the least of c's and its twin's without it, which the search
+        queues at c's bound (enumeration.without_tp_overlap: longer passes hide more). 0
+        under Megatron's EP overlap, whose passes depend on the pipeline
+        (planner.cost.moe unpaired_pass_share)."""
+        if c.ep_comm_overlap or (c.zero < 2 and c.offload_optimizer == "none"
+                                 and c.offload_params == "none"):
+            return 0.0
+        key = _exposure_key(c)
+        got = self._exposures.get(key)
+        if got is None:
+            got = self._exposure_of(_one_rank_sharded(c), c.pp)
+            if c.tp_comm_overlap:
+                twin = without_tp_overlap(self.engine, c, False)
+                if twin is not None:
+                    got = min(got, self._exposure_of(_one_rank_sharded(twin), c.pp))
+            self._exposures[key] = got
+        return got
+
+    def _exposure_of(self, one: Candidate, p: int) -> float:
+        """exposure_floor of a candidate laid out on one rank (`one`) over `p` ranks."""
+        k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
+        D, Q = self._counts if k.moe is not None else (self.model.num_layers, 0)
+        d_exp = k.moe.exposures() if k.moe is not None else None
+        out = 0.0
+        for j, (c_layer, c_fixed, h_layer, h_fixed) in enumerate(k.exposures()):
+            dc, dh = (d_exp[j][0], d_exp[j][2]) if d_exp is not None else (0.0, 0.0)
+            comm = c_fixed + D * c_layer + Q * (c_layer + dc)
+            if comm <= 0:
+                continue
+            hide = h_fixed + D * h_layer + Q * (h_layer + dh)
+            bucket = min(c_layer, c_layer + dc) if Q else c_layer
+            out += max(p * bucket, comm - hide) + k.exposure_slowdowns()[j] * comm
+        return out * (1 - 1e-9)
 
     def _copy_floor(self, c: Candidate) -> float:
         """Bytes per linear parameter a low-precision recipe's weight copies take off a
