@@ -91,9 +91,9 @@ MIXED_INSTANCES = [
                               {"gpu": "a100", "num_gpus": 512}]}, [], 20),
 ]
 # the text output (the default: the out-of-memory alternatives found too) of searches a random
-# sweep of `plan` commands timed at 18-49 s on 2026-12-05/06 (torchtitan, MoE, large clusters;
-# 6.8-15 s once the alternatives were found lazily and the ZeRO traffic bounded, 9c5fab8 and
-# cb0116f): the whole process, no target, reported so that a regression shows
+# sweep of `plan` commands found slow on 2026-12-05/06 (torchtitan, MoE; faster since the
+# zero-bubble floor, 1272e9e, the alternatives found lazily, 9c5fab8, and the ZeRO traffic
+# bounded, cb0116f): the whole process, no target, reported so that a regression shows
 SWEPT_INSTANCES = [
     ["--model", "qwen3-235b-a22b", "--cluster", "gb200x256", "--engine", "torchtitan"],
     ["--model", "mixtral-8x7b", "--cluster", "h100x2048", "--engine", "torchtitan"],

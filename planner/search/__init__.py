@@ -685,11 +685,16 @@ class LayoutIdeals:
         least = sorted(self.mins.values())
         return min(self.base, least[self.shown - 1] if len(least) >= self.shown else math.inf)
 
+    def ideal(self, c: Candidate, rules: Rules):
+        """c's ideal price (_ideal_price), taken once."""
+        got = self.ideals.get(c)
+        if got is None:
+            got = self.ideals[c] = _ideal_price(self.model, self.cluster, c, rules,
+                                                self.engine, self.margin_gib)
+        return got
+
     def take(self, c: Candidate, rules: Rules) -> None:
-        ideal = self.ideals.get(c)
-        if ideal is None:
-            ideal = self.ideals[c] = _ideal_price(self.model, self.cluster, c, rules,
-                                                  self.engine, self.margin_gib)
+        ideal = self.ideal(c, rules)
         step = ideal.estimate.step_time_s
         self.groups.setdefault(layout_of(c), []).append((step, c, ideal.coeffs, rules))
         self.mins[layout_of(c)] = min(self.mins.get(layout_of(c), math.inf), step)
@@ -749,8 +754,7 @@ def rejected_layouts(model, cluster, engine, margin_gib, f: Fixed, rejected: lis
                 for step, c, coeffs, rules in group]
         (over, k, needed, capacity, recomputes_all), step, c = min(rows, key=lambda x: x[0][0])
         if not math.isfinite(step):   # a variant the quick bound skipped: price it now
-            step = _ideal_price(model, cluster, c, rules_for(engine, c, f), engine,
-                                margin_gib).estimate.step_time_s
+            step = found.ideal(c, rules_for(engine, c, f)).estimate.step_time_s
         out.append(RejectedLayout(candidate=c, ideal_step_s=step, overflow_gib=over, rank=k,
                                   needed_gib=needed, capacity_gib=capacity,
                                   recomputes_all=recomputes_all))

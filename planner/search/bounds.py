@@ -25,20 +25,15 @@ from planner.specs import Cluster, Model
 from planner.vocab import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.search.enumeration import Fixed, without_tp_overlap
 
-def _pipeline_free(c: Candidate) -> Candidate:
-    """c laid out on one pipeline rank (pp 1, 1F1B) without ZeRO: dataclasses.replace of
-    the frozen Candidate (no __post_init__) without its cost."""
+def _one_rank(c: Candidate, **changes) -> Candidate:
+    """c laid out on one pipeline rank (pp 1, 1F1B) with `changes`: dataclasses.replace of
+    the frozen Candidate (no __post_init__) without its cost. Without ZeRO (zero=0), the
+    layer's figures every ZeRO choice shares (_layer_figures); with its ZeRO and data
+    parallelism kept and no recompute (recompute="none"), what a layer's ZeRO collectives and
+    host copies, and the passes they hide behind, are on every pipeline rank of c
+    (exposure_floor)."""
     out = object.__new__(Candidate)
-    out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", zero=0)
-    return out
-
-
-def _one_rank_sharded(c: Candidate) -> Candidate:
-    """c laid out on one pipeline rank (pp 1, 1F1B, no recompute) with its data parallelism,
-    ZeRO stage and offloads kept: what a layer's ZeRO collectives and host copies, and the
-    passes they hide behind, are on every pipeline rank of c (exposure_floor)."""
-    out = object.__new__(Candidate)
-    out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", recompute="none")
+    out.__dict__.update(c.__dict__, pp=1, vpp=1, schedule="1f1b", **changes)
     return out
 
 
@@ -528,7 +523,7 @@ class SharedCoefficients:
         key = (_shape_key(c), c.recompute, c.recompute_modules)
         got = self._times.get(key)
         if got is None:
-            one = _pipeline_free(c)
+            one = _one_rank(c, zero=0)
             k = stage_coefficients(self.model, self.cluster, one, self.engine)[0]
             d = k.moe
             # per micro-batch: the pp = 1 rank holds in_flight of them, which the callers
@@ -674,7 +669,7 @@ class SharedCoefficients:
         collective less its pass, plus the compute the collective slows, so the ranks' sum is
         at least max(pp x the smallest bucket, C - H) + slowdown x C, where C and H, the
         collective and the pass of every layer held once and the embedding's and head's, are
-        those of c laid out on one rank with its ZeRO kept (_one_rank_sharded: per layer the
+        those of c laid out on one rank with its ZeRO kept (_one_rank: per layer the
         same on every rank; the fixed parts' collectives no less when split over two ranks).
         With the TP overlap, the least of c's and its twin's without it, which the search
         queues at c's bound (enumeration.without_tp_overlap: longer passes hide more). 0
@@ -686,11 +681,12 @@ class SharedCoefficients:
         key = _exposure_key(c)
         got = self._exposures.get(key)
         if got is None:
-            got = self._exposure_of(_one_rank_sharded(c), c.pp)
+            got = self._exposure_of(_one_rank(c, recompute="none"), c.pp)
             if c.tp_comm_overlap:
                 twin = without_tp_overlap(self.engine, c, False)
                 if twin is not None:
-                    got = min(got, self._exposure_of(_one_rank_sharded(twin), c.pp))
+                    got = min(got, self._exposure_of(_one_rank(twin, recompute="none"),
+                                                      c.pp))
             self._exposures[key] = got
         return got
 
