@@ -1,10 +1,37 @@
-"""Fixtures shared by test modules."""
+"""Fixtures shared by test modules, and how the suite is spread over processes.
+
+The suite runs on pytest-xdist workers (pyproject.toml addopts: `-n auto --dist loadgroup`):
+each test module on one worker, its module-scoped fixtures built once; modules that share a
+session fixture's work name one xdist_group (test_readme and test_runtime_example: the README's
+examples, each run once). `python -m pytest -n 0` runs it all in one process.
+"""
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# The text reports' expected lines are the default width's (planner.cli: 120 columns where
+# $COLUMNS is unset). xdist's workers set COLUMNS=80, and a shell may export its own.
+os.environ.pop("COLUMNS", None)
+
+# Workers on `-n auto`: one per CPU, at most this many (each holds torch and the planner's
+# caches, and a multi-process test launches up to 8 ranks of its own)
+MOST_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(MOST_WORKERS, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)     # before xdist reads the groups into its node ids
+def pytest_collection_modifyitems(config, items):
+    """A test without an xdist_group of its own module's: modules go whole to a worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @dataclass

@@ -10,6 +10,9 @@ import pytest
 import readme_examples as rx
 
 ROOT = rx.ROOT
+# one pytest-xdist worker for the modules whose tests read the README's examples, each run once
+# a session (conftest.py page_examples)
+pytestmark = pytest.mark.xdist_group("readme-examples")
 
 
 def _examples():

@@ -14,6 +14,9 @@ pytest.importorskip("torch")
 from test_runtime import make_plan, run_runtime  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# one pytest-xdist worker for the modules whose tests read the README's examples, each run once
+# a session (conftest.py page_examples)
+pytestmark = pytest.mark.xdist_group("readme-examples")
 
 
 def readme_runtime_example() -> tuple:
