@@ -35,6 +35,16 @@ def test_the_stall_follows_transformer_engines_schedule_worked_by_hand():
     assert activation_offload_stall([1.0] * 4, [1.0] * 4, [2.5] * 4, 1) == pytest.approx(1.0)
 
 
+def test_offloading_every_layer_of_a_rank_is_refused_in_one_line():
+    """Megatron-Core offloads fewer layers than a rank builds (planner.rules
+    OFFLOAD_KEPT_LAYERS); the stall of a placement that offloads them all says so, where it
+    raised a KeyError from inside its schedule."""
+    for n in (1, 4):
+        with pytest.raises(ValueError, match=f"{n} of a rank's {n} layers offloaded"):
+            activation_offload_stall([1.0] * n, [2.0] * n, [3.0] * n, n)
+    assert activation_offload_stall([1.0] * 4, [2.0] * 4, [3.0] * 4, 0) == pytest.approx(0.0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 12).flatmap(lambda n: st.tuples(
     st.lists(st.floats(0.01, 5), min_size=n, max_size=n),

@@ -103,6 +103,9 @@ def activation_offload_stall(fwd: list, bwd: list, copy: list, offloaded: int) -
     an upper bound on the stall."""
     n = len(fwd)
     keep = n - offloaded
+    if not 0 <= offloaded < max(n, 1):     # the engine keeps a layer (rules.OFFLOAD_KEPT_LAYERS)
+        raise ValueError(f"{offloaded} of a rank's {n} layers offloaded: the engine offloads "
+                         f"0 to {max(n - 1, 0)} of them (planner.rules OFFLOAD_KEPT_LAYERS)")
     t, stream, done = 0.0, 0.0, {}
     for j in range(n):
         if 1 <= j <= offloaded:          # fwd_step(j) starts layer j - 1's copy
