@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import json
 import math
 
 import pytest
@@ -244,3 +245,28 @@ def test_a_benchmark_script_says_bad_input_in_one_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("closed_loop: error: profile ") and r.stderr.count("\n") == 1
     assert "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_moe_gemm_check_cpu_dry_run_end_to_end(tmp_path, capsys):
+    """The GPU check of the MoE rows' expert GEMMs (benchmarks/moe_gemm_check.py) runs its
+    whole path on CPU: every Megatron MoE layout of the data timed both ways where torch can,
+    with the expert shapes counted by hand for one of them: Qwen3-30B-A3B (128 experts, top 8,
+    hidden 2048, expert FFN 768) at ep 16, one 4096-token sequence, takes 4096 x 8 x 16 / 128
+    = 4096 tokens on each of its 8 local experts. Without a GPU and without the dry run it says
+    so in one line, exit 2."""
+    pytest.importorskip("torch")
+    from benchmarks import fidelity, moe_gemm_check as mg
+    from planner.catalog import get_gpu
+    assert mg.main(["--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().out.count("\n") == 1
+    key, run, _ = next(x for x in mg.layouts() if x[0][:6] == ("qwen3-30b-a3b", 1, 16, 1, 1, 4096))
+    sh = mg.shapes_and_price(run, key, get_gpu("h100"))
+    assert (sh["local_experts"], sh["tokens"], sh["hidden"], sh["ffn"], sh["gated"]) == \
+        (8, 4096, 2048, 768, 2)
+    assert mg.main(["--cpu-dry-run", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "moe_gemm_check.json").read_text())["rows"]
+    moe_rows = [r for path in mg.DATA for r in fidelity.load_runs(path)
+                if "moe" in r.get("needs", ()) and r.get("engine", "megatron") == "megatron"]
+    assert sum(r["rows"] for r in rows) == len(moe_rows) >= 100
+    assert all(r["loop_s"] > 0 and r["predicted_s"] > 0 for r in rows)
+    assert any(r["grouped_s"] for r in rows)       # torch._grouped_mm on CPU, aligned shapes
