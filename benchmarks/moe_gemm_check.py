@@ -119,7 +119,8 @@ def measure(sh: dict, device: str, dtype, repeats: int) -> dict:
             for _ in range(3):
                 fn()
             out[name] = statistics.median(timer(fn) for _ in range(repeats))
-        except (RuntimeError, AttributeError, NotImplementedError) as e:   # no such kernel here
+        # no such kernel in this torch or on this device (or the shape is not aligned for it)
+        except (RuntimeError, AttributeError, NotImplementedError, TypeError, ValueError) as e:
             out[name] = None
             out[name.replace("_s", "_why")] = str(e).splitlines()[0][:120]
     return out
