@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -31,11 +31,9 @@ from benchmarks._common import SCRATCH, markdown_table, run_cli, today
 ROOT = Path(__file__).resolve().parent.parent
 DATA = [ROOT / "benchmarks/data/published_runs_moe.json",
         ROOT / "benchmarks/data/published_runs_heldout.json"]
-REPEATS = 20             # timed repeats per shape (after 3 warm-up runs)
+REPEATS = 20             # timed repeats per shape (profiler.timing.time_fn: the median)
+WARMUP = 3
 CPU_SCALE = 64           # --cpu-dry-run: every width and token count divided by this
-# catalog GPUs by the device name torch reports
-GPU_NAMES = (("H200", "h200"), ("H100", "h100"), ("B200", "b200"), ("B300", "b300"),
-             ("GB200", "gb200"), ("GB300", "gb300"), ("A100", "a100"))
 
 
 def layouts() -> list:
@@ -44,7 +42,7 @@ def layouts() -> list:
     seen: dict = {}
     for path in DATA:
         for run in F.load_runs(path):
-            if "moe" not in run.get("needs", ()) or run.get("engine", "megatron") != "megatron":
+            if not F._is_moe(run) or run.get("engine", "megatron") != "megatron":
                 continue
             f = run["fixed"]
             key = (run.get("catalog_model") or run["model"].get("_name"), f.get("tp", 1),
@@ -71,24 +69,6 @@ def shapes_and_price(run, key, gpu) -> dict:
             "predicted_s": ml.experts_fwd}
 
 
-def _timer(device: str):
-    import torch
-    if device == "cuda":
-        def run(fn):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1e3
-    else:
-        def run(fn):
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-    return run
-
-
 def measure(sh: dict, device: str, dtype, repeats: int) -> dict:
     """Seconds of the experts' forward GEMMs: a loop of one GEMM per expert, and one grouped
     GEMM (torch._grouped_mm) where torch offers it on this device."""
@@ -112,13 +92,11 @@ def measure(sh: dict, device: str, dtype, repeats: int) -> dict:
         torch._grouped_mm(xs, w1, offs=offs)
         torch._grouped_mm(as_, w2, offs=offs)
 
-    timer = _timer(device)
+    from profiler.timing import time_fn
     out = {}
     for name, fn in (("loop_s", loop), ("grouped_s", grouped)):
         try:
-            for _ in range(3):
-                fn()
-            out[name] = statistics.median(timer(fn) for _ in range(repeats))
+            out[name] = time_fn(fn, torch.device(device), WARMUP, repeats)["median"]
         # no such kernel in this torch or on this device (or the shape is not aligned for it)
         except (RuntimeError, AttributeError, NotImplementedError, TypeError, ValueError) as e:
             out[name] = None
@@ -139,13 +117,15 @@ def main(argv=None) -> int:
     if args.cpu_dry_run:
         device, dtype, gpu_name, hw = "cpu", torch.float32, "h100", "CPU dry run (priced as h100)"
     elif not torch.cuda.is_available():
-        print("no CUDA GPU here: run with --cpu-dry-run to exercise the path on CPU")
+        print("moe_gemm_check: no CUDA GPU here (use --cpu-dry-run to try the path on CPU)",
+              file=sys.stderr)
         return 2
     else:
+        from planner.profile import catalog_gpu_name
         hw = torch.cuda.get_device_name(0)
-        gpu_name = next((g for key, g in GPU_NAMES if key in hw), None)
+        gpu_name = catalog_gpu_name(hw, "cuda")
         if gpu_name is None:
-            print(f"{hw}: not a GPU of the catalog ({', '.join(g for _, g in GPU_NAMES)})")
+            print(f"moe_gemm_check: {hw} is no GPU of the catalog", file=sys.stderr)
             return 2
         device, dtype = "cuda", torch.bfloat16
     gpu = get_gpu(gpu_name)
